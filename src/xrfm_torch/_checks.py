@@ -1,0 +1,100 @@
+"""Input validation shared by the core modules.
+
+Every check raises ``ValueError`` (or ``TypeError``) with the offending name and value, so that bad
+input never turns into a silently wrong model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def as_float_matrix(x: Any, name: str, *, n_features: int | None = None) -> Tensor:
+    """Return ``x`` as a finite, non-empty floating 2-D tensor.
+
+    Args:
+        x: Tensor or array-like, shape (n, d).
+        name: Argument name used in error messages.
+        n_features: If given, the required number of columns.
+
+    Returns:
+        The input as a tensor (no copy when it already is a floating tensor).
+    """
+    if not isinstance(x, Tensor):
+        try:
+            x = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(
+                f"{name} must be a tensor or array-like, got {type(x).__name__}"
+            ) from err
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {tuple(x.shape)}")
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(f"{name} is empty: shape {tuple(x.shape)}")
+    if n_features is not None and x.shape[1] != n_features:
+        raise ValueError(f"{name} has {x.shape[1]} features but the model expects {n_features}")
+    check_finite(x, name)
+    return x
+
+
+def as_float_targets(y: Any, name: str, *, n_rows: int, dtype: torch.dtype) -> Tensor:
+    """Return targets as a finite floating tensor of shape (n, c).
+
+    Args:
+        y: Targets, shape (n,) or (n, c).
+        name: Argument name used in error messages.
+        n_rows: Required number of rows (the matching inputs' row count).
+        dtype: Floating dtype to cast to (the inputs' dtype).
+    """
+    if not isinstance(y, Tensor):
+        try:
+            y = torch.as_tensor(y)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(
+                f"{name} must be a tensor or array-like, got {type(y).__name__}"
+            ) from err
+    if y.ndim == 1:
+        y = y[:, None]
+    if y.ndim != 2:
+        raise ValueError(f"{name} must be 1-D or 2-D, got shape {tuple(y.shape)}")
+    if y.shape[0] != n_rows:
+        raise ValueError(f"{name} has {y.shape[0]} rows but the inputs have {n_rows}")
+    if y.shape[1] == 0:
+        raise ValueError(f"{name} has no output columns: shape {tuple(y.shape)}")
+    y = y.to(dtype)
+    check_finite(y, name)
+    return y
+
+
+def check_finite(x: Tensor, name: str) -> None:
+    """Raise ``ValueError`` naming the first non-finite entry of ``x``."""
+    bad = ~torch.isfinite(x)
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{name} contains {int(bad.sum())} non-finite value(s), first at index {idx}: "
+            f"{x[idx].item()}"
+        )
+
+
+def check_positive(value: float, name: str, *, allow_zero: bool = False) -> float:
+    """Raise ``ValueError`` unless ``value`` is a finite positive (or non-negative) number."""
+    v = float(value)
+    ok = v >= 0 if allow_zero else v > 0
+    if not (ok and v == v and v != float("inf")):
+        kind = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"{name} must be a finite {kind} number, got {value!r}")
+    return v
+
+
+def check_fraction(value: float, name: str, *, low: float = 0.0, high: float = 1.0) -> float:
+    """Raise ``ValueError`` unless ``low < value < high``... inclusive of ``high``."""
+    v = float(value)
+    if not low < v <= high:
+        raise ValueError(f"{name} must be in ({low}, {high}], got {value!r}")
+    return v

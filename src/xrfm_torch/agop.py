@@ -1,0 +1,59 @@
+"""Average gradient outer product (AGOP) and the matrix functions RFM applies to it.
+
+.. math::
+
+    G = \\frac{1}{n} \\sum_{i=1}^{n} \\sum_{c} \\nabla f_c(x_i) \\nabla f_c(x_i)^\\top,
+    \\qquad M = \\frac{G}{\\varepsilon + \\max_{ij} G_{ij}}.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def agop_from_grads(grads: Tensor, *, diag: bool = False) -> Tensor:
+    """AGOP of per-sample gradients, summed over outputs and averaged over samples.
+
+    Args:
+        grads: Gradients, shape (n, c, d) (or (n, d) for one output).
+        diag: Return only the diagonal.
+
+    Returns:
+        ``G``, shape (d, d), or its diagonal, shape (d,).
+    """
+    g = grads.reshape(-1, grads.shape[-1])  # (n * c, d)
+    n = grads.shape[0]
+    if diag:
+        return (g * g).sum(0) / n
+    return (g.mT @ g) / n
+
+
+def normalize_agop(G: Tensor, eps: float = 1e-30) -> Tensor:
+    """Entry-wise max normalization ``G / (eps + max_ij G_ij)`` (not trace normalization)."""
+    return G / (eps + G.max())
+
+
+def sqrt_psd(M: Tensor) -> Tensor:
+    """Square root of a PSD feature matrix.
+
+    Args:
+        M: Diagonal as a vector, shape (d,), or a symmetric matrix, shape (d, d).
+
+    Returns:
+        ``M^{1/2}`` of the same shape; negative eigenvalues (rounding) are clipped to 0.
+    """
+    if M.ndim == 1:
+        return M.clamp_min(0).sqrt()
+    evals, evecs = torch.linalg.eigh((M + M.mT) / 2)
+    return (evecs * evals.clamp_min(0).sqrt()) @ evecs.mT
+
+
+def top_eigenvector(G: Tensor) -> Tensor:
+    """Unit eigenvector of the largest eigenvalue of a symmetric matrix, shape (d,).
+
+    The sign is fixed so that the largest-magnitude component is positive (deterministic output).
+    """
+    _, evecs = torch.linalg.eigh((G + G.mT) / 2)
+    v = evecs[:, -1]
+    return v * torch.sign(v[v.abs().argmax()])

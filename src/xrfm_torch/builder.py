@@ -1,0 +1,161 @@
+"""TreePartition: grow the supervised median-split tree and assign rows to leaves.
+
+This module only decides *where rows go*; fitting the leaf models is :mod:`xrfm_torch.tree`'s job.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from xrfm_torch.kernels import Kernel
+from xrfm_torch.splits import Split, SplitRule, balanced_split
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TreeLayout:
+    """Routing arrays of a grown tree and the row indices that reach each leaf.
+
+    Attributes:
+        vectors: Split directions, shape (J, d).
+        thresholds: Thresholds, shape (J,).
+        scales: Per-node temperature factors ``max(IQR(projections), 1e-6)``, shape (J,).
+        children: Child table, shape (J, 2) (leaf ``l`` encoded as ``-(l + 1)``).
+        leaf_train: Per leaf, indices into the training rows.
+        leaf_val: Per leaf, indices into the validation rows (routed with the same rule).
+    """
+
+    vectors: Tensor
+    thresholds: Tensor
+    scales: Tensor
+    children: Tensor
+    leaf_train: list[Tensor] = field(default_factory=list)
+    leaf_val: list[Tensor] = field(default_factory=list)
+
+    @property
+    def n_splits(self) -> int:
+        """Number of internal nodes ``J``."""
+        return int(self.thresholds.shape[0])
+
+
+def _iqr(x: Tensor) -> float:
+    q = torch.quantile(x.float(), torch.tensor([0.25, 0.75], device=x.device))
+    return max(float(q[1] - q[0]), 1e-6)
+
+
+def _cut(proj: Tensor, split: Split) -> tuple[Tensor, Tensor, float]:
+    """Apply a split's threshold, falling back to the balanced median cut if a side is empty."""
+    if split.threshold is not None:
+        go_left = proj <= split.threshold
+        n_left = int(go_left.sum())
+        if 0 < n_left < proj.shape[0]:
+            idx = torch.arange(proj.shape[0], device=proj.device)
+            return idx[go_left], idx[~go_left], float(split.threshold)
+    return balanced_split(proj)
+
+
+def grow_tree(
+    X: Tensor,
+    y: Tensor,
+    X_val: Tensor,
+    y_val: Tensor,
+    *,
+    max_leaf_size: int,
+    split_rule: SplitRule,
+    kernel: Kernel,
+    generator: torch.Generator | None,
+) -> TreeLayout:
+    """Recursively split until every node holds at most ``max_leaf_size`` training rows.
+
+    Args:
+        X: Training inputs, shape (n, d).
+        y: Training targets, shape (n, c).
+        X_val: Validation inputs, shape (n_val, d) (may have 0 rows).
+        y_val: Validation targets, shape (n_val, c).
+        max_leaf_size: ``L_max``.
+        split_rule: Strategy choosing each node's direction (and possibly threshold).
+        kernel: Kernel prototype handed to the split rule.
+        generator: Random generator for split-model subsamples.
+
+    Returns:
+        The layout; leaves are numbered in depth-first, left-first order.
+    """
+    vectors: list[Tensor] = []
+    thresholds: list[float] = []
+    scales: list[float] = []
+    children: list[list[int]] = []
+    layout = TreeLayout(
+        X.new_empty(0, X.shape[1]),
+        X.new_empty(0),
+        X.new_empty(0),
+        torch.empty(0, 2, dtype=torch.long, device=X.device),
+    )
+
+    def grow(idx: Tensor, vidx: Tensor) -> int:
+        if idx.shape[0] <= max_leaf_size:
+            layout.leaf_train.append(idx)
+            layout.leaf_val.append(vidx)
+            return -len(layout.leaf_train)
+        has_val = vidx.numel() > 0
+        split = split_rule(
+            X[idx],
+            y[idx],
+            X_val[vidx] if has_val else None,
+            y_val[vidx] if has_val else None,
+            kernel=kernel,
+            generator=generator,
+        )
+        v = split.direction.to(dtype=X.dtype, device=X.device)
+        proj = X[idx] @ v  # (n_node,)
+        left, right, thr = _cut(proj, split)
+        node = len(thresholds)
+        vectors.append(v)
+        thresholds.append(thr)
+        scales.append(_iqr(proj))
+        children.append([0, 0])
+        vproj = X_val[vidx] @ v
+        log.debug(
+            "node %d: n=%d -> %d | %d (threshold %.4g)", node, len(idx), len(left), len(right), thr
+        )
+        children[node][0] = grow(idx[left], vidx[vproj <= thr])
+        children[node][1] = grow(idx[right], vidx[vproj > thr])
+        return node
+
+    grow(torch.arange(X.shape[0], device=X.device), torch.arange(X_val.shape[0], device=X.device))
+    if thresholds:
+        layout.vectors = torch.stack(vectors)
+        layout.thresholds = torch.tensor(thresholds, dtype=X.dtype, device=X.device)
+        layout.scales = torch.tensor(scales, dtype=X.dtype, device=X.device)
+        layout.children = torch.tensor(children, dtype=torch.long, device=X.device)
+    return layout
+
+
+def borrow_validation_rows(
+    train_idx: Tensor,
+    n_val: int,
+    *,
+    min_val_rows: int,
+    max_borrow_fraction: float,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor]:
+    """The reference's refill rule: move some of a leaf's training rows into its validation set.
+
+    A leaf with fewer than ``min_val_rows`` validation rows moves
+    ``min(min_val_rows - n_val, floor(max_borrow_fraction * n_train))`` random training rows into
+    validation (at least 2 training rows always stay).
+
+    Returns:
+        ``(kept_train_idx, borrowed_idx)`` (``borrowed_idx`` may be empty).
+    """
+    n_train = train_idx.shape[0]
+    want = min(min_val_rows - n_val, math.floor(max_borrow_fraction * n_train), n_train - 2)
+    if n_val >= min_val_rows or want <= 0:
+        return train_idx, train_idx[:0]
+    perm = torch.randperm(n_train, generator=generator).to(train_idx.device)
+    return train_idx[perm[want:]], train_idx[perm[:want]]

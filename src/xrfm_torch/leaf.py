@@ -1,0 +1,317 @@
+"""LeafRFM: kernel ridge regression with AGOP feature learning (one leaf of the tree)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from xrfm_torch._checks import (
+    as_float_matrix,
+    as_float_targets,
+    check_fraction,
+    check_positive,
+)
+from xrfm_torch._state import ResizableBuffers, as_dtype
+from xrfm_torch.agop import agop_from_grads, normalize_agop, sqrt_psd
+from xrfm_torch.bandwidth import median_pairwise_distance
+from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
+from xrfm_torch.solvers import solve_krr
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Candidate:
+    err: float
+    t: int
+    alpha: Tensor
+    sqrt_m: Tensor | None
+    bandwidth: float
+
+
+def holdout_split(
+    n: int, fraction: float, generator: torch.Generator | None, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Seeded random split of ``range(n)`` into (train, held-out) index tensors.
+
+    At least one row lands on each side; ``n >= 2`` is required.
+    """
+    if n < 2:
+        raise ValueError(f"need at least 2 rows to hold out validation data, got {n}")
+    n_val = min(n - 1, max(1, round(fraction * n)))
+    perm = torch.randperm(n, generator=generator).to(device)
+    return perm[n_val:], perm[:n_val]
+
+
+class LeafRFM(ResizableBuffers):
+    """Recursive Feature Machine fitted in closed form on one leaf's data.
+
+    For ``t = 0 .. tau`` (``tau = n_iters``): solve ``(K_{M_t}(X, X) + reg I) alpha_t = y``, measure the
+    validation MSE ``E_t``, and (for ``t < tau``) set ``M_{t+1} = G_t / (eps + max G_t)`` with ``G_t``
+    the AGOP of ``f_t`` at the training points (full or diagonal). The ``t*`` with the lowest ``E_t``
+    is kept (the fit after the last AGOP update counts). ``tau = 0`` is plain kernel ridge regression.
+
+    Args:
+        kernel: Kernel prototype (copied, so each leaf owns its bandwidth), a name from
+            :data:`xrfm_torch.kernels.KERNELS`, or ``None`` for Laplace with bandwidth 10.
+        n_iters: ``tau``, the number of AGOP updates (>= 0).
+        reg: Ridge ``lambda`` (absolute).
+        diag: Learn a diagonal ``M`` (a vector) instead of a full matrix.
+        eps: Normalization constant in ``G / (eps + max G)``.
+        adaptive_bandwidth: If set, before each solve the bandwidth becomes this multiple of the median
+            pairwise distance in the current M-space (2000-row subsample).
+        early_stop_multiplier: Stop iterating once ``E_t > multiplier * min_s E_s``; ``None`` never stops.
+        solve_dtype: Dtype of the Cholesky solve (``None`` = input dtype, or ``"float64"``).
+        val_fraction: Share of the rows held out for ``t*`` selection when no validation data is given.
+
+    Buffers (after ``fit``):
+        ``support_`` (n, d), ``alpha_`` (n, c), ``sqrt_m_`` (d,) or (d, d), ``best_iter_`` (),
+        ``val_errors_`` (tau + 1,) with NaN for iterations not run; the bandwidth is ``kernel.bandwidth``.
+    """
+
+    support_: Tensor
+    alpha_: Tensor
+    sqrt_m_: Tensor
+    best_iter_: Tensor
+    val_errors_: Tensor
+
+    def __init__(
+        self,
+        kernel: Kernel | str | None = None,
+        *,
+        n_iters: int = 5,
+        reg: float = 1e-3,
+        diag: bool = True,
+        eps: float = 1e-30,
+        adaptive_bandwidth: float | None = None,
+        early_stop_multiplier: float | None = 1.1,
+        solve_dtype: torch.dtype | str | None = None,
+        val_fraction: float = 0.2,
+    ) -> None:
+        super().__init__()
+        if int(n_iters) != n_iters or n_iters < 0:
+            raise ValueError(f"n_iters must be a non-negative integer, got {n_iters!r}")
+        self.kernel = copy.deepcopy(make_kernel(kernel))
+        self.n_iters = int(n_iters)
+        self.reg = check_positive(reg, "reg", allow_zero=True)
+        self.diag = bool(diag)
+        self.eps = check_positive(eps, "eps", allow_zero=True)
+        self.adaptive_bandwidth = (
+            None
+            if adaptive_bandwidth is None
+            else check_positive(adaptive_bandwidth, "adaptive_bandwidth")
+        )
+        if early_stop_multiplier is not None and float(early_stop_multiplier) < 1.0:
+            raise ValueError(
+                f"early_stop_multiplier must be >= 1 or None, got {early_stop_multiplier!r}"
+            )
+        self.early_stop_multiplier = early_stop_multiplier
+        self.solve_dtype = as_dtype(solve_dtype, "solve_dtype")
+        self.val_fraction = check_fraction(val_fraction, "val_fraction", high=0.9)
+        self.register_buffer("support_", torch.empty(0, 0))
+        self.register_buffer("alpha_", torch.empty(0, 0))
+        self.register_buffer("sqrt_m_", torch.empty(0))
+        self.register_buffer("best_iter_", torch.tensor(-1))
+        self.register_buffer("val_errors_", torch.empty(0))
+
+    # ---- state ---------------------------------------------------------------------------------
+    @property
+    def is_fitted(self) -> bool:
+        """Whether ``fit`` (or a state-dict load of a fitted leaf) has happened."""
+        return self.support_.numel() > 0
+
+    def _check_fitted(self) -> None:
+        if not self.is_fitted:
+            raise RuntimeError("LeafRFM is not fitted; call .fit(X, y) first")
+
+    @property
+    def M(self) -> Tensor:
+        """The learned feature matrix: shape (d,) for diagonal ``M`` or (d, d)."""
+        self._check_fitted()
+        s = self.sqrt_m_
+        return s * s if s.ndim == 1 else s @ s
+
+    @property
+    def bandwidth(self) -> float:
+        """The bandwidth used by the selected model."""
+        return float(self.kernel.bandwidth)
+
+    # ---- fitting -------------------------------------------------------------------------------
+    def fit(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None = None,
+        y_val: Tensor | None = None,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> LeafRFM:
+        """Run the RFM iterations and keep the iteration with the lowest validation MSE.
+
+        Args:
+            X: Training inputs, shape (n, d).
+            y: Targets, shape (n,) or (n, c).
+            X_val: Validation inputs, shape (n_val, d); if ``None`` a seeded ``val_fraction`` of the
+                rows is held out (they are then added back by a final refit with the chosen ``M``).
+            y_val: Validation targets, shape (n_val,) or (n_val, c).
+            generator: CPU random generator for the hold-out and bandwidth subsamples.
+
+        Returns:
+            ``self``.
+        """
+        X = as_float_matrix(X, "X")
+        y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
+        if (X_val is None) != (y_val is None):
+            raise ValueError("X_val and y_val must be given together")
+        refit_rows: tuple[Tensor, Tensor] | None = None
+        if X_val is None or y_val is None:
+            tr, va = holdout_split(X.shape[0], self.val_fraction, generator, X.device)
+            refit_rows = (X, y)
+            X, y, X_val, y_val = X[tr], y[tr], X[va], y[va]
+        else:
+            X_val = as_float_matrix(X_val, "X_val", n_features=X.shape[1]).to(X.dtype)
+            y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X.dtype)
+            if y_val.shape[1] != y.shape[1]:
+                raise ValueError(f"y_val has {y_val.shape[1]} outputs but y has {y.shape[1]}")
+        best = self._iterate(X, y, X_val, y_val, generator)
+        self._store(X, best)
+        if refit_rows is not None:
+            self.refit(*refit_rows)
+        return self
+
+    @torch.no_grad()
+    def _iterate(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor,
+        y_val: Tensor,
+        generator: torch.Generator | None,
+    ) -> _Candidate:
+        kernel = self.kernel
+        errors = torch.full((self.n_iters + 1,), float("nan"), dtype=torch.float64)
+        sqrt_m: Tensor | None = None
+        best: _Candidate | None = None
+        for t in range(self.n_iters + 1):
+            xs = transform(X, sqrt_m)
+            if self.adaptive_bandwidth is not None:
+                med = median_pairwise_distance(xs, kernel.p, generator=generator)
+                if med > 1e-14:
+                    kernel.bandwidth.fill_(self.adaptive_bandwidth * med)
+            r = kernel.distance(xs, xs)  # (n, n)
+            K = kernel.from_distance(r)  # (n, n)
+            alpha = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, in_place=True)
+            pred = kernel.predict(transform(X_val, sqrt_m), xs, alpha)  # (n_val, c)
+            err = float(((pred - y_val) ** 2).mean())
+            errors[t] = err
+            log.debug("leaf n=%d iter %d: val mse %.6g", X.shape[0], t, err)
+            if not math.isfinite(err):
+                log.warning("leaf n=%d iter %d: non-finite validation error; stopping", len(X), t)
+                break
+            if best is None or err < best.err:
+                best = _Candidate(err, t, alpha, sqrt_m, float(kernel.bandwidth))
+            elif self.early_stop_multiplier is not None and err > best.err * float(
+                self.early_stop_multiplier
+            ):
+                break
+            if t == self.n_iters:
+                break
+            if kernel.p == 2.0:  # reuse the Gram matrix: gradient weights overwrite r
+                w = kernel.grad_weights(r, K, out=r)
+                del K
+                g = chain_rule(kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0), sqrt_m)
+            else:
+                del K, r
+                g = kernel.function_grads(X, X, alpha, sqrt_m, exclude_self=True)
+            G = agop_from_grads(g, diag=self.diag)
+            top = float(G.max())
+            if not math.isfinite(top) or top <= 0.0:
+                log.warning("leaf n=%d iter %d: degenerate AGOP (max %g); stopping", len(X), t, top)
+                break
+            sqrt_m = sqrt_psd(normalize_agop(G, self.eps))
+        if best is None:
+            raise RuntimeError(
+                f"LeafRFM produced no finite validation error (errors: {errors.tolist()})"
+            )
+        self.val_errors_ = errors.to(X.device)
+        return best
+
+    def _store(self, X: Tensor, best: _Candidate) -> None:
+        d = X.shape[1]
+        sqrt_m = best.sqrt_m
+        if sqrt_m is None:  # t* = 0: identity, in the same layout as the learned M
+            sqrt_m = torch.ones(d, dtype=X.dtype) if self.diag else torch.eye(d, dtype=X.dtype)
+        self.kernel.bandwidth.fill_(best.bandwidth)
+        self.support_ = X.detach().clone()
+        self.alpha_ = best.alpha.detach()
+        self.sqrt_m_ = sqrt_m.detach().to(device=X.device, dtype=X.dtype)
+        self.best_iter_ = torch.tensor(best.t, device=X.device)
+
+    @torch.no_grad()
+    def refit(self, X: Tensor, y: Tensor) -> LeafRFM:
+        """Re-solve ``alpha`` on new rows with the selected ``M`` and bandwidth (one KRR solve).
+
+        Used to add validation rows that were borrowed from training back into the fit.
+
+        Args:
+            X: Inputs, shape (n, d).
+            y: Targets, shape (n,) or (n, c).
+        """
+        self._check_fitted()
+        X = as_float_matrix(X, "X", n_features=self.support_.shape[1])
+        y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
+        xs = transform(X, self.sqrt_m_)
+        K = self.kernel.from_distance(self.kernel.distance(xs, xs))
+        self.alpha_ = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, in_place=True)
+        self.support_ = X.detach().clone()
+        return self
+
+    # ---- prediction and interpretation ---------------------------------------------------------
+    def _check_input(self, x: Tensor) -> None:
+        self._check_fitted()
+        if x.ndim != 2 or x.shape[1] != self.support_.shape[1]:
+            raise ValueError(
+                f"expected input of shape (n, {self.support_.shape[1]}), got {tuple(x.shape)}"
+            )
+        if x.dtype != self.support_.dtype:
+            raise TypeError(
+                f"input dtype {x.dtype} does not match the model dtype {self.support_.dtype}; "
+                "cast the input or call .to(dtype) on the model"
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Predict ``K(S x, S X_support) alpha``.
+
+        Args:
+            x: Inputs, shape (n, d).
+
+        Returns:
+            Predictions, shape (n, c).
+        """
+        self._check_input(x)
+        return self.kernel.predict(x, self.support_, self.alpha_, self.sqrt_m_)
+
+    def get_grads(self, x: Tensor) -> Tensor:
+        """Input gradients of the leaf predictor, shape (n, c, d) (no autograd needed)."""
+        self._check_input(x)
+        return self.kernel.function_grads(x, self.support_, self.alpha_, self.sqrt_m_)
+
+    def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
+        """AGOP of the fitted predictor at ``x`` (default: its support points, self-terms excluded).
+
+        Returns:
+            Shape (d, d), or (d,) when ``diag``.
+        """
+        self._check_fitted()
+        if x is None:
+            g = self.kernel.function_grads(
+                self.support_, self.support_, self.alpha_, self.sqrt_m_, exclude_self=True
+            )
+        else:
+            g = self.get_grads(x)
+        return agop_from_grads(g, diag=diag)

@@ -1,0 +1,146 @@
+"""One fitted partition tree: routing arrays in buffers plus one LeafRFM per leaf."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from xrfm_torch._state import ResizableBuffers
+from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.routing import hard_route, path_signs, soft_weights
+
+
+class PartitionTree(ResizableBuffers):
+    """A tree in struct-of-arrays form (after scikit-learn's ``Tree``) with its leaf models.
+
+    Args:
+        leaves: Fitted (or, for state-dict loading, empty) leaf models, in leaf-id order.
+
+    Buffers:
+        ``split_vectors_`` (J, d), ``thresholds_`` (J,), ``temp_scale_`` (J,) per-node temperature
+        factor (IQR of the node's projections), ``children_`` (J, 2) long (leaf ``l`` as ``-(l+1)``),
+        ``path_sign_`` (L, J) int8.
+    """
+
+    split_vectors_: Tensor
+    thresholds_: Tensor
+    temp_scale_: Tensor
+    children_: Tensor
+    path_sign_: Tensor
+
+    def __init__(self, leaves: list[LeafRFM]) -> None:
+        super().__init__()
+        self.leaves = nn.ModuleList(leaves)
+        self.register_buffer("split_vectors_", torch.empty(0, 0))
+        self.register_buffer("thresholds_", torch.empty(0))
+        self.register_buffer("temp_scale_", torch.empty(0))
+        self.register_buffer("children_", torch.empty(0, 2, dtype=torch.long))
+        self.register_buffer("path_sign_", torch.empty(len(leaves), 0, dtype=torch.int8))
+
+    def set_structure(
+        self, vectors: Tensor, thresholds: Tensor, scales: Tensor, children: Tensor
+    ) -> None:
+        """Store the routing arrays (and derive the path-sign table)."""
+        self.split_vectors_ = vectors
+        self.thresholds_ = thresholds
+        self.temp_scale_ = scales
+        self.children_ = children
+        self.path_sign_ = path_signs(children.cpu(), len(self.leaves)).to(vectors.device)
+
+    def leaf_list(self) -> list[LeafRFM]:
+        """The leaf models (typed view of ``self.leaves``)."""
+        return [cast(LeafRFM, leaf) for leaf in self.leaves]
+
+    @property
+    def n_leaves(self) -> int:
+        """Number of leaves ``L``."""
+        return len(self.leaves)
+
+    @property
+    def depth(self) -> int:
+        """Longest root-to-leaf path (0 for a single leaf)."""
+        if self.path_sign_.numel() == 0:
+            return 0
+        return int((self.path_sign_ != 0).sum(1).max())
+
+    def route(self, x: Tensor) -> Tensor:
+        """Hard leaf ids, shape (n,)."""
+        return hard_route(x, self.split_vectors_, self.thresholds_, self.children_)
+
+    def weights(
+        self,
+        x: Tensor,
+        temperature: Tensor | float,
+        *,
+        keep_mass: float = 1.0,
+        max_leaves: int | None = None,
+    ) -> Tensor:
+        """Leaf mixture weights, shape (n, L) (one-hot when ``temperature == 0``)."""
+        return soft_weights(
+            x,
+            self.split_vectors_,
+            self.thresholds_,
+            self.temp_scale_,
+            self.path_sign_,
+            self.children_,
+            temperature,
+            keep_mass=keep_mass,
+            max_leaves=max_leaves,
+        )
+
+    def predict_hard(self, x: Tensor) -> Tensor:
+        """Route each row to one leaf; rows are grouped by leaf so each leaf runs once. (n, c)."""
+        if self.n_leaves == 1:
+            return self.leaves[0](x)
+        ids = self.route(x)
+        order = torch.argsort(ids, stable=True)
+        counts = torch.bincount(ids, minlength=self.n_leaves).tolist()
+        parts = []
+        start = 0
+        for leaf_id, cnt in enumerate(counts):
+            if cnt:
+                parts.append(self.leaves[leaf_id](x[order[start : start + cnt]]))
+            start += cnt
+        preds = torch.cat(parts)  # rows in leaf order
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        return preds[inverse]
+
+    def predict_weighted(self, x: Tensor, w: Tensor) -> Tensor:
+        """``sum_l w[:, l] * leaf_l(x)``, evaluating each leaf only on rows where its weight > 0."""
+        out: Tensor | None = None
+        for leaf_id, leaf in enumerate(self.leaves):
+            rows = (w[:, leaf_id] > 0).nonzero().squeeze(1)
+            if rows.numel() == 0:
+                continue
+            contrib = w[rows, leaf_id, None] * leaf(x[rows])
+            if out is None:
+                out = torch.zeros(x.shape[0], contrib.shape[1], dtype=x.dtype, device=x.device)
+            out = out.index_add(0, rows, contrib)
+        if out is None:
+            raise RuntimeError("no leaf received any weight")
+        return out
+
+    def leaf_predictions(self, x: Tensor) -> Tensor:
+        """Every leaf's prediction at every row, shape (n, L, c) (for temperature tuning)."""
+        return torch.stack([leaf(x) for leaf in self.leaves], dim=1)
+
+    def forward(
+        self,
+        x: Tensor,
+        temperature: Tensor | float = 0.0,
+        *,
+        keep_mass: float = 1.0,
+        max_leaves: int | None = None,
+    ) -> Tensor:
+        """Hard (``temperature == 0``) or soft-routed predictions, shape (n, c)."""
+        if float(temperature) == 0.0 or self.n_leaves == 1:
+            return self.predict_hard(x)
+        w = self.weights(x, temperature, keep_mass=keep_mass, max_leaves=max_leaves)
+        return self.predict_weighted(x, w)
+
+
+LeafFactory = Callable[[], LeafRFM]

@@ -1,0 +1,143 @@
+"""Hard and soft routing over a tree stored as parallel arrays (pure functions).
+
+Tree layout (``J`` internal nodes, ``L`` leaves; node 0 is the root when ``J > 0``):
+
+- ``vectors`` (J, d) split directions ``v_j``; ``thresholds`` (J,) ``b_j``;
+- ``children`` (J, 2) long: child ids, left then right; a leaf ``l`` is encoded as ``-(l + 1)``;
+- ``path_sign`` (L, J) int8: +1 if the path to leaf ``l`` goes right at node ``j``, -1 if left, 0 if
+  node ``j`` is not on the path.
+
+Soft routing (the seed's SoftRoutePredict): ``z_j = (x . v_j - b_j) / (T sigma_j)`` and
+
+.. math::
+
+    \\log p_l(x) = \\sum_{j \\in \\mathrm{Path}(l)} \\log \\sigma(\\pm z_j), \\qquad
+    w(x) = \\operatorname{softmax}_l \\log p_l(x),
+
+with ``+`` for a right turn and ``-`` for a left turn. ``T -> 0`` recovers hard routing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def hard_route(x: Tensor, vectors: Tensor, thresholds: Tensor, children: Tensor) -> Tensor:
+    """Leaf index of each row: go left iff ``x . v_j <= b_j``.
+
+    Vectorized over rows; one pass per tree level.
+
+    Args:
+        x: Inputs, shape (n, d).
+        vectors: Split directions, shape (J, d).
+        thresholds: Thresholds, shape (J,).
+        children: Child table, shape (J, 2).
+
+    Returns:
+        Leaf ids, shape (n,), long.
+    """
+    n = x.shape[0]
+    if vectors.shape[0] == 0:
+        return torch.zeros(n, dtype=torch.long, device=x.device)
+    node = torch.zeros(n, dtype=torch.long, device=x.device)
+    for _ in range(vectors.shape[0]):
+        active = (node >= 0).nonzero().squeeze(1)
+        if active.numel() == 0:
+            break
+        nd = node[active]
+        proj = (x[active] * vectors[nd]).sum(-1)
+        go_right = (proj > thresholds[nd]).long()
+        node[active] = children[nd, go_right]
+    return -node - 1
+
+
+def path_signs(children: Tensor, n_leaves: int) -> Tensor:
+    """Build the (L, J) int8 path-sign table from the child table."""
+    n_nodes = children.shape[0]
+    sign = torch.zeros(n_leaves, n_nodes, dtype=torch.int8)
+    if n_nodes == 0:
+        return sign
+    ch = children.tolist()
+    stack: list[tuple[int, list[tuple[int, int]]]] = [(0, [])]
+    while stack:
+        node, path = stack.pop()
+        for side, s in ((0, -1), (1, 1)):
+            child = ch[node][side]
+            new_path = [*path, (node, s)]
+            if child < 0:
+                for j, sj in new_path:
+                    sign[-child - 1, j] = sj
+            else:
+                stack.append((child, new_path))
+    return sign.to(children.device)
+
+
+def soft_log_weights(
+    x: Tensor,
+    vectors: Tensor,
+    thresholds: Tensor,
+    scales: Tensor,
+    path_sign: Tensor,
+    temperature: Tensor | float,
+) -> Tensor:
+    """Unnormalized leaf log-probabilities ``log p_l(x)``, shape (n, L). Differentiable in all inputs.
+
+    Args:
+        x: Inputs, shape (n, d).
+        vectors: Split directions, shape (J, d).
+        thresholds: Thresholds, shape (J,).
+        scales: Per-node temperature factors ``sigma_j > 0``, shape (J,).
+        path_sign: Path-sign table, shape (L, J).
+        temperature: Global ``T > 0``.
+    """
+    z = (x @ vectors.mT - thresholds) / (temperature * scales)  # (n, J)
+    right = (path_sign > 0).to(x.dtype)  # (L, J)
+    left = (path_sign < 0).to(x.dtype)
+    return F.logsigmoid(z) @ right.mT + F.logsigmoid(-z) @ left.mT  # (n, L)
+
+
+def truncate_weights(w: Tensor, keep_mass: float = 1.0, max_leaves: int | None = None) -> Tensor:
+    """Keep each row's largest weights until ``keep_mass`` is covered (at most ``max_leaves``), renormalize.
+
+    The kept set is chosen without gradient; the kept weights stay differentiable.
+
+    Args:
+        w: Mixture weights, shape (n, L), rows summing to 1.
+        keep_mass: Cumulative weight to keep, in (0, 1]; 1 keeps every leaf with non-zero weight.
+        max_leaves: Cap on leaves per row (``None``: no cap).
+    """
+    if keep_mass >= 1.0 and (max_leaves is None or max_leaves >= w.shape[1]):
+        return w
+    with torch.no_grad():
+        sorted_w, order = torch.sort(w, dim=1, descending=True)
+        before = sorted_w.cumsum(1) - sorted_w  # mass of strictly larger leaves
+        keep_sorted = before < keep_mass
+        if max_leaves is not None:
+            keep_sorted[:, max_leaves:] = False
+        keep_sorted[:, 0] = True
+        keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+    kept = w * keep
+    return kept / kept.sum(1, keepdim=True)
+
+
+def soft_weights(
+    x: Tensor,
+    vectors: Tensor,
+    thresholds: Tensor,
+    scales: Tensor,
+    path_sign: Tensor,
+    children: Tensor,
+    temperature: Tensor | float,
+    *,
+    keep_mass: float = 1.0,
+    max_leaves: int | None = None,
+) -> Tensor:
+    """Mixture weights over leaves, shape (n, L); ``temperature == 0`` gives one-hot hard routing."""
+    n_leaves = path_sign.shape[0]
+    if float(temperature) == 0.0 or vectors.shape[0] == 0:
+        ids = hard_route(x, vectors, thresholds, children)
+        return F.one_hot(ids, n_leaves).to(x.dtype)
+    logp = soft_log_weights(x, vectors, thresholds, scales, path_sign, temperature)
+    return truncate_weights(torch.softmax(logp, dim=1), keep_mass, max_leaves)

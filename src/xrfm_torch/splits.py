@@ -1,0 +1,215 @@
+"""Split rules: how an internal node chooses its direction ``v`` (and, for CART, its threshold).
+
+Each rule is a small strategy object called as ``rule(X, y, X_val, y_val, kernel=..., generator=...)``
+and returning a :class:`Split`. A split without a threshold is cut at the median by
+:func:`balanced_split` (left gets ``ceil(n/2)`` rows).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from xrfm_torch._checks import check_fraction, check_positive
+from xrfm_torch.agop import top_eigenvector
+from xrfm_torch.kernels import Kernel
+from xrfm_torch.leaf import LeafRFM
+
+
+@dataclass
+class Split:
+    """A node's split: go left iff ``x @ direction <= threshold``.
+
+    Attributes:
+        direction: Unit vector, shape (d,).
+        threshold: Scalar threshold, or ``None`` for the rank-balanced median cut.
+    """
+
+    direction: Tensor
+    threshold: float | None = None
+
+
+class SplitRule(Protocol):
+    """Protocol of split strategies."""
+
+    def __call__(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None,
+        y_val: Tensor | None,
+        *,
+        kernel: Kernel,
+        generator: torch.Generator | None,
+    ) -> Split:
+        """Choose the split of the node holding ``X`` (n, d) and ``y`` (n, c)."""
+        ...
+
+
+def _subsample(
+    n: int, size: int, generator: torch.Generator | None, device: torch.device
+) -> Tensor:
+    if n <= size:
+        return torch.arange(n, device=device)
+    return torch.randperm(n, generator=generator)[:size].to(device)
+
+
+def balanced_split(proj: Tensor) -> tuple[Tensor, Tensor, float]:
+    """Rank-balanced median cut of projections.
+
+    Rows are ordered by ``(proj, row index)`` (a stable sort), so ties are broken deterministically
+    and duplicate rows cannot recurse forever: the left child always gets exactly ``ceil(n/2)``.
+
+    Args:
+        proj: Projections ``X @ v``, shape (n,), n >= 2.
+
+    Returns:
+        ``(left_idx, right_idx, threshold)``; the threshold is the midpoint of the two middle
+        projections, so routing ``proj <= threshold`` reproduces the cut except at exact ties.
+    """
+    n = proj.shape[0]
+    order = torch.sort(proj, stable=True).indices
+    k = math.ceil(n / 2)
+    left, right = order[:k], order[k:]
+    threshold = (
+        0.5 * (float(proj[order[k - 1]]) + float(proj[order[k]])) if n > 1 else float(proj[0])
+    )
+    return left, right, threshold
+
+
+@dataclass
+class AGOPSplit:
+    """Top eigenvector of the AGOP of a small LeafRFM fitted on a row subsample (the xRFM default).
+
+    Args:
+        n_iters: ``tau`` of the split model (AGOP updates; the fits at ``t = 0..tau`` compete on
+            the node's validation rows).
+        sample_size: Rows ``N`` of the random subset the split model is fitted on.
+        reg: Ridge of the split model.
+        diag: Learn a diagonal ``M`` in the split model (its final AGOP is always full).
+    """
+
+    n_iters: int = 1
+    sample_size: int = 4000
+    reg: float = 1e-3
+    diag: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n_iters < 0:
+            raise ValueError(f"n_iters must be >= 0, got {self.n_iters}")
+        if self.sample_size < 4:
+            raise ValueError(f"sample_size must be >= 4, got {self.sample_size}")
+        check_positive(self.reg, "reg", allow_zero=True)
+
+    def __call__(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None,
+        y_val: Tensor | None,
+        *,
+        kernel: Kernel,
+        generator: torch.Generator | None,
+    ) -> Split:
+        idx = _subsample(X.shape[0], self.sample_size, generator, X.device)
+        if X_val is not None and y_val is not None and X_val.shape[0] >= 2:
+            vidx = _subsample(X_val.shape[0], max(2, self.sample_size // 4), generator, X.device)
+            X_val, y_val = X_val[vidx], y_val[vidx]
+        else:
+            X_val = y_val = None
+        model = LeafRFM(kernel, n_iters=self.n_iters, reg=self.reg, diag=self.diag)
+        model.fit(X[idx], y[idx], X_val, y_val, generator=generator)
+        return Split(top_eigenvector(model.agop(diag=False)))
+
+
+@dataclass
+class PCASplit:
+    """Top principal component of the node's (centred) inputs: an unsupervised baseline."""
+
+    def __call__(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None,
+        y_val: Tensor | None,
+        *,
+        kernel: Kernel,
+        generator: torch.Generator | None,
+    ) -> Split:
+        Xc = X - X.mean(0)
+        return Split(top_eigenvector(Xc.mT @ Xc))
+
+
+@dataclass
+class RandomSplit:
+    """A uniformly random unit direction."""
+
+    def __call__(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None,
+        y_val: Tensor | None,
+        *,
+        kernel: Kernel,
+        generator: torch.Generator | None,
+    ) -> Split:
+        v = torch.randn(X.shape[1], generator=generator, dtype=X.dtype).to(X.device)
+        return Split(v / v.norm())
+
+
+@dataclass
+class CARTSplit:
+    """Best single feature and threshold by summed squared error (CART regression cost).
+
+    ``(j*, t*) = argmin_j argmin_t SSE(y | x_j <= t) + SSE(y | x_j > t)``, with ``SSE`` summed over
+    outputs. Thresholds are restricted so each child keeps at least ``min_child_fraction`` of the rows,
+    which bounds the depth the way the median cut does (CART's "too few examples" stopping heuristic).
+
+    Args:
+        min_child_fraction: Smallest share of the rows either child may get, in (0, 0.5].
+    """
+
+    min_child_fraction: float = 0.25
+
+    def __post_init__(self) -> None:
+        check_fraction(self.min_child_fraction, "min_child_fraction", high=0.5)
+
+    def __call__(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None,
+        y_val: Tensor | None,
+        *,
+        kernel: Kernel,
+        generator: torch.Generator | None,
+    ) -> Split:
+        n, d = X.shape
+        xs, order = torch.sort(X, dim=0, stable=True)  # (n, d) per-feature order
+        ys = y[order]  # (n, d, c): targets in each feature's order
+        csum = ys.cumsum(0)  # (n, d, c)
+        csq = (ys * ys).cumsum(0).sum(-1)  # (n, d)
+        tot, tot_sq = csum[-1], csq[-1]  # (d, c), (d,)
+        k = torch.arange(1, n, device=X.device, dtype=X.dtype)[:, None]  # left sizes (n-1, 1)
+        left_s, left_q = csum[:-1], csq[:-1]
+        sse_left = left_q - (left_s * left_s).sum(-1) / k
+        right_s = tot - left_s
+        sse_right = (tot_sq - left_q) - (right_s * right_s).sum(-1) / (n - k)
+        cost = sse_left + sse_right  # (n-1, d): cut after sorted position i
+        lo = max(1, math.ceil(self.min_child_fraction * n))
+        valid = torch.zeros(n - 1, d, dtype=torch.bool, device=X.device)
+        valid[lo - 1 : n - lo] = True
+        valid &= xs[1:] > xs[:-1]  # only cut between distinct values
+        if not bool(valid.any()):
+            return Split(torch.eye(d, dtype=X.dtype, device=X.device)[0])  # caller falls back
+        cost = cost.masked_fill(~valid, float("inf"))
+        flat = int(cost.argmin())
+        i, j = divmod(flat, d)
+        v = torch.zeros(d, dtype=X.dtype, device=X.device)
+        v[j] = 1.0
+        return Split(v, 0.5 * float(xs[i, j] + xs[i + 1, j]))

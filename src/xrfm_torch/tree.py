@@ -1,0 +1,365 @@
+"""xRFMTree: the fitted model (a tree, or an averaged ensemble of trees, of LeafRFMs)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+from xrfm_torch._checks import (
+    as_float_matrix,
+    as_float_targets,
+    check_fraction,
+    check_positive,
+)
+from xrfm_torch._state import as_dtype
+from xrfm_torch.builder import borrow_validation_rows, grow_tree
+from xrfm_torch.kernels import Kernel, make_kernel
+from xrfm_torch.leaf import LeafRFM, holdout_split
+from xrfm_torch.partition import PartitionTree
+from xrfm_torch.splits import AGOPSplit, SplitRule
+from xrfm_torch.temperature import DEFAULT_TEMPERATURE_GRID, tune_temperature
+
+log = logging.getLogger(__name__)
+
+_LEAF_KEY = re.compile(r"^trees\.(\d+)\.leaves\.(\d+)\.alpha_$")
+
+
+class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
+    """Tree-partitioned Recursive Feature Machine, fitted in closed form.
+
+    ``fit`` grows a supervised median-split tree (each split: top AGOP eigenvector of a small RFM on
+    a row subsample) until leaves hold at most ``max_leaf_size`` rows, then fits a :class:`LeafRFM`
+    (kernel ridge regression + ``n_iters`` AGOP updates, best iteration by validation error) in each
+    leaf. ``forward`` routes rows hard (``temperature == 0``) or softly through every leaf.
+
+    Args:
+        kernel: Kernel prototype (each leaf gets a copy), a name from ``KERNELS``, or a factory.
+        max_leaf_size: ``L_max``; a node with more training rows is split.
+        n_iters: ``tau``, AGOP updates per leaf.
+        reg: Leaf ridge ``lambda``.
+        diag: Diagonal (``True``) or full feature matrix ``M`` in the leaves.
+        eps: AGOP normalization constant.
+        adaptive_bandwidth: Leaf bandwidth = this x median pairwise distance (``None``: constant).
+        early_stop_multiplier: Leaf iterations stop once validation error exceeds best x this.
+        solve_dtype: Dtype of the leaf Cholesky solves (``None``: input dtype).
+        split_rule: Split strategy (default :class:`~xrfm_torch.splits.AGOPSplit`).
+        n_trees: Number of trees averaged (trees differ through the split-model subsamples).
+        temperature: Soft-routing temperature; ``None`` tunes it on validation data over
+            ``temperature_grid`` (0 = hard routing is always a candidate), ``0`` forces hard routing.
+        temperature_grid: Candidate temperatures for tuning (default: 0 and 20 values 0.025..4.5).
+        keep_mass: Soft routing keeps each row's top leaves covering this weight mass.
+        max_soft_leaves: Soft routing evaluates at most this many leaves per row.
+        val_fraction: Share of training rows held out when ``fit`` gets no validation data.
+        min_leaf_val: A leaf with fewer validation rows borrows training rows (refill rule).
+        max_borrow_fraction: At most this share of a leaf's training rows is borrowed.
+        refit_borrowed: After selection, re-solve each leaf on its training rows plus the rows it
+            borrowed (or that were held out from training), with the chosen ``M`` and bandwidth.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X = torch.randn(600, 4, generator=g); y = X[:, 0] ** 2
+        >>> model = xRFMTree(max_leaf_size=200, n_iters=2).fit(X, y, generator=g)
+        >>> model.n_leaves >= 3, model(X[:5]).shape
+        (True, torch.Size([5, 1]))
+    """
+
+    temperature_: Tensor
+
+    def __init__(
+        self,
+        kernel: Kernel | str | Callable[[], Kernel] | None = None,
+        *,
+        max_leaf_size: int = 10_000,
+        n_iters: int = 5,
+        reg: float = 1e-3,
+        diag: bool = True,
+        eps: float = 1e-30,
+        adaptive_bandwidth: float | None = None,
+        early_stop_multiplier: float | None = 1.1,
+        solve_dtype: torch.dtype | str | None = None,
+        split_rule: SplitRule | None = None,
+        n_trees: int = 1,
+        temperature: float | None = None,
+        temperature_grid: Sequence[float] | None = None,
+        keep_mass: float = 0.99,
+        max_soft_leaves: int = 12,
+        val_fraction: float = 0.1,
+        min_leaf_val: int = 1500,
+        max_borrow_fraction: float = 0.2,
+        refit_borrowed: bool = True,
+    ) -> None:
+        super().__init__()
+        if int(max_leaf_size) != max_leaf_size or max_leaf_size < 4:
+            raise ValueError(f"max_leaf_size must be an integer >= 4, got {max_leaf_size!r}")
+        if int(n_trees) != n_trees or n_trees < 1:
+            raise ValueError(f"n_trees must be a positive integer, got {n_trees!r}")
+        if temperature is not None:
+            check_positive(temperature, "temperature", allow_zero=True)
+        grid = DEFAULT_TEMPERATURE_GRID if temperature_grid is None else list(temperature_grid)
+        for t in grid:
+            check_positive(t, "temperature_grid entry", allow_zero=True)
+        if int(max_soft_leaves) < 1:
+            raise ValueError(f"max_soft_leaves must be >= 1, got {max_soft_leaves!r}")
+        if int(min_leaf_val) < 0:
+            raise ValueError(f"min_leaf_val must be >= 0, got {min_leaf_val!r}")
+        self.kernel = make_kernel(kernel)
+        self.max_leaf_size = int(max_leaf_size)
+        self.leaf_kwargs: dict[str, Any] = {
+            "n_iters": n_iters,
+            "reg": reg,
+            "diag": diag,
+            "eps": eps,
+            "adaptive_bandwidth": adaptive_bandwidth,
+            "early_stop_multiplier": early_stop_multiplier,
+            "solve_dtype": as_dtype(solve_dtype, "solve_dtype"),
+        }
+        self.new_leaf()  # validates the leaf arguments now, not at fit time
+        self.split_rule: SplitRule = AGOPSplit() if split_rule is None else split_rule
+        self.n_trees = int(n_trees)
+        self.temperature = temperature
+        self.temperature_grid = [float(t) for t in grid]
+        self.keep_mass = check_fraction(keep_mass, "keep_mass")
+        self.max_soft_leaves = int(max_soft_leaves)
+        self.val_fraction = check_fraction(val_fraction, "val_fraction", high=0.9)
+        self.min_leaf_val = int(min_leaf_val)
+        self.max_borrow_fraction = check_fraction(max_borrow_fraction, "max_borrow_fraction")
+        self.refit_borrowed = bool(refit_borrowed)
+        self.trees = nn.ModuleList()
+        self.register_buffer("temperature_", torch.tensor(0.0))
+        self.fit_seconds_: float | None = None
+
+    def new_leaf(self) -> LeafRFM:
+        """A fresh, unfitted leaf model with this tree's leaf hyperparameters."""
+        return LeafRFM(self.kernel, **self.leaf_kwargs)
+
+    # ---- introspection -------------------------------------------------------------------------
+    @property
+    def is_fitted(self) -> bool:
+        """Whether the model holds fitted trees."""
+        return len(self.trees) > 0 and all(leaf.is_fitted for leaf in self.leaves())
+
+    def _check_fitted(self) -> None:
+        if not self.is_fitted:
+            raise RuntimeError("xRFMTree is not fitted; call .fit(X, y) first")
+
+    def partition_trees(self) -> list[PartitionTree]:
+        """The fitted trees (typed view of ``self.trees``)."""
+        return [cast(PartitionTree, t) for t in self.trees]
+
+    def leaves(self) -> list[LeafRFM]:
+        """All leaf models of all trees, in tree then leaf order."""
+        return [leaf for tree in self.partition_trees() for leaf in tree.leaf_list()]
+
+    @property
+    def n_leaves(self) -> int:
+        """Total number of leaves over all trees."""
+        return sum(t.n_leaves for t in self.partition_trees())
+
+    @property
+    def n_features_in_(self) -> int:
+        """Number of input features seen in ``fit``."""
+        self._check_fitted()
+        return int(self.leaves()[0].support_.shape[1])
+
+    @property
+    def n_outputs_(self) -> int:
+        """Number of outputs ``c``."""
+        self._check_fitted()
+        return int(self.leaves()[0].alpha_.shape[1])
+
+    # ---- fitting -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def fit(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None = None,
+        y_val: Tensor | None = None,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> xRFMTree:
+        """Grow the tree(s), fit every leaf, tune the routing temperature.
+
+        Args:
+            X: Training inputs, shape (n, d), floating, finite.
+            y: Targets, shape (n,) or (n, c).
+            X_val: Validation inputs, shape (n_val, d). If ``None``, a seeded ``val_fraction`` of
+                the training rows is held out for leaf selection and temperature tuning, then added
+                back to the leaves (``refit_borrowed``).
+            y_val: Validation targets, shape (n_val,) or (n_val, c).
+            generator: CPU random generator; the same seed gives the same model.
+
+        Returns:
+            ``self``.
+        """
+        start = time.perf_counter()
+        X = as_float_matrix(X, "X")
+        y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
+        if X.shape[0] < 4:
+            raise ValueError(f"need at least 4 training rows, got {X.shape[0]}")
+        if (X_val is None) != (y_val is None):
+            raise ValueError("X_val and y_val must be given together")
+        holdout: Tensor | None = None  # bool mask of training rows used as validation
+        if X_val is None or y_val is None:
+            _, va = holdout_split(X.shape[0], self.val_fraction, generator, X.device)
+            holdout = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
+            holdout[va] = True
+            X_val, y_val = X[va], y[va]
+        else:
+            X_val = as_float_matrix(X_val, "X_val", n_features=X.shape[1]).to(X.dtype)
+            y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X.dtype)
+            if y_val.shape[1] != y.shape[1]:
+                raise ValueError(f"y_val has {y_val.shape[1]} outputs but y has {y.shape[1]}")
+        self.kernel.to(device=X.device, dtype=X.dtype)
+        trees: list[PartitionTree] = []
+        refit_rows: list[list[Tensor | None]] = []
+        for t in range(self.n_trees):
+            tree, rows = self._fit_one(X, y, X_val, y_val, holdout, generator)
+            trees.append(tree)
+            refit_rows.append(rows)
+            if tree.n_leaves == 1 and self.n_trees > 1:
+                log.info("tree %d has no split; further trees would be identical, stopping", t)
+                break
+        self.trees = nn.ModuleList(trees)
+        self.temperature_ = torch.tensor(0.0, dtype=X.dtype, device=X.device)
+        if self.temperature is not None:
+            self.temperature_.fill_(self.temperature)
+        elif any(tree.n_leaves > 1 for tree in trees):
+            best_t, errs = tune_temperature(self, X_val, y_val, self.temperature_grid)
+            self.temperature_.fill_(best_t)
+            log.info(
+                "tuned temperature %.4g (val mse %s)", best_t, ", ".join(f"{e:.4g}" for e in errs)
+            )
+        if self.refit_borrowed:  # after tuning: the tuning rows may now join the leaf fits
+            for tree, tree_rows in zip(trees, refit_rows):
+                for leaf, idx in zip(tree.leaf_list(), tree_rows):
+                    if idx is not None:
+                        leaf.refit(X[idx], y[idx])
+        self.fit_seconds_ = time.perf_counter() - start
+        log.info(
+            "fitted %d tree(s), %d leaves in %.2fs", len(trees), self.n_leaves, self.fit_seconds_
+        )
+        return self
+
+    def _fit_one(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor,
+        y_val: Tensor,
+        holdout: Tensor | None,
+        generator: torch.Generator | None,
+    ) -> tuple[PartitionTree, list[Tensor | None]]:
+        """Grow one tree and fit its leaves.
+
+        With ``holdout`` (no user validation data) the tree is grown on all training rows and each
+        leaf validates on its held-out share, so a leaf's rows never exceed ``max_leaf_size``, even
+        after the refit. Returns, per leaf, the training-row indices of its final refit (or ``None``).
+        """
+        grow_val = X_val[:0] if holdout is not None else X_val
+        layout = grow_tree(
+            X,
+            y,
+            grow_val,
+            y_val[:0] if holdout is not None else y_val,
+            max_leaf_size=self.max_leaf_size,
+            split_rule=self.split_rule,
+            kernel=self.kernel,
+            generator=generator,
+        )
+        leaves: list[LeafRFM] = []
+        refit: list[Tensor | None] = []
+        for rows, va in zip(layout.leaf_train, layout.leaf_val):
+            if holdout is not None:
+                tr, held = rows[~holdout[rows]], rows[holdout[rows]]
+                Xv, yv = X[held], y[held]
+            else:
+                tr, held = rows, rows[:0]
+                Xv, yv = X_val[va], y_val[va]
+            if layout.n_splits > 0:
+                tr, borrowed = borrow_validation_rows(
+                    tr,
+                    Xv.shape[0],
+                    min_val_rows=self.min_leaf_val,
+                    max_borrow_fraction=self.max_borrow_fraction,
+                    generator=generator,
+                )
+                Xv, yv = torch.cat([Xv, X[borrowed]]), torch.cat([yv, y[borrowed]])
+            leaf = self.new_leaf().to(device=X.device, dtype=X.dtype)
+            if Xv.shape[0] == 0:
+                leaf.fit(X[tr], y[tr], generator=generator)
+            else:
+                leaf.fit(X[tr], y[tr], Xv, yv, generator=generator)
+            leaves.append(leaf)
+            # rows taken from training for validation rejoin the leaf's final solve
+            refit.append(rows if tr.shape[0] < rows.shape[0] else None)
+            log.debug(
+                "leaf %d: %d train / %d val rows, t*=%d, bandwidth %.4g",
+                len(leaves) - 1,
+                tr.shape[0],
+                Xv.shape[0],
+                int(leaf.best_iter_),
+                leaf.bandwidth,
+            )
+        tree = PartitionTree(leaves)
+        tree.set_structure(layout.vectors, layout.thresholds, layout.scales, layout.children)
+        return tree, refit
+
+    # ---- prediction ----------------------------------------------------------------------------
+    def forward(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """Predict, averaging over trees.
+
+        Args:
+            x: Inputs, shape (n, d), same dtype and device as the model.
+            temperature: Override the fitted ``temperature_`` (0 = hard routing).
+
+        Returns:
+            Predictions, shape (n, c).
+        """
+        self._check_fitted()
+        if x.ndim != 2 or x.shape[1] != self.n_features_in_:
+            raise ValueError(
+                f"expected input of shape (n, {self.n_features_in_}), got {tuple(x.shape)}"
+            )
+        temp = self.temperature_ if temperature is None else temperature
+        outs = [
+            tree(x, temp, keep_mass=self.keep_mass, max_leaves=self.max_soft_leaves)
+            for tree in self.partition_trees()
+        ]
+        return outs[0] if len(outs) == 1 else torch.stack(outs).mean(0)
+
+    # ---- loading into a fresh module -----------------------------------------------------------
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # Rebuild the tree/leaf module structure from the keys; children then load themselves.
+        counts: dict[int, int] = {}
+        for key in state_dict:
+            if not key.startswith(prefix):
+                continue
+            m = _LEAF_KEY.match(key[len(prefix) :])
+            if m:
+                t, leaf = int(m.group(1)), int(m.group(2))
+                counts[t] = max(counts.get(t, 0), leaf + 1)
+        if counts:
+            device = self.temperature_.device
+            self.trees = nn.ModuleList(
+                PartitionTree([self.new_leaf() for _ in range(counts[t])]).to(device)
+                for t in sorted(counts)
+            )
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )

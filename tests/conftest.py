@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+
+
+@pytest.fixture(autouse=True)
+def _restore_rng():
+    state = torch.random.get_rng_state()
+    yield
+    torch.random.set_rng_state(state)
+
+
+@pytest.fixture
+def generator() -> torch.Generator:
+    return torch.Generator().manual_seed(1234)
+
+
+def planted(n: int, d: int = 10, seed: int = 0, dtype=torch.float32, noise: float = 0.0):
+    """Target depending on features 0 and 1 only."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = (
+        torch.sin(2 * X[:, 0])
+        + X[:, 1] ** 2
+        + noise * torch.randn(n, generator=g, dtype=torch.float64)
+    )
+    return X.to(dtype), y.to(dtype)
+
+
+def needs_shared_datasets():
+    return pytest.mark.skipif(
+        not SHARED_DATASETS.is_dir(), reason=f"../shared/datasets not found at {SHARED_DATASETS}"
+    )

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import torch
+from torch.func import jacrev
+
+from xrfm_torch.agop import agop_from_grads, normalize_agop, sqrt_psd, top_eigenvector
+from xrfm_torch.kernels import LaplaceKernel
+
+
+def grads(seed=0):
+    return torch.randn(40, 3, 6, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_agop_formula():
+    g = grads()
+    expected = sum(g[i, c][:, None] @ g[i, c][None, :] for i in range(40) for c in range(3)) / 40
+    torch.testing.assert_close(agop_from_grads(g), expected)
+
+
+def test_diag_equals_diagonal_of_full():
+    g = grads(1)
+    torch.testing.assert_close(agop_from_grads(g, diag=True), agop_from_grads(g).diagonal())
+
+
+def test_normalized_max_entry():
+    G = agop_from_grads(grads(2))
+    eps = 0.25
+    top = float(G.max())
+    M = normalize_agop(G, eps)
+    assert abs(float(M.max()) - top / (eps + top)) < 1e-12
+    torch.testing.assert_close(M, G / (eps + top))
+    assert float(normalize_agop(G, 0.0).max()) == 1.0
+
+
+def test_kernel_agop_matches_autograd():
+    g = torch.Generator().manual_seed(3)
+    Z = torch.randn(25, 4, generator=g, dtype=torch.float64)
+    X = torch.randn(30, 4, generator=g, dtype=torch.float64)
+    alpha = torch.randn(25, 1, generator=g, dtype=torch.float64)
+    k = LaplaceKernel(bandwidth=2.0).double()
+    J = torch.stack([jacrev(lambda x: k(x[None], Z)[0] @ alpha)(x) for x in X])  # (n, 1, d)
+    expected = sum(J[i, 0][:, None] @ J[i, 0][None, :] for i in range(30)) / 30
+    torch.testing.assert_close(agop_from_grads(k.function_grads(X, Z, alpha)), expected)
+
+
+def test_sqrt_psd():
+    A = torch.randn(5, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    M = A @ A.T
+    S = sqrt_psd(M)
+    torch.testing.assert_close(S @ S, M)
+    torch.testing.assert_close(S, S.T)
+    torch.testing.assert_close(
+        sqrt_psd(torch.tensor([4.0, 9.0, -1e-9])), torch.tensor([2.0, 3.0, 0.0])
+    )
+
+
+def test_top_eigenvector_of_planted_matrix():
+    v = torch.tensor([1.0, -3.0, 2.0], dtype=torch.float64) / 14**0.5
+    G = 5 * v[:, None] * v[None, :] + 0.1 * torch.eye(3, dtype=torch.float64)
+    top = top_eigenvector(G)
+    torch.testing.assert_close(top, -v)  # sign: largest-magnitude entry positive
+    assert abs(float(top.norm()) - 1) < 1e-12

@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from sklearn.kernel_ridge import KernelRidge
+
+from conftest import planted
+from xrfm_torch import LaplaceKernel, LeafRFM, ProductLaplaceKernel
+from xrfm_torch.bandwidth import median_pairwise_distance
+
+
+def mse(model, X, y):
+    return float(((model(X)[:, 0] - y) ** 2).mean())
+
+
+def test_planted_features_get_the_agop_mass_and_beat_plain_krr():
+    X, y = planted(1200)
+    Xv, yv = planted(300, seed=1)
+    Xt, yt = planted(1000, seed=2)
+    rfm = LeafRFM(n_iters=3, early_stop_multiplier=None).fit(X, y, Xv, yv)
+    krr = LeafRFM(n_iters=0).fit(X, y, Xv, yv)
+    M = rfm.M
+    assert float(M[:2].sum() / M.sum()) >= 0.9
+    assert mse(rfm, Xt, yt) < 0.5 * mse(krr, Xt, yt)
+
+
+def test_full_m_is_symmetric_psd_and_concentrates_on_planted_block():
+    X, y = planted(1000, d=6)
+    Xv, yv = planted(300, d=6, seed=1)
+    M = LeafRFM(n_iters=2, diag=False, early_stop_multiplier=None).fit(X, y, Xv, yv).M
+    assert M.shape == (6, 6)
+    torch.testing.assert_close(M, M.T, rtol=1e-4, atol=1e-6)
+    assert float(torch.linalg.eigvalsh(M.double()).min()) > -1e-5
+    assert float(M.diagonal()[:2].sum() / M.diagonal().sum()) >= 0.9
+
+
+def test_tau_zero_is_kernel_ridge_regression():
+    X, y = planted(300, d=4, dtype=torch.float64)
+    Xt, _ = planted(50, d=4, seed=3, dtype=torch.float64)
+    L, reg = 3.0, 1e-2
+    leaf = LeafRFM(ProductLaplaceKernel(bandwidth=L), n_iters=0, reg=reg)
+    leaf.fit(X, y, Xt, torch.zeros(50, dtype=torch.float64))
+    ref = KernelRidge(alpha=reg, kernel="laplacian", gamma=1 / L).fit(X.numpy(), y.numpy())
+    torch.testing.assert_close(
+        leaf(Xt)[:, 0], torch.from_numpy(ref.predict(Xt.numpy())), rtol=0, atol=1e-8
+    )
+
+
+def test_best_iteration_is_the_argmin_and_counts_the_last_fit():
+    X, y = planted(600)
+    Xv, yv = planted(200, seed=1)
+    leaf = LeafRFM(n_iters=4, early_stop_multiplier=None).fit(X, y, Xv, yv)
+    errs = leaf.val_errors_
+    assert errs.shape == (5,) and torch.isfinite(errs).all()  # tau + 1 fits
+    assert int(leaf.best_iter_) == int(torch.argmin(errs))
+    # the stored model reproduces the selected validation error
+    assert math.isclose(mse(leaf, Xv, yv), float(errs[int(leaf.best_iter_)]), rel_tol=1e-4)
+
+
+def test_early_stopping_stops_after_a_worse_iteration():
+    X, y = planted(400, noise=0.3)
+    Xv, yv = planted(200, seed=1, noise=0.3)
+    leaf = LeafRFM(GaussianLike(), n_iters=5, early_stop_multiplier=1.0).fit(X, y, Xv, yv)
+    errs = leaf.val_errors_.tolist()
+    ran = [e for e in errs if not math.isnan(e)]
+    # every run iteration before the last improved on the best so far; the last one did not
+    for i in range(1, len(ran) - 1):
+        assert ran[i] < min(ran[:i])
+    if len(ran) < len(errs):
+        assert ran[-1] > min(ran[:-1])
+
+
+def GaussianLike():  # a kernel whose RFM iterations get worse (bandwidth far too wide)
+    from xrfm_torch import GaussianKernel
+
+    return GaussianKernel(bandwidth=10.0)
+
+
+def test_adaptive_bandwidth_is_multiple_of_median_distance():
+    X, y = planted(500, d=5)
+    Xv, yv = planted(100, d=5, seed=1)
+    leaf = LeafRFM(n_iters=0, adaptive_bandwidth=2.0).fit(X, y, Xv, yv)
+    assert math.isclose(leaf.bandwidth, 2.0 * median_pairwise_distance(X), rel_tol=1e-6)
+
+
+def test_fit_without_validation_is_seeded_and_uses_all_rows():
+    X, y = planted(400)
+    a = LeafRFM(n_iters=2).fit(X, y, generator=torch.Generator().manual_seed(5))
+    b = LeafRFM(n_iters=2).fit(X, y, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a.alpha_, b.alpha_) and torch.equal(a.sqrt_m_, b.sqrt_m_)
+    assert a.support_.shape[0] == 400  # held-out rows were added back by the final refit
+
+
+def test_multi_output():
+    X, y = planted(500)
+    Y = torch.stack([y, -2 * y], 1)
+    Xv, yv = planted(150, seed=1)
+    leaf = LeafRFM(n_iters=1).fit(X, Y, Xv, torch.stack([yv, -2 * yv], 1))
+    pred = leaf(Xv)
+    assert pred.shape == (150, 2)
+    torch.testing.assert_close(pred[:, 1], -2 * pred[:, 0], rtol=1e-3, atol=1e-3)
+
+
+def test_get_grads_and_agop_use_the_stored_model():
+    X, y = planted(300, d=4, dtype=torch.float64)
+    leaf = LeafRFM(LaplaceKernel(2.0), n_iters=1, diag=False).fit(
+        X[:250], y[:250], X[250:], y[250:]
+    )
+    Xq = X[250:255]  # not support points (the Laplace kernel has a kink there)
+    g = leaf.get_grads(Xq)
+    eps = 1e-6
+    e0 = torch.zeros(4, dtype=torch.float64)
+    e0[2] = eps
+    fd = (leaf(Xq + e0) - leaf(Xq - e0)) / (2 * eps)
+    torch.testing.assert_close(g[:, :, 2], fd, rtol=1e-5, atol=1e-7)
+    assert leaf.agop().shape == (4, 4)
+    torch.testing.assert_close(leaf.agop(diag=True), leaf.agop().diagonal())
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "match"),
+    [
+        (
+            lambda m: m.fit(torch.tensor([[float("nan"), 1.0]] * 5), torch.ones(5)),
+            ValueError,
+            "X contains 5 non-finite",
+        ),
+        (lambda m: m.fit(torch.ones(5, 2), torch.ones(4)), ValueError, "y has 4 rows"),
+        (
+            lambda m: m.fit(torch.ones(5, 2), torch.ones(5), torch.ones(3, 3), torch.ones(3)),
+            ValueError,
+            "X_val has 3 features",
+        ),
+        (
+            lambda m: m.fit(torch.ones(5, 2), torch.ones(5), torch.ones(3, 2), None),
+            ValueError,
+            "together",
+        ),
+        (
+            lambda m: m.fit(torch.ones(5, 2, dtype=torch.long), torch.ones(5)),
+            TypeError,
+            "floating dtype",
+        ),
+        (lambda m: m.fit(torch.ones(0, 2), torch.ones(0)), ValueError, "empty"),
+        (lambda m: m(torch.ones(3, 2)), RuntimeError, "not fitted"),
+    ],
+)
+def test_bad_input(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call(LeafRFM(n_iters=1))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"n_iters": -1}, "n_iters"),
+        ({"reg": -1.0}, "reg"),
+        ({"early_stop_multiplier": 0.5}, "early_stop"),
+        ({"solve_dtype": "int32"}, "solve_dtype"),
+        ({"val_fraction": 0.0}, "val_fraction"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LeafRFM(**kwargs)
+
+
+def test_wrong_dtype_at_predict_is_named():
+    X, y = planted(100, d=3)
+    leaf = LeafRFM(n_iters=0).fit(X, y, X, y)
+    with pytest.raises(TypeError, match="float64 does not match the model dtype torch.float32"):
+        leaf(X.double())

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from sklearn.kernel_ridge import KernelRidge
+
+from xrfm_torch.kernels import LaplaceKernel
+from xrfm_torch.solvers import KRRSolveError, solve_krr
+
+
+def gram(n=80, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g, dtype=torch.float64)
+    return LaplaceKernel(bandwidth=2.0).double()(X, X), torch.randn(
+        n, 3, generator=g, dtype=torch.float64
+    )
+
+
+@pytest.mark.parametrize("reg", [pytest.param(1e-3, id="reg1e-3"), pytest.param(0.5, id="reg0.5")])
+@pytest.mark.parametrize("outputs", [pytest.param(1, id="single"), pytest.param(3, id="multi")])
+def test_matches_sklearn_kernel_ridge(reg, outputs):
+    K, Y = gram()
+    y = Y[:, 0] if outputs == 1 else Y
+    ours = solve_krr(K, y, reg)
+    ref = KernelRidge(alpha=reg, kernel="precomputed").fit(K.numpy(), y.numpy()).dual_coef_
+    torch.testing.assert_close(ours, torch.from_numpy(ref), rtol=0, atol=1e-8)
+    assert ours.shape == y.shape
+
+
+def test_in_place_leaves_matrix_unchanged():
+    K, Y = gram()
+    before = K.clone()
+    solve_krr(K, Y, 1e-2, in_place=True)
+    assert torch.equal(K, before)
+
+
+def test_float64_solve_of_float32_system():
+    K, Y = gram()
+    alpha = solve_krr(K.float(), Y.float(), 1e-3, solve_dtype=torch.float64)
+    assert alpha.dtype == torch.float32
+    torch.testing.assert_close(alpha.double(), solve_krr(K, Y, 1e-3), rtol=1e-4, atol=1e-3)
+
+
+def test_jitter_retry_on_singular_matrix(caplog):
+    v = torch.randn(50, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    K = v @ v.T  # rank 2: Cholesky with reg=0 fails
+    y = torch.randn(50, dtype=torch.float64)
+    with caplog.at_level(logging.WARNING):
+        alpha = solve_krr(K, y, 0.0)
+    assert "jitter" in caplog.text
+    assert torch.isfinite(alpha).all()
+
+
+def test_indefinite_matrix_raises_clear_error():
+    K = -torch.eye(5, dtype=torch.float64)
+    with pytest.raises(KRRSolveError, match="Cholesky of K \\+ reg\\*I failed for n=5"):
+        solve_krr(K, torch.ones(5, dtype=torch.float64), 1e-3, max_tries=2)
+
+
+@pytest.mark.parametrize(
+    ("K", "y", "match"),
+    [
+        (torch.ones(3, 4), torch.ones(3), "K must be square"),
+        (torch.eye(3), torch.ones(4), "y has 4 rows"),
+    ],
+)
+def test_bad_shapes(K, y, match):
+    with pytest.raises(ValueError, match=match):
+        solve_krr(K, y, 1e-3)
+
+
+def test_negative_reg_rejected():
+    with pytest.raises(ValueError, match="reg"):
+        solve_krr(torch.eye(3), torch.ones(3), -1.0)

@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import planted
+from xrfm_torch import CARTSplit, PCASplit, RandomSplit, xRFMTree
+from xrfm_torch.builder import borrow_validation_rows
+from xrfm_torch.temperature import DEFAULT_TEMPERATURE_GRID
+
+
+def seeded(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    X, y = planted(1500, d=6)
+    Xv, yv = planted(300, d=6, seed=1)
+    model = xRFMTree(max_leaf_size=300, n_iters=2).fit(X, y, Xv, yv, generator=seeded())
+    return model, X, y
+
+
+def test_leaves_respect_max_leaf_size(fitted):
+    model, _, _ = fitted
+    assert model.n_leaves >= 5
+    assert all(leaf.support_.shape[0] <= 300 for leaf in model.leaves())
+
+
+def test_beats_mean_predictor(fitted):
+    model, _, _ = fitted
+    Xt, yt = planted(800, d=6, seed=2)
+    rmse = float(((model(Xt)[:, 0] - yt) ** 2).mean().sqrt())
+    assert rmse < 0.5 * float(yt.std())
+
+
+def test_temperature_is_tuned_on_the_grid(fitted):
+    model, _, _ = fitted
+    assert float(model.temperature_) in [pytest.approx(t) for t in DEFAULT_TEMPERATURE_GRID]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({}, id="default"),
+        pytest.param({"temperature": 0.3, "diag": False}, id="soft_full_m"),
+        pytest.param({"n_trees": 2, "split_rule": RandomSplit()}, id="ensemble"),
+    ],
+)
+def test_state_round_trip_into_fresh_module(kwargs):
+    X, y = planted(800, d=5)
+    model = xRFMTree(max_leaf_size=200, n_iters=1, **kwargs).fit(X, y, generator=seeded())
+    fresh = xRFMTree(max_leaf_size=200, n_iters=1, **kwargs)
+    fresh.load_state_dict(model.state_dict())
+    Xt, _ = planted(300, d=5, seed=4)
+    assert torch.equal(fresh(Xt), model(Xt))
+    assert float(fresh.temperature_) == float(model.temperature_)
+
+
+def test_same_seed_same_model_different_seed_different_split():
+    X, y = planted(800, d=5)
+    a = xRFMTree(max_leaf_size=200, n_iters=1).fit(X, y, generator=seeded(7))
+    b = xRFMTree(max_leaf_size=200, n_iters=1).fit(X, y, generator=seeded(7))
+    c = xRFMTree(max_leaf_size=200, n_iters=1).fit(X, y, generator=seeded(8))
+    Xt, _ = planted(100, d=5, seed=4)
+    assert torch.equal(a(Xt), b(Xt))
+    assert not torch.equal(a.trees[0].split_vectors_, c.trees[0].split_vectors_)
+
+
+def test_to_dtype_and_hard_routing_of_single_leaf():
+    X, y = planted(300, d=3)
+    model = xRFMTree(n_iters=1).fit(X, y, generator=seeded())
+    assert model.n_leaves == 1 and float(model.temperature_) == 0.0
+    m64 = model.to(torch.float64)
+    out = m64(X.double())
+    assert out.dtype == torch.float64
+    assert float((out[:, 0] - y.double()).abs().mean()) < 0.2
+
+
+def test_multi_output():
+    X, y = planted(900, d=4)
+    Y = torch.stack([y, X[:, 2].clone()], 1)
+    model = xRFMTree(max_leaf_size=300, n_iters=1).fit(X, Y, generator=seeded())
+    Xt, yt = planted(300, d=4, seed=5)
+    pred = model(Xt)
+    assert pred.shape == (300, 2)
+    assert float(((pred[:, 0] - yt) ** 2).mean()) < 0.3 * float(yt.var())
+    assert float(((pred[:, 1] - Xt[:, 2]) ** 2).mean()) < 0.05
+
+
+@pytest.mark.parametrize("rule", [PCASplit(), CARTSplit()], ids=["pca", "cart"])
+def test_other_split_rules_build_bounded_trees(rule):
+    X, y = planted(1000, d=4)
+    model = xRFMTree(max_leaf_size=250, n_iters=1, split_rule=rule).fit(X, y, generator=seeded())
+    assert model.n_leaves >= 4
+    assert all(leaf.support_.shape[0] <= 250 for leaf in model.leaves())
+
+
+def test_borrow_rule():
+    idx = torch.arange(1000)
+    kept, borrowed = borrow_validation_rows(
+        idx, 50, min_val_rows=1500, max_borrow_fraction=0.2, generator=seeded()
+    )
+    assert len(borrowed) == 200 and len(kept) == 800  # min(1500 - 50, 0.2 * 1000)
+    assert set(kept.tolist()).isdisjoint(borrowed.tolist())
+    kept, borrowed = borrow_validation_rows(
+        idx, 1450, min_val_rows=1500, max_borrow_fraction=0.2, generator=seeded()
+    )
+    assert len(borrowed) == 50
+    kept, borrowed = borrow_validation_rows(
+        idx, 1600, min_val_rows=1500, max_borrow_fraction=0.2, generator=seeded()
+    )
+    assert len(borrowed) == 0 and len(kept) == 1000
+
+
+def test_duplicate_rows_do_not_recurse_forever():
+    X = torch.ones(500, 3)
+    y = torch.ones(500)
+    model = xRFMTree(max_leaf_size=100, n_iters=0, split_rule=PCASplit()).fit(
+        X, y, generator=seeded()
+    )
+    assert all(leaf.support_.shape[0] <= 100 for leaf in model.leaves())
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "match"),
+    [
+        (lambda m: m(torch.ones(2, 3)), RuntimeError, "xRFMTree is not fitted"),
+        (lambda m: m.fit(torch.ones(3, 2), torch.ones(3)), ValueError, "at least 4 training rows"),
+        (
+            lambda m: m.fit(torch.full((10, 2), float("inf")), torch.ones(10)),
+            ValueError,
+            "X contains 20 non-finite",
+        ),
+        (
+            lambda m: m.fit(
+                torch.ones(10, 2), torch.ones(10, 1), torch.ones(4, 2), torch.ones(4, 2)
+            ),
+            ValueError,
+            "y_val has 2 outputs",
+        ),
+    ],
+)
+def test_bad_input(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call(xRFMTree(n_iters=0))
+
+
+def test_wrong_feature_count_at_predict(fitted):
+    model, _, _ = fitted
+    with pytest.raises(ValueError, match=r"expected input of shape \(n, 6\), got \(2, 4\)"):
+        model(torch.ones(2, 4))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_leaf_size": 2}, "max_leaf_size"),
+        ({"n_trees": 0}, "n_trees"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"keep_mass": 1.5}, "keep_mass"),
+        ({"reg": -1.0}, "reg"),
+        ({"kernel": "rbf"}, "unknown kernel"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        xRFMTree(**kwargs)
