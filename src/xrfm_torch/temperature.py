@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from xrfm_torch._checks import as_float_targets
+
 if TYPE_CHECKING:
     from xrfm_torch.tree import xRFMTree
 
@@ -30,9 +32,10 @@ def temperature_errors(
     Args:
         model: A fitted tree (its leaves are used as they are).
         X_val: Validation inputs, shape (n_val, d).
-        y_val: Validation targets, shape (n_val, c).
+        y_val: Validation targets, shape (n_val,) or (n_val, c).
         grid: Temperatures (0 = hard routing).
     """
+    y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X_val.dtype)
     trees = model.partition_trees()
     leaf_preds = [tree.leaf_predictions(X_val) for tree in trees]  # each (n_val, L, c)
     errors = []

@@ -17,6 +17,7 @@ from xrfm_torch._checks import (
     check_fraction,
     check_positive,
 )
+from xrfm_torch._config import from_config, to_config
 from xrfm_torch._state import as_dtype
 from xrfm_torch.builder import borrow_validation_rows, grow_tree
 from xrfm_torch.kernels import Kernel, make_kernel
@@ -95,6 +96,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         refit_borrowed: bool = True,
     ) -> None:
         super().__init__()
+        self._init_args = {
+            k: v
+            for k, v in locals().items()
+            if k not in ("self", "__class__", "kernel", "split_rule")
+        }
         if int(max_leaf_size) != max_leaf_size or max_leaf_size < 4:
             raise ValueError(f"max_leaf_size must be an integer >= 4, got {max_leaf_size!r}")
         if int(n_trees) != n_trees or n_trees < 1:
@@ -133,6 +139,30 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self.trees = nn.ModuleList()
         self.register_buffer("temperature_", torch.tensor(0.0))
         self.fit_seconds_: float | None = None
+
+    def get_config(self) -> dict[str, Any]:
+        """Constructor arguments as plain data (kernel and split rule as ``_target_`` dicts).
+
+        ``xRFMTree.from_config(model.get_config())`` builds an equivalent unfitted model, into which
+        ``model.state_dict()`` loads; Lightning checkpoints store this to rebuild the tree.
+        """
+        cfg = dict(self._init_args)
+        if cfg.get("temperature_grid") is not None:
+            cfg["temperature_grid"] = [float(t) for t in cfg["temperature_grid"]]
+        if isinstance(cfg.get("solve_dtype"), torch.dtype):
+            cfg["solve_dtype"] = str(cfg["solve_dtype"]).removeprefix("torch.")
+        cfg["kernel"] = to_config(self.kernel)
+        cfg["split_rule"] = to_config(self.split_rule)
+        return cfg
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> xRFMTree:
+        """Build an unfitted model from :meth:`get_config` output."""
+        cfg = dict(cfg)
+        for key in ("kernel", "split_rule"):
+            if isinstance(cfg.get(key), dict):
+                cfg[key] = from_config(cfg[key])
+        return cls(**cfg)
 
     def new_leaf(self) -> LeafRFM:
         """A fresh, unfitted leaf model with this tree's leaf hyperparameters."""
@@ -173,6 +203,19 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self._check_fitted()
         return int(self.leaves()[0].alpha_.shape[1])
 
+    def feature_importance(self) -> Tensor:
+        """Leaf-size-weighted ``diag(M)`` per feature, normalized to sum to 1, shape (d,).
+
+        ``sum_l n_l diag(M_l) / sum_l n_l`` over all leaves of all trees (``n_l``: support rows).
+        """
+        self._check_fitted()
+        total = torch.zeros(self.n_features_in_, dtype=torch.float64)
+        for leaf in self.leaves():
+            M = leaf.M
+            diag = M if M.ndim == 1 else M.diagonal()
+            total += leaf.support_.shape[0] * diag.detach().double().cpu()
+        return (total / total.sum().clamp_min(1e-300)).to(self.temperature_.device)
+
     # ---- fitting -------------------------------------------------------------------------------
     @torch.no_grad()
     def fit(
@@ -183,6 +226,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         y_val: Tensor | None = None,
         *,
         generator: torch.Generator | None = None,
+        progress: Callable[[int, int, int], None] | None = None,
     ) -> xRFMTree:
         """Grow the tree(s), fit every leaf, tune the routing temperature.
 
@@ -194,6 +238,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
                 back to the leaves (``refit_borrowed``).
             y_val: Validation targets, shape (n_val,) or (n_val, c).
             generator: CPU random generator; the same seed gives the same model.
+            progress: Called as ``progress(tree_index, leaves_done, leaves_total)`` after each
+                leaf fit (e.g. to drive a progress bar).
 
         Returns:
             ``self``.
@@ -220,7 +266,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         trees: list[PartitionTree] = []
         refit_rows: list[list[Tensor | None]] = []
         for t in range(self.n_trees):
-            tree, rows = self._fit_one(X, y, X_val, y_val, holdout, generator)
+            tree, rows = self._fit_one(X, y, X_val, y_val, holdout, generator, progress, t)
             trees.append(tree)
             refit_rows.append(rows)
             if tree.n_leaves == 1 and self.n_trees > 1:
@@ -228,6 +274,17 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
                 break
         self.trees = nn.ModuleList(trees)
         self.temperature_ = torch.tensor(0.0, dtype=X.dtype, device=X.device)
+
+        def refit() -> None:
+            for tree, tree_rows in zip(trees, refit_rows):
+                for leaf, idx in zip(tree.leaf_list(), tree_rows):
+                    if idx is not None:
+                        leaf.refit(X[idx], y[idx])
+
+        # With user validation data, the final (refit) leaves are tuned on it. Held-out training
+        # rows join the leaf fits, so then the temperature is tuned before the refit.
+        if self.refit_borrowed and holdout is None:
+            refit()
         if self.temperature is not None:
             self.temperature_.fill_(self.temperature)
         elif any(tree.n_leaves > 1 for tree in trees):
@@ -236,11 +293,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             log.info(
                 "tuned temperature %.4g (val mse %s)", best_t, ", ".join(f"{e:.4g}" for e in errs)
             )
-        if self.refit_borrowed:  # after tuning: the tuning rows may now join the leaf fits
-            for tree, tree_rows in zip(trees, refit_rows):
-                for leaf, idx in zip(tree.leaf_list(), tree_rows):
-                    if idx is not None:
-                        leaf.refit(X[idx], y[idx])
+        if self.refit_borrowed and holdout is not None:
+            refit()
         self.fit_seconds_ = time.perf_counter() - start
         log.info(
             "fitted %d tree(s), %d leaves in %.2fs", len(trees), self.n_leaves, self.fit_seconds_
@@ -255,6 +309,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         y_val: Tensor,
         holdout: Tensor | None,
         generator: torch.Generator | None,
+        progress: Callable[[int, int, int], None] | None = None,
+        tree_index: int = 0,
     ) -> tuple[PartitionTree, list[Tensor | None]]:
         """Grow one tree and fit its leaves.
 
@@ -297,6 +353,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             else:
                 leaf.fit(X[tr], y[tr], Xv, yv, generator=generator)
             leaves.append(leaf)
+            if progress is not None:
+                progress(tree_index, len(leaves), len(layout.leaf_train))
             # rows taken from training for validation rejoin the leaf's final solve
             refit.append(rows if tr.shape[0] < rows.shape[0] else None)
             log.debug(

@@ -1,0 +1,21 @@
+"""Lightning pieces: the system, the datamodule and evaluation callbacks (imports the core)."""
+
+from xrfm_torch.lit.callbacks import (
+    AGOPFeatureImportance,
+    FitProgressBar,
+    LeafMetrics,
+    TemperatureSweep,
+    TreeSummary,
+)
+from xrfm_torch.lit.datamodule import TabularDataModule
+from xrfm_torch.lit.module import XRFMLitModule
+
+__all__ = [
+    "AGOPFeatureImportance",
+    "FitProgressBar",
+    "LeafMetrics",
+    "TabularDataModule",
+    "TemperatureSweep",
+    "TreeSummary",
+    "XRFMLitModule",
+]

@@ -1,0 +1,308 @@
+"""Evaluation callbacks and a progress bar for the closed-form fit.
+
+Tree summary, per-leaf metrics, AGOP feature importance and a temperature sweep.
+
+All write into ``dirpath`` (default: the trainer's ``default_root_dir``, the Hydra run dir under
+``train.py``). PNG charts need matplotlib (the ``plot`` extra); without it they are skipped with a
+warning and the CSV/JSON files are still written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from xrfm_torch.lit.module import XRFMLitModule
+from xrfm_torch.temperature import temperature_errors
+
+log = logging.getLogger(__name__)
+
+
+def _module(pl_module: pl.LightningModule) -> XRFMLitModule:
+    if not isinstance(pl_module, XRFMLitModule):
+        raise TypeError(f"this callback needs an XRFMLitModule, got {type(pl_module).__name__}")
+    return pl_module
+
+
+def _pyplot() -> Any | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed (pip install 'xrfm-torch[plot]'); skipping PNG")
+        return None
+    return plt
+
+
+class _FileCallback(Callback):
+    def __init__(self, dirpath: str | None = None) -> None:
+        super().__init__()
+        self.dirpath = dirpath
+
+    def out_dir(self, trainer: pl.Trainer) -> Path:
+        path = Path(self.dirpath if self.dirpath is not None else trainer.default_root_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+def tree_summary(module: XRFMLitModule) -> dict[str, Any]:
+    """Depth, leaves, leaf sizes, fit seconds, chosen t* and bandwidth per leaf."""
+    tree = module.tree
+    trees = tree.partition_trees()
+    return {
+        "n_trees": len(trees),
+        "n_leaves": tree.n_leaves,
+        "depth": [t.depth for t in trees],
+        "fit_seconds": tree.fit_seconds_,
+        "temperature": float(tree.temperature_),
+        "leaves": [
+            {
+                "tree": i,
+                "leaf": j,
+                "n_support": int(leaf.support_.shape[0]),
+                "best_iter": int(leaf.best_iter_),
+                "bandwidth": leaf.bandwidth,
+                "diag_m": leaf.sqrt_m_.ndim == 1,
+                "val_errors": [None if math.isnan(e) else e for e in leaf.val_errors_.tolist()],
+            }
+            for i, t in enumerate(trees)
+            for j, leaf in enumerate(t.leaf_list())
+        ],
+    }
+
+
+class TreeSummary(_FileCallback):
+    """Writes ``tree_summary.json`` and logs a one-line summary once the tree is fitted."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        summary = tree_summary(_module(pl_module))
+        (self.out_dir(trainer) / "tree_summary.json").write_text(json.dumps(summary, indent=1))
+        sizes = [leaf["n_support"] for leaf in summary["leaves"]]
+        log.info(
+            "xRFM tree: %d tree(s), %d leaves, depth %s, leaf sizes %d..%d, t* %s, temperature %.3g, "
+            "fit %.2fs",
+            summary["n_trees"],
+            summary["n_leaves"],
+            summary["depth"],
+            min(sizes),
+            max(sizes),
+            [leaf["best_iter"] for leaf in summary["leaves"]],
+            summary["temperature"],
+            summary["fit_seconds"] or 0.0,
+        )
+
+
+class LeafMetrics(_FileCallback):
+    """Per-leaf validation and test error table (rows routed hard by the first tree).
+
+    Writes ``leaf_metrics_{val,test}.csv`` with columns ``leaf, n_support, n_rows`` and ``rmse``
+    (regression, original units) or ``accuracy`` (classification).
+    """
+
+    def __init__(self, dirpath: str | None = None) -> None:
+        super().__init__(dirpath)
+        self._sums: dict[int, list[float]] = {}
+
+    def _reset(self) -> None:
+        self._sums = {}
+
+    def _accumulate(self, module: XRFMLitModule, outputs: Any) -> None:
+        if not isinstance(outputs, dict):
+            return
+        x, y, pred = outputs["x"], outputs["y"], outputs["pred"]
+        ids = module.tree.partition_trees()[0].route(x)
+        if module.hparams["task"] == "classification":
+            err = (pred.argmax(1) == y.long()).double()
+        else:
+            err = ((pred - y) ** 2).double().reshape(len(x), -1).mean(1)
+        for leaf in ids.unique().tolist():
+            mask = ids == leaf
+            acc = self._sums.setdefault(int(leaf), [0.0, 0])
+            acc[0] += float(err[mask].sum())
+            acc[1] += int(mask.sum())
+
+    def _write(self, trainer: pl.Trainer, module: XRFMLitModule, stage: str) -> None:
+        leaves = module.tree.partition_trees()[0].leaf_list()
+        name = "accuracy" if module.hparams["task"] == "classification" else "rmse"
+        path = self.out_dir(trainer) / f"leaf_metrics_{stage}.csv"
+        with path.open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["leaf", "n_support", "n_rows", name])
+            for leaf_id, leaf in enumerate(leaves):
+                total, count = self._sums.get(leaf_id, [0.0, 0])
+                value = (
+                    (total / count if name == "accuracy" else math.sqrt(total / count))
+                    if count
+                    else ""
+                )
+                w.writerow([leaf_id, int(leaf.support_.shape[0]), count, value])
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset()
+
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset()
+
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if not trainer.sanity_checking:
+            self._accumulate(_module(pl_module), outputs)
+
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._accumulate(_module(pl_module), outputs)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._write(trainer, _module(pl_module), "val")
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._write(trainer, _module(pl_module), "test")
+
+
+class AGOPFeatureImportance(_FileCallback):
+    """Size-weighted ``diag(M)`` per feature (``agop_importance.csv`` + ``agop_importance.png``).
+
+    Args:
+        dirpath: Output folder.
+        top_k: Features shown in the bar chart.
+    """
+
+    def __init__(self, dirpath: str | None = None, top_k: int = 20) -> None:
+        super().__init__(dirpath)
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        self.top_k = top_k
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        module = _module(pl_module)
+        imp = module.tree.feature_importance().cpu()
+        names = list(module.hparams.get("feature_names") or [f"x{i}" for i in range(len(imp))])
+        order = torch.argsort(imp, descending=True).tolist()
+        out = self.out_dir(trainer)
+        with (out / "agop_importance.csv").open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["rank", "feature", "importance"])
+            for rank, j in enumerate(order):
+                w.writerow([rank + 1, names[j], float(imp[j])])
+        plt = _pyplot()
+        if plt is None:
+            return
+        top = order[: self.top_k][::-1]
+        fig, ax = plt.subplots(figsize=(6, 0.3 * len(top) + 1))
+        ax.barh([names[j] for j in top], [float(imp[j]) for j in top], color="tab:blue")
+        ax.set_xlabel("size-weighted diag(M) (sums to 1)")
+        ax.set_title("AGOP feature importance")
+        fig.tight_layout()
+        fig.savefig(out / "agop_importance.png", dpi=100)
+        plt.close(fig)
+
+
+class TemperatureSweep(_FileCallback):
+    """Validation error vs soft-routing temperature (``temperature_sweep.csv`` + ``.png``).
+
+    Args:
+        dirpath: Output folder.
+        grid: Temperatures (default: the tree's tuning grid).
+    """
+
+    def __init__(self, dirpath: str | None = None, grid: list[float] | None = None) -> None:
+        super().__init__(dirpath)
+        self.grid = grid
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        module = _module(pl_module)
+        if "val" not in module.fit_data:
+            log.warning("TemperatureSweep: the fit had no validation data; nothing to sweep")
+            return
+        Xv, yv = module.fit_data["val"]
+        grid = list(self.grid or module.tree.temperature_grid)
+        errs = temperature_errors(module.tree, Xv, yv, grid)
+        out = self.out_dir(trainer)
+        with (out / "temperature_sweep.csv").open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["temperature", "val_mse"])
+            w.writerows(zip(grid, errs))
+        plt = _pyplot()
+        if plt is None:
+            return
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        soft = [(t, e) for t, e in zip(grid, errs) if t > 0]
+        if soft:
+            ax.plot(*zip(*soft), "o-", label="soft routing")
+            ax.set_xscale("log")
+        hard = [e for t, e in zip(grid, errs) if t == 0]
+        if hard:
+            ax.axhline(hard[0], color="tab:red", ls="--", label="hard routing (T=0)")
+        ax.axvline(
+            float(module.tree.temperature_) or (min(t for t in grid if t > 0) if soft else 1),
+            color="gray",
+            lw=0.8,
+        )
+        ax.set_xlabel("temperature T")
+        ax.set_ylabel("validation MSE (model space)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "temperature_sweep.png", dpi=100)
+        plt.close(fig)
+
+
+class FitProgressBar(Callback):
+    """A tqdm bar for the closed-form fit (leaves done / total), shown when Lightning's bar is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._bar: Any = None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        module = _module(pl_module)
+        if trainer.progress_bar_callback is None or not trainer.is_global_zero:
+            return
+        module.fit_progress.append(self._update)
+
+    def _update(self, tree: int, done: int, total: int) -> None:
+        from tqdm.auto import tqdm  # a Lightning dependency
+
+        if self._bar is None or self._bar.total != total or done == 1:
+            if self._bar is not None:
+                self._bar.close()
+            self._bar = tqdm(
+                total=total,
+                desc=f"xRFM fit (tree {tree + 1})",
+                unit="leaf",
+                dynamic_ncols=True,
+                leave=True,
+            )
+        self._bar.update(done - self._bar.n)
+        if done == total:
+            self._bar.close()
+            self._bar = None
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        module = _module(pl_module)
+        if self._update in module.fit_progress:
+            module.fit_progress.remove(self._update)

@@ -1,0 +1,201 @@
+"""XRFMLitModule: fits an xRFMTree in closed form inside ``trainer.fit`` and evaluates it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, cast
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+from torchmetrics import MetricCollection
+
+from xrfm_torch.lit.metrics import make_metrics
+from xrfm_torch.tree import xRFMTree
+
+log = logging.getLogger(__name__)
+
+Task = Literal["regression", "classification"]
+ProgressFn = Callable[[int, int, int], None]
+
+
+def collect(loader: Any, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Concatenate every ``(x, y)`` batch of a dataloader (or list of them) onto ``device``."""
+    loaders = loader if isinstance(loader, (list, tuple)) else [loader]
+    xs, ys = [], []
+    for dl in loaders:
+        for batch in dl:
+            x, y = batch[0], batch[1]
+            xs.append(x)
+            ys.append(y)
+    if not xs:
+        raise ValueError("the dataloader yielded no batches; cannot fit the tree")
+    return torch.cat(xs).to(device), torch.cat(ys).to(device)
+
+
+class XRFMLitModule(pl.LightningModule):
+    """Lightning system around an :class:`~xrfm_torch.xRFMTree` (the model).
+
+    ``on_fit_start`` gathers the train and validation loaders once and fits the tree in closed form
+    under ``no_grad`` on the module's device (no optimizer, no SGD). Lightning's loops then only
+    evaluate: ``train/*``, ``val/*`` and ``test/*`` metrics (MSE, RMSE, MAE, R² in original target units
+    for regression; accuracy, AUROC, log-loss for classification). The hook runs before Lightning's
+    sanity check, so every validation pass already sees the fitted tree.
+
+    Regression targets may be standardized by the datamodule; ``target_mean``/``target_std`` map
+    predictions back so metrics and ``predict_step`` are in original units. Classification fits the tree
+    on one-hot labels and turns its outputs into probabilities by clamping to ``[1e-3, 1 - 1e-3]`` and
+    renormalizing (the reference's ``zero_one`` mode).
+
+    Args:
+        tree: The (unfitted) model. Excluded from hyperparameters; its config goes into checkpoints.
+        task: ``"regression"`` or ``"classification"``.
+        num_classes: Number of classes (classification).
+        target_mean: Mean(s) of the original regression target.
+        target_std: Std(s) of the original regression target.
+        seed: Seed of the tree's random generator.
+        feature_names: Names of the input columns (for reports).
+    """
+
+    target_mean: Tensor
+    target_std: Tensor
+
+    def __init__(
+        self,
+        tree: xRFMTree | None = None,
+        *,
+        task: Task = "regression",
+        num_classes: int | None = None,
+        target_mean: float | Sequence[float] = 0.0,
+        target_std: float | Sequence[float] = 1.0,
+        seed: int = 0,
+        feature_names: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__()
+        if task not in ("regression", "classification"):
+            raise ValueError(f"task must be 'regression' or 'classification', got {task!r}")
+        if task == "classification" and (num_classes is None or num_classes < 2):
+            raise ValueError(f"classification needs num_classes >= 2, got {num_classes!r}")
+        self.save_hyperparameters(ignore=["tree"])
+        self.tree = tree if tree is not None else xRFMTree()
+        self.automatic_optimization = False
+        self.register_buffer("target_mean", torch.as_tensor(target_mean, dtype=torch.float32))
+        self.register_buffer("target_std", torch.as_tensor(target_std, dtype=torch.float32))
+        # ("train" cannot be a ModuleDict key: it would shadow nn.Module.train)
+        self.train_metrics = make_metrics(task, num_classes, prefix="train/")
+        self.val_metrics = make_metrics(task, num_classes, prefix="val/")
+        self.test_metrics = make_metrics(task, num_classes, prefix="test/")
+        self.fit_progress: list[ProgressFn] = []  # filled by callbacks (e.g. FitProgressBar)
+        self.fit_data: dict[str, tuple[Tensor, Tensor]] = {}  # model-space data of the last fit
+
+    # ---- fitting -------------------------------------------------------------------------------
+    def encode_targets(self, y: Tensor) -> Tensor:
+        """Targets in the space the tree is fitted in: one-hot for classification."""
+        if self.hparams["task"] == "classification":
+            return torch.nn.functional.one_hot(y.long(), self.hparams["num_classes"]).float()
+        return y.float()
+
+    def _fit_sources(self) -> tuple[Any, Any]:
+        trainer = self.trainer
+        dm = getattr(trainer, "datamodule", None)
+        if dm is not None:
+            return dm.train_dataloader(), dm.val_dataloader()
+        try:
+            train = trainer.fit_loop._data_source.dataloader()
+            val = trainer.fit_loop.epoch_loop.val_loop._data_source.dataloader()
+        except Exception as err:
+            raise RuntimeError(
+                "XRFMLitModule could not read the training data; pass a datamodule or "
+                "train_dataloaders/val_dataloaders to trainer.fit"
+            ) from err
+        return train, val
+
+    def on_fit_start(self) -> None:
+        if self.trainer.world_size > 1:
+            raise RuntimeError(
+                f"XRFMLitModule fits the tree in one process, but the trainer runs "
+                f"{self.trainer.world_size} processes (strategy "
+                f"{type(self.trainer.strategy).__name__}); use devices=1 until distributed "
+                "leaf fitting exists"
+            )
+        train_loader, val_loader = self._fit_sources()
+        X, y = collect(train_loader, self.device)
+        data = {"train": (X, self.encode_targets(y))}
+        if val_loader is not None and not (isinstance(val_loader, list) and not val_loader):
+            Xv, yv = collect(val_loader, self.device)
+            data["val"] = (Xv, self.encode_targets(yv))
+        self.fit_tree(data)
+
+    @torch.no_grad()
+    def fit_tree(self, data: dict[str, tuple[Tensor, Tensor]]) -> None:
+        """Fit the tree on model-space ``data['train']`` (and ``data['val']`` if present)."""
+        X, y = data["train"]
+        Xv, yv = data.get("val", (None, None))
+        generator = torch.Generator().manual_seed(int(self.hparams["seed"]))
+
+        def progress(tree: int, done: int, total: int) -> None:
+            for fn in self.fit_progress:
+                fn(tree, done, total)
+
+        log.info(
+            "fitting xRFMTree on %d rows (%d validation) on %s",
+            len(X),
+            0 if Xv is None else len(Xv),
+            self.device,
+        )
+        self.tree.fit(X, y, Xv, yv, generator=generator, progress=progress)
+        self.fit_data = data
+
+    def configure_optimizers(self) -> None:
+        """No optimizer: the tree is fitted in closed form."""
+        return
+
+    # ---- prediction ----------------------------------------------------------------------------
+    def forward(self, x: Tensor) -> Tensor:
+        """Tree output in model space (standardized target / one-hot scores), shape (n, c)."""
+        return self.tree(x)
+
+    def to_output(self, raw: Tensor) -> Tensor:
+        """Original-unit predictions (regression, (n,) for one target) or probabilities (n, K)."""
+        if self.hparams["task"] == "classification":
+            p = raw.clamp(1e-3, 1 - 1e-3)
+            return p / p.sum(1, keepdim=True)
+        out = raw * self.target_std + self.target_mean
+        return out[:, 0] if out.shape[1] == 1 else out
+
+    def original_targets(self, y: Tensor) -> Tensor:
+        """Batch targets in original units (regression targets arrive standardized)."""
+        if self.hparams["task"] == "classification":
+            return y
+        return y * self.target_std + self.target_mean
+
+    def _evaluate(self, batch: Any, stage: str) -> dict[str, Tensor]:
+        x, y = batch[0], self.original_targets(batch[1])
+        pred = self.to_output(self(x))
+        metrics = cast(MetricCollection, getattr(self, f"{stage}_metrics"))
+        metrics.update(pred, y)
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(x))
+        return {"x": x, "y": y, "pred": pred}
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, "train")  # evaluation only: nothing to optimize
+
+    def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
+        return self._evaluate(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
+        return self._evaluate(batch, "test")
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Tensor:
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        return self.to_output(self(x))
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["xrfm_tree_config"] = self.tree.get_config()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Runs before load_state_dict: rebuild an empty tree with the saved constructor arguments.
+        if "xrfm_tree_config" in checkpoint:
+            self.tree = xRFMTree.from_config(checkpoint["xrfm_tree_config"]).to(self.device)

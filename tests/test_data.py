@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from xrfm_torch.data import load_dataset, prepare, protocol_split, read_csv
+from xrfm_torch.data.sources import load_openml, make_synthetic, parse_arff
+from xrfm_torch.lit import TabularDataModule
+
+
+def test_protocol_split_is_the_documented_formula():
+    tr, va, te = protocol_split(8192, 0)
+    idx = np.random.default_rng(0).permutation(8192)
+    assert np.array_equal(tr, idx[:5734])
+    assert np.array_equal(va, idx[5734:6553])
+    assert np.array_equal(te, idx[6553:])
+
+
+def test_prepare_standardizes_with_train_statistics():
+    X, y, _ = load_dataset("cpu_act")
+    d = prepare(X, y, 0)
+    tr, _, te = protocol_split(len(X), 0)
+    np.testing.assert_allclose(d.X_train.mean(0), 0, atol=1e-4)
+    np.testing.assert_allclose(
+        d.X_test,
+        ((X[te] - X[tr].mean(0)) / (X[tr].std(0) + 1e-12)).astype(np.float32),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    np.testing.assert_allclose(d.y_scaler.inverse(d.y_test), y[te], rtol=1e-5, atol=1e-4)
+
+
+def test_csv_loader(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("a,b,price\n1,2,3\n4,5,6\n")
+    X, y, names = read_csv(path, "price")
+    assert names == ["a", "b"]
+    np.testing.assert_array_equal(X, [[1, 2], [4, 5]])
+    np.testing.assert_array_equal(y, [3, 6])
+    with pytest.raises(ValueError, match="no column named 'cost'"):
+        read_csv(path, "cost")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,nan\n")
+    with pytest.raises(ValueError, match="non-finite value at row 0, column 'b'"):
+        read_csv(bad)
+
+
+def test_openml_from_prepared_cache(tmp_path):
+    with gzip.open(tmp_path / "123.csv.gz", "wt") as fh:
+        fh.write("f1,f2,goal\n" + "\n".join(f"{i},{2 * i},{3 * i}" for i in range(20)))
+    (tmp_path / "123.json").write_text(json.dumps({"id": 123, "name": "toy", "target": "goal"}))
+    X, y, names = load_openml(123, tmp_path)
+    assert names == ["f1", "f2"]
+    np.testing.assert_array_equal(y, 3 * np.arange(20))
+    dm = TabularDataModule("openml", openml_id=123, cache_dir=str(tmp_path))
+    dm.prepare_data()  # cached: no network needed
+    dm.setup()
+    assert len(dm.datasets["train"]) == 14
+    with pytest.raises(FileNotFoundError, match="not cached"):
+        load_openml(999, tmp_path)
+
+
+def test_parse_arff():
+    text = "% comment\n@RELATION t\n@ATTRIBUTE x NUMERIC\n@ATTRIBUTE 'y' REAL\n@DATA\n1,2\n3,?\n"
+    data, names = parse_arff(text)
+    assert names == ["x", "y"]
+    assert data[0].tolist() == [1.0, 2.0]
+    assert np.isnan(data[1, 1])
+    with pytest.raises(ValueError, match="not numeric"):
+        parse_arff("@ATTRIBUTE c {a,b}\n@DATA\na\n")
+
+
+def test_synthetic_is_the_protocol_task():
+    X, y, names = make_synthetic(500, 8, noise=0.0, seed=3)
+    expected = (
+        np.sin(2 * X[:, 0]) + X[:, 1] ** 2 - X[:, 2] * X[:, 3] + 0.5 * np.tanh(X[:, 4] + X[:, 5])
+    )
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    assert names[-1] == "x7"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"name": "nope"}, "unknown dataset 'nope'"),
+        ({"name": "csv"}, "needs path"),
+        ({"name": "openml"}, "needs openml_id"),
+        ({"task": "ranking"}, "task must be"),
+    ],
+)
+def test_datamodule_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TabularDataModule(**kwargs)

@@ -1,0 +1,22 @@
+"""Entry point: ``python train.py dataset=cpu_act`` (configs in ``conf/``, logic in xrfm_torch.pipeline)."""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from xrfm_torch.pipeline import format_metrics, run
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    result = run(cfg)
+    test = {k: v for k, v in result["metrics"].items() if k.startswith(("test/", "time/"))}
+    print(f"\nResults ({cfg.dataset.name}, seed {cfg.seed}) in {result['output_dir']}")
+    print(format_metrics(test or result["metrics"]))
+    value = result["metrics"].get(str(cfg.get("optimized_metric")))
+    return None if value is None else float(value)
+
+
+if __name__ == "__main__":
+    main()
