@@ -15,7 +15,10 @@ from torch import nn
 
 
 class ResizableBuffers(nn.Module):
-    """Mixin: resize registered buffers to the incoming state-dict tensors before loading."""
+    """Mixin: resize registered buffers (and parameters) to the incoming tensors before loading.
+
+    A parameter keeps its identity (its ``.data`` is swapped), so an optimizer built on it stays valid.
+    """
 
     def _load_from_state_dict(
         self,
@@ -36,6 +39,14 @@ class ResizableBuffers(nn.Module):
                 self._buffers[name] = torch.empty(
                     incoming.shape, dtype=incoming.dtype, device=buf.device
                 )
+        for name, param in self._parameters.items():
+            incoming = state_dict.get(prefix + name)
+            if (
+                param is not None
+                and isinstance(incoming, torch.Tensor)
+                and incoming.shape != param.shape
+            ):
+                param.data = torch.empty(incoming.shape, dtype=incoming.dtype, device=param.device)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )

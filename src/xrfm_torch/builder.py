@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import Kernel
+from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.splits import Split, SplitRule, balanced_split
 
 log = logging.getLogger(__name__)
@@ -159,3 +161,66 @@ def borrow_validation_rows(
         return train_idx, train_idx[:0]
     perm = torch.randperm(n_train, generator=generator).to(train_idx.device)
     return train_idx[perm[want:]], train_idx[perm[:want]]
+
+
+def fit_leaves(
+    layout: TreeLayout,
+    X: Tensor,
+    y: Tensor,
+    X_val: Tensor,
+    y_val: Tensor,
+    holdout: Tensor | None,
+    *,
+    new_leaf: Callable[[], LeafRFM],
+    min_leaf_val: int,
+    max_borrow_fraction: float,
+    generator: torch.Generator | None,
+    progress: Callable[[int, int, int], None] | None = None,
+    tree_index: int = 0,
+) -> tuple[list[LeafRFM], list[Tensor | None]]:
+    """Fit one LeafRFM per leaf of ``layout`` on the rows routed to it.
+
+    Validation rows per leaf: with ``holdout`` (bool mask over ``X``: no user validation data), the
+    leaf's held-out rows; otherwise the routed ``X_val`` rows. After a split, a leaf short of
+    validation rows borrows training rows (:func:`borrow_validation_rows`).
+
+    Returns:
+        The leaves, and per leaf the training-row indices of a final refit (rows that were taken from
+        training for validation rejoin the solve), or ``None`` when nothing was taken.
+    """
+    leaves: list[LeafRFM] = []
+    refit: list[Tensor | None] = []
+    for rows, va in zip(layout.leaf_train, layout.leaf_val):
+        if holdout is not None:
+            tr, held = rows[~holdout[rows]], rows[holdout[rows]]
+            Xv, yv = X[held], y[held]
+        else:
+            tr = rows
+            Xv, yv = X_val[va], y_val[va]
+        if layout.n_splits > 0:
+            tr, borrowed = borrow_validation_rows(
+                tr,
+                Xv.shape[0],
+                min_val_rows=min_leaf_val,
+                max_borrow_fraction=max_borrow_fraction,
+                generator=generator,
+            )
+            Xv, yv = torch.cat([Xv, X[borrowed]]), torch.cat([yv, y[borrowed]])
+        leaf = new_leaf().to(device=X.device, dtype=X.dtype)
+        if Xv.shape[0] == 0:
+            leaf.fit(X[tr], y[tr], generator=generator)
+        else:
+            leaf.fit(X[tr], y[tr], Xv, yv, generator=generator)
+        leaves.append(leaf)
+        if progress is not None:
+            progress(tree_index, len(leaves), len(layout.leaf_train))
+        refit.append(rows if tr.shape[0] < rows.shape[0] else None)
+        log.debug(
+            "leaf %d: %d train / %d val rows, t*=%d, bandwidth %.4g",
+            len(leaves) - 1,
+            tr.shape[0],
+            Xv.shape[0],
+            int(leaf.best_iter_),
+            leaf.bandwidth,
+        )
+    return leaves, refit

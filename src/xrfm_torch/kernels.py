@@ -63,21 +63,34 @@ def row_chunks(n_rows: int, bytes_per_row: int, budget: int) -> Iterator[slice]:
         yield slice(start, min(start + step, n_rows))
 
 
-def pairwise_distance(x: Tensor, z: Tensor, p: float) -> Tensor:
+def pairwise_distance(x: Tensor, z: Tensor, p: float, *, out: Tensor | None = None) -> Tensor:
     """``||x_i - z_j||_p`` for all pairs, shape (n, m).
 
-    For ``p = 2`` the expansion ``|x|^2 + |z|^2 - 2 x.z`` (a GEMM) is used; its rounding error is
-    about ``eps_machine * (|x|^2 + |z|^2)``, so squared distances below 16x that are snapped to exactly
-    zero. Duplicated rows therefore get distance 0 (and no spurious self-gradient) in float32 too.
+    For ``p = 2`` the expansion ``|x|^2 + |z|^2 - 2 x.z`` (one GEMM) is used on inputs centred at
+    ``z``'s mean (distances are translation invariant; centring shrinks the norms and so the rounding
+    error, about ``eps_machine * (|x|^2 + |z|^2)``). Squared distances below 16x that bound are set to
+    exactly 0, so duplicated rows get distance 0 (and no spurious self-gradient) in float32 too.
+
+    Args:
+        x: Inputs, shape (n, d).
+        z: Centres, shape (m, d).
+        p: Norm exponent.
+        out: Optional (n, m) buffer to write into (saves a large allocation per call).
     """
-    if p == 2.0:
-        xx = (x * x).sum(-1, keepdim=True)  # (n, 1)
-        zz = (z * z).sum(-1)[None, :]  # (1, m)
-        sq = torch.addmm(xx + zz, x, z.mT, alpha=-2.0)  # (n, m)
-        tol = (xx + zz) * (16 * torch.finfo(x.dtype).eps)
-        sq = torch.where(sq <= tol, torch.zeros((), dtype=sq.dtype, device=sq.device), sq)
-        return sq.sqrt_()
-    return torch.cdist(x, z, p=p)
+    if p != 2.0:
+        r = torch.cdist(x, z, p=p)
+        return r if out is None else out.copy_(r)
+    mu = z.mean(0)
+    x, z = x - mu, z - mu
+    c = 16 * torch.finfo(x.dtype).eps
+    xx = (x * x).sum(-1, keepdim=True)  # (n, 1)
+    zz = (z * z).sum(-1)[None, :]  # (1, m)
+    # out = (1 - c)(|x|^2 + |z|^2) - 2 x.z = sq - c(|x|^2 + |z|^2): <= 0 means "snap to 0"
+    out = torch.addmm((1 - c) * zz, x, z.mT, alpha=-2.0, out=out)
+    out.add_((1 - c) * xx)
+    snap = out <= 0
+    out.add_(c * xx).add_(c * zz)
+    return out.masked_fill_(snap, 0.0).sqrt_()
 
 
 class Kernel(nn.Module):
@@ -125,16 +138,21 @@ class Kernel(nn.Module):
         return f"p={self.p}, q={self.q}, bandwidth={float(self.bandwidth):.4g}"
 
     # ---- values -------------------------------------------------------------------------------
-    def distance(self, x: Tensor, z: Tensor) -> Tensor:
+    def distance(self, x: Tensor, z: Tensor, *, out: Tensor | None = None) -> Tensor:
         """``||x_i - z_j||_p`` in the (already transformed) space, shape (n, m)."""
-        return pairwise_distance(x, z, self.p)
+        return pairwise_distance(x, z, self.p, out=out)
 
-    def from_distance(self, r: Tensor) -> Tensor:
-        """Kernel values from distances: ``exp(-(r / L)^q)``, same shape as ``r``."""
-        scaled = r / self.bandwidth.to(r.dtype)
+    def from_distance(self, r: Tensor, *, out: Tensor | None = None) -> Tensor:
+        """Kernel values from distances: ``exp(-(r / L)^q)``, same shape as ``r``.
+
+        Args:
+            r: Distances, any shape.
+            out: Optional buffer of ``r``'s shape to write into (may be ``r`` itself).
+        """
+        scaled = torch.div(r, self.bandwidth.to(r.dtype), out=out)
         if self.q != 1.0:
-            scaled = scaled.pow(self.q)
-        return torch.exp(-scaled)
+            scaled.pow_(self.q)
+        return scaled.neg_().exp_()
 
     def forward(self, x: Tensor, z: Tensor, sqrt_m: Tensor | None = None) -> Tensor:
         """Kernel matrix ``K(x, z)``.

@@ -61,7 +61,8 @@ class LeafRFM(ResizableBuffers):
             :data:`xrfm_torch.kernels.KERNELS`, or ``None`` for Laplace with bandwidth 10.
         n_iters: ``tau``, the number of AGOP updates (>= 0).
         reg: Ridge ``lambda`` (absolute).
-        diag: Learn a diagonal ``M`` (a vector) instead of a full matrix.
+        diag: Learn a diagonal ``M`` (a vector, ``True``), a full matrix (``False``), or ``"auto"``:
+            from ``G_0`` fit both at ``t = 1`` and continue with the one of lower validation error.
         eps: Normalization constant in ``G / (eps + max G)``.
         adaptive_bandwidth: If set, before each solve the bandwidth becomes this multiple of the median
             pairwise distance in the current M-space (2000-row subsample).
@@ -86,7 +87,7 @@ class LeafRFM(ResizableBuffers):
         *,
         n_iters: int = 5,
         reg: float = 1e-3,
-        diag: bool = True,
+        diag: bool | str = True,
         eps: float = 1e-30,
         adaptive_bandwidth: float | None = None,
         early_stop_multiplier: float | None = 1.1,
@@ -99,7 +100,10 @@ class LeafRFM(ResizableBuffers):
         self.kernel = copy.deepcopy(make_kernel(kernel))
         self.n_iters = int(n_iters)
         self.reg = check_positive(reg, "reg", allow_zero=True)
-        self.diag = bool(diag)
+        if diag not in (True, False, "auto"):
+            raise ValueError(f"diag must be True, False or 'auto', got {diag!r}")
+        self.diag: bool | str = diag
+        self._chosen_diag = diag is not False
         self.eps = check_positive(eps, "eps", allow_zero=True)
         self.adaptive_bandwidth = (
             None
@@ -194,58 +198,93 @@ class LeafRFM(ResizableBuffers):
         generator: torch.Generator | None,
     ) -> _Candidate:
         kernel = self.kernel
-        errors = torch.full((self.n_iters + 1,), float("nan"), dtype=torch.float64)
-        sqrt_m: Tensor | None = None
-        best: _Candidate | None = None
-        for t in range(self.n_iters + 1):
+        n, tau = X.shape[0], self.n_iters
+        errors = torch.full((tau + 1,), float("nan"), dtype=torch.float64)
+        # (n, n) work buffers reused by every fit: distances / gradient weights, kernel matrix,
+        # Cholesky factor (a fresh allocation of this size costs as much as an exp pass)
+        R, K = X.new_empty(n, n), X.new_empty(n, n)
+        F = torch.empty(n, n, dtype=self.solve_dtype or X.dtype, device=X.device)
+
+        def fit_at(
+            sqrt_m: Tensor | None, agop: bool, diag: bool
+        ) -> tuple[_Candidate, Tensor | None]:
+            """One KRR fit in the M-space of ``sqrt_m`` (+ its AGOP, computed while K is at hand)."""
             xs = transform(X, sqrt_m)
             if self.adaptive_bandwidth is not None:
                 med = median_pairwise_distance(xs, kernel.p, generator=generator)
                 if med > 1e-14:
                     kernel.bandwidth.fill_(self.adaptive_bandwidth * med)
-            r = kernel.distance(xs, xs)  # (n, n)
-            K = kernel.from_distance(r)  # (n, n)
-            alpha = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, in_place=True)
+            kernel.distance(xs, xs, out=R)  # (n, n)
+            kernel.from_distance(R, out=K)  # (n, n)
+            alpha = solve_krr(
+                K, y, self.reg, solve_dtype=self.solve_dtype, in_place=True, workspace=F
+            )
             pred = kernel.predict(transform(X_val, sqrt_m), xs, alpha)  # (n_val, c)
-            err = float(((pred - y_val) ** 2).mean())
-            errors[t] = err
-            log.debug("leaf n=%d iter %d: val mse %.6g", X.shape[0], t, err)
-            if not math.isfinite(err):
-                log.warning("leaf n=%d iter %d: non-finite validation error; stopping", len(X), t)
-                break
-            if best is None or err < best.err:
-                best = _Candidate(err, t, alpha, sqrt_m, float(kernel.bandwidth))
-            elif self.early_stop_multiplier is not None and err > best.err * float(
-                self.early_stop_multiplier
-            ):
-                break
-            if t == self.n_iters:
-                break
-            if kernel.p == 2.0:  # reuse the Gram matrix: gradient weights overwrite r
-                w = kernel.grad_weights(r, K, out=r)
-                del K
+            cand = _Candidate(
+                float(((pred - y_val) ** 2).mean()), -1, alpha, sqrt_m, float(kernel.bandwidth)
+            )
+            if not (agop and math.isfinite(cand.err)):
+                return cand, None
+            if kernel.p == 2.0:  # reuse the Gram matrix: gradient weights overwrite the distances
+                w = kernel.grad_weights(R, K, out=R)
                 g = chain_rule(kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0), sqrt_m)
             else:
-                del K, r
                 g = kernel.function_grads(X, X, alpha, sqrt_m, exclude_self=True)
-            G = agop_from_grads(g, diag=self.diag)
+            G = agop_from_grads(g, diag=diag)
             top = float(G.max())
             if not math.isfinite(top) or top <= 0.0:
-                log.warning("leaf n=%d iter %d: degenerate AGOP (max %g); stopping", len(X), t, top)
+                log.warning("leaf n=%d: degenerate AGOP (max %g); stopping", n, top)
+                return cand, None
+            return cand, G
+
+        # "auto" decides diag vs full at t = 1 (both are fitted from the full G_0; the one with the
+        # lower validation error continues), so it costs one extra solve, not twice the iterations.
+        mode: bool | None = None if self.diag == "auto" else bool(self.diag)
+        best: _Candidate | None = None
+        G: Tensor | None = None
+        for t in range(tau + 1):
+            agop = t < tau
+            if t == 0:
+                cands = [fit_at(None, agop, diag=mode is True)]
+            elif G is None:
                 break
-            sqrt_m = sqrt_psd(normalize_agop(G, self.eps))
+            elif mode is None:
+                cands = [
+                    fit_at(sqrt_psd(normalize_agop(Gm, self.eps)), agop, diag=dg)
+                    for dg, Gm in ((True, G.diagonal()), (False, G))
+                ]
+            else:
+                cands = [fit_at(sqrt_psd(normalize_agop(G, self.eps)), agop, diag=mode)]
+            for c, _ in cands:
+                c.t = t
+                if math.isfinite(c.err) and (best is None or c.err < best.err):
+                    best = c
+            cand, G = min(cands, key=lambda cg: cg[0].err if math.isfinite(cg[0].err) else math.inf)
+            if mode is None and t > 0:
+                mode = cand.sqrt_m is not None and cand.sqrt_m.ndim == 1
+                log.debug("leaf n=%d: auto chose %s M", n, "diagonal" if mode else "full")
+            errors[t] = cand.err
+            log.debug("leaf n=%d iter %d: val mse %.6g", n, t, cand.err)
+            if not math.isfinite(cand.err):
+                log.warning("leaf n=%d iter %d: non-finite validation error; stopping", n, t)
+                break
+            mult = self.early_stop_multiplier
+            if best is not None and mult is not None and cand.err > best.err * float(mult):
+                break
         if best is None:
             raise RuntimeError(
                 f"LeafRFM produced no finite validation error (errors: {errors.tolist()})"
             )
         self.val_errors_ = errors.to(X.device)
+        self._chosen_diag = mode if mode is not None else True
         return best
 
     def _store(self, X: Tensor, best: _Candidate) -> None:
         d = X.shape[1]
         sqrt_m = best.sqrt_m
         if sqrt_m is None:  # t* = 0: identity, in the same layout as the learned M
-            sqrt_m = torch.ones(d, dtype=X.dtype) if self.diag else torch.eye(d, dtype=X.dtype)
+            diag = self._chosen_diag
+            sqrt_m = torch.ones(d, dtype=X.dtype) if diag else torch.eye(d, dtype=X.dtype)
         self.kernel.bandwidth.fill_(best.bandwidth)
         self.support_ = X.detach().clone()
         self.alpha_ = best.alpha.detach()

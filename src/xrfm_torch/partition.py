@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from xrfm_torch._state import ResizableBuffers
 from xrfm_torch.leaf import LeafRFM
-from xrfm_torch.routing import hard_route, path_signs, soft_weights
+from xrfm_torch.routing import hard_route, is_zero, path_signs, soft_weights
 
 
 class PartitionTree(ResizableBuffers):
@@ -18,6 +18,8 @@ class PartitionTree(ResizableBuffers):
 
     Args:
         leaves: Fitted (or, for state-dict loading, empty) leaf models, in leaf-id order.
+        trainable: Register ``split_vectors_`` and ``thresholds_`` as ``nn.Parameter`` (head use);
+            otherwise they are buffers. Leaf coefficients are always buffers.
 
     Buffers:
         ``split_vectors_`` (J, d), ``thresholds_`` (J,), ``temp_scale_`` (J,) per-node temperature
@@ -31,11 +33,16 @@ class PartitionTree(ResizableBuffers):
     children_: Tensor
     path_sign_: Tensor
 
-    def __init__(self, leaves: list[LeafRFM]) -> None:
+    def __init__(self, leaves: list[LeafRFM], *, trainable: bool = False) -> None:
         super().__init__()
         self.leaves = nn.ModuleList(leaves)
-        self.register_buffer("split_vectors_", torch.empty(0, 0))
-        self.register_buffer("thresholds_", torch.empty(0))
+        self.trainable = bool(trainable)
+        if self.trainable:
+            self.split_vectors_ = nn.Parameter(torch.empty(0, 0))
+            self.thresholds_ = nn.Parameter(torch.empty(0))
+        else:
+            self.register_buffer("split_vectors_", torch.empty(0, 0))
+            self.register_buffer("thresholds_", torch.empty(0))
         self.register_buffer("temp_scale_", torch.empty(0))
         self.register_buffer("children_", torch.empty(0, 2, dtype=torch.long))
         self.register_buffer("path_sign_", torch.empty(len(leaves), 0, dtype=torch.int8))
@@ -44,8 +51,12 @@ class PartitionTree(ResizableBuffers):
         self, vectors: Tensor, thresholds: Tensor, scales: Tensor, children: Tensor
     ) -> None:
         """Store the routing arrays (and derive the path-sign table)."""
-        self.split_vectors_ = vectors
-        self.thresholds_ = thresholds
+        if self.trainable:  # keep the Parameter objects (optimizers may already hold them)
+            self.split_vectors_.data = vectors
+            self.thresholds_.data = thresholds
+        else:
+            self.split_vectors_ = vectors
+            self.thresholds_ = thresholds
         self.temp_scale_ = scales
         self.children_ = children
         self.path_sign_ = path_signs(children.cpu(), len(self.leaves)).to(vectors.device)
@@ -137,7 +148,7 @@ class PartitionTree(ResizableBuffers):
         max_leaves: int | None = None,
     ) -> Tensor:
         """Hard (``temperature == 0``) or soft-routed predictions, shape (n, c)."""
-        if float(temperature) == 0.0 or self.n_leaves == 1:
+        if is_zero(temperature) or self.n_leaves == 1:
             return self.predict_hard(x)
         w = self.weights(x, temperature, keep_mass=keep_mass, max_leaves=max_leaves)
         return self.predict_weighted(x, w)

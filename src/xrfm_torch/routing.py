@@ -24,6 +24,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+def is_zero(temperature: Tensor | float) -> bool:
+    """Whether a temperature means hard routing (reads a tensor without touching its graph)."""
+    if isinstance(temperature, Tensor):
+        return bool(temperature.detach() == 0)
+    return float(temperature) == 0.0
+
+
 def hard_route(x: Tensor, vectors: Tensor, thresholds: Tensor, children: Tensor) -> Tensor:
     """Leaf index of each row: go left iff ``x . v_j <= b_j``.
 
@@ -136,7 +143,7 @@ def soft_weights(
 ) -> Tensor:
     """Mixture weights over leaves, shape (n, L); ``temperature == 0`` gives one-hot hard routing."""
     n_leaves = path_sign.shape[0]
-    if float(temperature) == 0.0 or vectors.shape[0] == 0:
+    if is_zero(temperature) or vectors.shape[0] == 0:
         ids = hard_route(x, vectors, thresholds, children)
         return F.one_hot(ids, n_leaves).to(x.dtype)
     logp = soft_log_weights(x, vectors, thresholds, scales, path_sign, temperature)

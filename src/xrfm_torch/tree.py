@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xrfm_torch._checks import (
@@ -19,7 +20,9 @@ from xrfm_torch._checks import (
 )
 from xrfm_torch._config import from_config, to_config
 from xrfm_torch._state import as_dtype
-from xrfm_torch.builder import borrow_validation_rows, grow_tree
+from xrfm_torch.agop import agop_from_grads
+from xrfm_torch.builder import TreeLayout, fit_leaves, grow_tree
+from xrfm_torch.interpret import input_grads, m_diagonal, size_weighted
 from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM, holdout_split
 from xrfm_torch.partition import PartitionTree
@@ -44,7 +47,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         max_leaf_size: ``L_max``; a node with more training rows is split.
         n_iters: ``tau``, AGOP updates per leaf.
         reg: Leaf ridge ``lambda``.
-        diag: Diagonal (``True``) or full feature matrix ``M`` in the leaves.
+        diag: Diagonal (``True``), full (``False``) or per-leaf ``"auto"`` feature matrix ``M``.
         eps: AGOP normalization constant.
         adaptive_bandwidth: Leaf bandwidth = this x median pairwise distance (``None``: constant).
         early_stop_multiplier: Leaf iterations stop once validation error exceeds best x this.
@@ -61,6 +64,10 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         max_borrow_fraction: At most this share of a leaf's training rows is borrowed.
         refit_borrowed: After selection, re-solve each leaf on its training rows plus the rows it
             borrowed (or that were held out from training), with the chosen ``M`` and bandwidth.
+        trainable_routing: Make split vectors, thresholds and the temperature ``nn.Parameter``s
+            (the temperature through ``raw_temperature``, ``T = softplus(raw)``), for training with
+            SGD through soft routing. A fitted temperature of 0 then starts at the smallest positive
+            grid value. Leaf coefficients always stay buffers.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -76,10 +83,10 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self,
         kernel: Kernel | str | Callable[[], Kernel] | None = None,
         *,
-        max_leaf_size: int = 10_000,
+        max_leaf_size: int = 20_000,
         n_iters: int = 5,
         reg: float = 1e-3,
-        diag: bool = True,
+        diag: bool | str = "auto",
         eps: float = 1e-30,
         adaptive_bandwidth: float | None = None,
         early_stop_multiplier: float | None = 1.1,
@@ -94,6 +101,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         min_leaf_val: int = 1500,
         max_borrow_fraction: float = 0.2,
         refit_borrowed: bool = True,
+        trainable_routing: bool = False,
     ) -> None:
         super().__init__()
         self._init_args = {
@@ -136,8 +144,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self.min_leaf_val = int(min_leaf_val)
         self.max_borrow_fraction = check_fraction(max_borrow_fraction, "max_borrow_fraction")
         self.refit_borrowed = bool(refit_borrowed)
+        self.trainable_routing = bool(trainable_routing)
         self.trees = nn.ModuleList()
         self.register_buffer("temperature_", torch.tensor(0.0))
+        if self.trainable_routing:
+            self.raw_temperature = nn.Parameter(torch.tensor(0.0))
         self.fit_seconds_: float | None = None
 
     def get_config(self) -> dict[str, Any]:
@@ -203,18 +214,23 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self._check_fitted()
         return int(self.leaves()[0].alpha_.shape[1])
 
-    def feature_importance(self) -> Tensor:
-        """Leaf-size-weighted ``diag(M)`` per feature, normalized to sum to 1, shape (d,).
+    @property
+    def current_temperature(self) -> Tensor:
+        """The routing temperature in use: ``softplus(raw_temperature)`` when trainable."""
+        if self.trainable_routing:
+            return F.softplus(self.raw_temperature)
+        return self.temperature_
 
-        ``sum_l n_l diag(M_l) / sum_l n_l`` over all leaves of all trees (``n_l``: support rows).
-        """
-        self._check_fitted()
-        total = torch.zeros(self.n_features_in_, dtype=torch.float64)
-        for leaf in self.leaves():
-            M = leaf.M
-            diag = M if M.ndim == 1 else M.diagonal()
-            total += leaf.support_.shape[0] * diag.detach().double().cpu()
-        return (total / total.sum().clamp_min(1e-300)).to(self.temperature_.device)
+    def _set_temperature(self, value: float) -> None:
+        self.temperature_.fill_(value)
+        if self.trainable_routing:
+            positive = [t for t in self.temperature_grid if t > 0]
+            t = value if value > 0 else (min(positive) if positive else 1.0)
+            if value <= 0:
+                log.info("trainable routing needs T > 0; starting from T = %.4g", t)
+            self.temperature_.fill_(t)
+            # inverse softplus, so that softplus(raw) == t
+            self.raw_temperature.data = torch.tensor(t).expm1().log().to(self.temperature_)
 
     # ---- fitting -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -286,10 +302,10 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         if self.refit_borrowed and holdout is None:
             refit()
         if self.temperature is not None:
-            self.temperature_.fill_(self.temperature)
+            self._set_temperature(self.temperature)
         elif any(tree.n_leaves > 1 for tree in trees):
             best_t, errs = tune_temperature(self, X_val, y_val, self.temperature_grid)
-            self.temperature_.fill_(best_t)
+            self._set_temperature(best_t)
             log.info(
                 "tuned temperature %.4g (val mse %s)", best_t, ", ".join(f"{e:.4g}" for e in errs)
             )
@@ -329,45 +345,123 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             kernel=self.kernel,
             generator=generator,
         )
-        leaves: list[LeafRFM] = []
-        refit: list[Tensor | None] = []
-        for rows, va in zip(layout.leaf_train, layout.leaf_val):
-            if holdout is not None:
-                tr, held = rows[~holdout[rows]], rows[holdout[rows]]
-                Xv, yv = X[held], y[held]
-            else:
-                tr, held = rows, rows[:0]
-                Xv, yv = X_val[va], y_val[va]
-            if layout.n_splits > 0:
-                tr, borrowed = borrow_validation_rows(
-                    tr,
-                    Xv.shape[0],
-                    min_val_rows=self.min_leaf_val,
-                    max_borrow_fraction=self.max_borrow_fraction,
-                    generator=generator,
-                )
-                Xv, yv = torch.cat([Xv, X[borrowed]]), torch.cat([yv, y[borrowed]])
-            leaf = self.new_leaf().to(device=X.device, dtype=X.dtype)
-            if Xv.shape[0] == 0:
-                leaf.fit(X[tr], y[tr], generator=generator)
-            else:
-                leaf.fit(X[tr], y[tr], Xv, yv, generator=generator)
-            leaves.append(leaf)
-            if progress is not None:
-                progress(tree_index, len(leaves), len(layout.leaf_train))
-            # rows taken from training for validation rejoin the leaf's final solve
-            refit.append(rows if tr.shape[0] < rows.shape[0] else None)
-            log.debug(
-                "leaf %d: %d train / %d val rows, t*=%d, bandwidth %.4g",
-                len(leaves) - 1,
-                tr.shape[0],
-                Xv.shape[0],
-                int(leaf.best_iter_),
-                leaf.bandwidth,
-            )
-        tree = PartitionTree(leaves)
+        leaves, refit = fit_leaves(
+            layout,
+            X,
+            y,
+            X_val,
+            y_val,
+            holdout,
+            new_leaf=self.new_leaf,
+            min_leaf_val=self.min_leaf_val,
+            max_borrow_fraction=self.max_borrow_fraction,
+            generator=generator,
+            progress=progress,
+            tree_index=tree_index,
+        )
+        tree = PartitionTree(leaves, trainable=self.trainable_routing)
         tree.set_structure(layout.vectors, layout.thresholds, layout.scales, layout.children)
         return tree, refit
+
+    @torch.no_grad()
+    def refit_leaves(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None = None,
+        y_val: Tensor | None = None,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> xRFMTree:
+        """Re-fit every leaf in closed form on new rows, keeping the routing (splits, temperature).
+
+        For head use: the inputs are new encoder features and (trainable) routing parameters keep
+        their identity. Rows are routed hard; a leaf that receives fewer than 4 rows keeps its model.
+
+        Args:
+            X: Inputs, shape (n, d).
+            y: Targets, shape (n,) or (n, c).
+            X_val: Validation inputs (default: a seeded ``val_fraction`` of ``X`` is held out).
+            y_val: Validation targets.
+            generator: CPU random generator.
+        """
+        self._check_fitted()
+        X = as_float_matrix(X, "X", n_features=self.n_features_in_)
+        y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
+        holdout: Tensor | None = None
+        if X_val is None or y_val is None:
+            _, va = holdout_split(X.shape[0], self.val_fraction, generator, X.device)
+            holdout = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
+            holdout[va] = True
+            X_val, y_val = X[:0], y[:0]
+        else:
+            X_val = as_float_matrix(X_val, "X_val", n_features=X.shape[1]).to(X.dtype)
+            y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X.dtype)
+        for tree in self.partition_trees():
+            ids, vids = tree.route(X), tree.route(X_val)
+            keep = [lf for lf in range(tree.n_leaves) if int((ids == lf).sum()) >= 4]
+            layout = TreeLayout(
+                tree.split_vectors_.detach(),
+                tree.thresholds_.detach(),
+                tree.temp_scale_,
+                tree.children_,
+                leaf_train=[(ids == lf).nonzero().squeeze(1) for lf in keep],
+                leaf_val=[(vids == lf).nonzero().squeeze(1) for lf in keep],
+            )
+            leaves, refit = fit_leaves(
+                layout,
+                X,
+                y,
+                X_val,
+                y_val,
+                holdout,
+                new_leaf=self.new_leaf,
+                min_leaf_val=self.min_leaf_val,
+                max_borrow_fraction=self.max_borrow_fraction,
+                generator=generator,
+            )
+            for lf, leaf, rows in zip(keep, leaves, refit):
+                if rows is not None and self.refit_borrowed:
+                    leaf.refit(X[rows], y[rows])
+                tree.leaves[lf] = leaf
+        return self
+
+    # ---- interpretation ------------------------------------------------------------------------
+    def get_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """Input gradients of the whole model (routing included), shape (n, c, d)."""
+        self._check_fitted()
+        return input_grads(self, x, temperature)
+
+    def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
+        """The tree's AGOP, at ``x`` or (default) averaged over the leaves.
+
+        At ``x``: mean of ``grad grad^T`` over rows and outputs (routing included). Default: the
+        leaf-size-weighted average of each leaf's AGOP at its support points.
+
+        Returns:
+            Shape (d, d), or (d,) when ``diag``.
+        """
+        self._check_fitted()
+        if x is not None:
+            return agop_from_grads(self.get_grads(x), diag=diag)
+        return size_weighted(self.leaves(), lambda leaf: leaf.agop(diag=diag))
+
+    def feature_importance(self, source: str = "M") -> Tensor:
+        """Per-feature importance, normalized to sum to 1, shape (d,).
+
+        Args:
+            source: ``"M"``: leaf-size-weighted ``diag(M)`` (what the leaves learned to use);
+                ``"agop"``: diagonal of :meth:`agop` (what the fitted predictors are sensitive to).
+        """
+        self._check_fitted()
+        if source == "M":
+            imp = size_weighted(self.leaves(), lambda leaf: m_diagonal(leaf.M))
+        elif source == "agop":
+            imp = self.agop(diag=True)
+        else:
+            raise ValueError(f"source must be 'M' or 'agop', got {source!r}")
+        imp = imp.detach().double()
+        return (imp / imp.sum().clamp_min(1e-300)).to(self.temperature_.device)
 
     # ---- prediction ----------------------------------------------------------------------------
     def forward(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
@@ -385,7 +479,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             raise ValueError(
                 f"expected input of shape (n, {self.n_features_in_}), got {tuple(x.shape)}"
             )
-        temp = self.temperature_ if temperature is None else temperature
+        temp = self.current_temperature if temperature is None else temperature
         outs = [
             tree(x, temp, keep_mass=self.keep_mass, max_leaves=self.max_soft_leaves)
             for tree in self.partition_trees()
@@ -415,7 +509,9 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         if counts:
             device = self.temperature_.device
             self.trees = nn.ModuleList(
-                PartitionTree([self.new_leaf() for _ in range(counts[t])]).to(device)
+                PartitionTree(
+                    [self.new_leaf() for _ in range(counts[t])], trainable=self.trainable_routing
+                ).to(device)
                 for t in sorted(counts)
             )
         super()._load_from_state_dict(

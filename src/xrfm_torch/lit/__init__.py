@@ -8,14 +8,18 @@ from xrfm_torch.lit.callbacks import (
     TreeSummary,
 )
 from xrfm_torch.lit.datamodule import TabularDataModule
+from xrfm_torch.lit.head import RefitXRFM, XRFMHeadModule, mlp_encoder
 from xrfm_torch.lit.module import XRFMLitModule
 
 __all__ = [
     "AGOPFeatureImportance",
     "FitProgressBar",
     "LeafMetrics",
+    "RefitXRFM",
     "TabularDataModule",
     "TemperatureSweep",
     "TreeSummary",
+    "XRFMHeadModule",
     "XRFMLitModule",
+    "mlp_encoder",
 ]

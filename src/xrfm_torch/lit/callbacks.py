@@ -185,22 +185,27 @@ class LeafMetrics(_FileCallback):
 
 
 class AGOPFeatureImportance(_FileCallback):
-    """Size-weighted ``diag(M)`` per feature (``agop_importance.csv`` + ``agop_importance.png``).
+    """Feature importance from the tree (``agop_importance.csv`` + ``agop_importance.png``).
 
     Args:
         dirpath: Output folder.
         top_k: Features shown in the bar chart.
+        source: ``"M"`` (leaf-size-weighted ``diag(M)``, default) or ``"agop"`` (diagonal of the
+            tree's size-weighted AGOP, :meth:`xrfm_torch.xRFMTree.agop`).
     """
 
-    def __init__(self, dirpath: str | None = None, top_k: int = 20) -> None:
+    def __init__(self, dirpath: str | None = None, top_k: int = 20, source: str = "M") -> None:
         super().__init__(dirpath)
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if source not in ("M", "agop"):
+            raise ValueError(f"source must be 'M' or 'agop', got {source!r}")
         self.top_k = top_k
+        self.source = source
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = _module(pl_module)
-        imp = module.tree.feature_importance().cpu()
+        imp = module.tree.feature_importance(self.source).cpu()
         names = list(module.hparams.get("feature_names") or [f"x{i}" for i in range(len(imp))])
         order = torch.argsort(imp, descending=True).tolist()
         out = self.out_dir(trainer)
@@ -215,7 +220,8 @@ class AGOPFeatureImportance(_FileCallback):
         top = order[: self.top_k][::-1]
         fig, ax = plt.subplots(figsize=(6, 0.3 * len(top) + 1))
         ax.barh([names[j] for j in top], [float(imp[j]) for j in top], color="tab:blue")
-        ax.set_xlabel("size-weighted diag(M) (sums to 1)")
+        what = "diag(M)" if self.source == "M" else "diag(AGOP)"
+        ax.set_xlabel(f"size-weighted {what} (sums to 1)")
         ax.set_title("AGOP feature importance")
         fig.tight_layout()
         fig.savefig(out / "agop_importance.png", dpi=100)

@@ -111,7 +111,9 @@ class TabularDataModule(pl.LightningDataModule):
             "val": (d.X_val, d.y_val),
             "test": (d.X_test, d.y_test),
         }.items():
-            self.datasets[split] = TensorDataset(torch.from_numpy(Xs), torch.from_numpy(ys))
+            # (x, y, row index): the index lets head training tell support rows apart
+            idx = torch.arange(len(Xs))
+            self.datasets[split] = TensorDataset(torch.from_numpy(Xs), torch.from_numpy(ys), idx)
         log.info(
             "dataset %s: %d train / %d val / %d test rows, %d features",
             self.name,

@@ -77,7 +77,7 @@ class XRFMLitModule(pl.LightningModule):
             raise ValueError(f"task must be 'regression' or 'classification', got {task!r}")
         if task == "classification" and (num_classes is None or num_classes < 2):
             raise ValueError(f"classification needs num_classes >= 2, got {num_classes!r}")
-        self.save_hyperparameters(ignore=["tree"])
+        self.save_hyperparameters(ignore=["tree", "encoder"])
         self.tree = tree if tree is not None else xRFMTree()
         self.automatic_optimization = False
         self.register_buffer("target_mean", torch.as_tensor(target_mean, dtype=torch.float32))

@@ -1,0 +1,142 @@
+"""Shared pieces of the benchmark scripts: model runners, one subprocess per measurement."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = ROOT.parent / "shared" / "datasets" / "reg_num"
+
+XRFM_D_PARAMS = {  # pytabkit XRFM_D (the authors' recommended single configuration)
+    "model": {
+        "kernel": "l2",
+        "bandwidth": 10.0,
+        "exponent": 1.0,
+        "diag": True,
+        "bandwidth_mode": "constant",
+    },
+    "fit": {
+        "reg": 1e-3,
+        "iters": 5,
+        "early_stop_rfm": True,
+        "early_stop_multiplier": 1.1,
+        "return_best_params": True,
+        "verbose": False,
+    },
+}
+
+
+def fit_predict(
+    model: str, d: Any, seed: int, threads: int, options: dict[str, Any]
+) -> tuple[np.ndarray, float, float]:
+    """Fit ``model`` on the protocol data ``d``; return (test predictions in original units, fit s, predict s)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    inv = d.y_scaler.inverse
+    if model == "ours":
+        from xrfm_torch import xRFMTree
+
+        t = torch.from_numpy
+        m = xRFMTree(**options)
+        s = time.perf_counter()
+        m.fit(
+            t(d.X_train),
+            t(d.y_train),
+            t(d.X_val),
+            t(d.y_val),
+            generator=torch.Generator().manual_seed(seed),
+        )
+        fit_s = time.perf_counter() - s
+        s = time.perf_counter()
+        with torch.no_grad():
+            pred = m(t(d.X_test)).numpy()[:, 0]
+        return inv(pred), fit_s, time.perf_counter() - s
+    if model in ("xrfm_default", "xrfm_d"):
+        from xrfm import xRFM
+
+        t = torch.from_numpy
+        kw = (
+            {}
+            if model == "xrfm_default"
+            else {"rfm_params": XRFM_D_PARAMS, "overlap_fraction": 0.1}
+        )
+        m = xRFM(device="cpu", verbose=False, random_state=seed, **kw)
+        s = time.perf_counter()
+        m.fit(t(d.X_train), t(d.y_train[:, None]), t(d.X_val), t(d.y_val[:, None]))
+        fit_s = time.perf_counter() - s
+        s = time.perf_counter()
+        pred = np.asarray(m.predict(t(d.X_test))).ravel()
+        return inv(pred), fit_s, time.perf_counter() - s
+    # GBDTs: raw target, 2000 trees (3000 CatBoost), lr 0.05, early stopping 100 on validation
+    ytr, yva = inv(d.y_train), inv(d.y_val)
+    s = time.perf_counter()
+    if model == "xgboost":
+        import xgboost as xgb
+
+        m = xgb.XGBRegressor(
+            n_estimators=2000,
+            learning_rate=0.05,
+            early_stopping_rounds=100,
+            n_jobs=threads,
+            random_state=seed,
+        )
+        m.fit(d.X_train, ytr, eval_set=[(d.X_val, yva)], verbose=False)
+    elif model == "lightgbm":
+        import lightgbm as lgb
+
+        m = lgb.LGBMRegressor(
+            n_estimators=2000, learning_rate=0.05, n_jobs=threads, random_state=seed, verbose=-1
+        )
+        m.fit(
+            d.X_train,
+            ytr,
+            eval_set=[(d.X_val, yva)],
+            callbacks=[lgb.early_stopping(100, verbose=False)],
+        )
+    elif model == "catboost":
+        import catboost as cb
+
+        m = cb.CatBoostRegressor(
+            iterations=3000,
+            learning_rate=0.05,
+            thread_count=threads,
+            random_seed=seed,
+            verbose=False,
+            early_stopping_rounds=100,
+        )
+        m.fit(d.X_train, ytr, eval_set=(d.X_val, yva))
+    else:
+        raise ValueError(f"unknown model {model!r}")
+    fit_s = time.perf_counter() - s
+    s = time.perf_counter()
+    pred = np.asarray(m.predict(d.X_test)).ravel()
+    return pred, fit_s, time.perf_counter() - s
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_isolated(args: list[str], timeout: float) -> dict[str, Any]:
+    """Run ``python bench/worker.py ARGS`` in a fresh process; parse its last JSON line."""
+    env = dict(os.environ)
+    cmd = [sys.executable, str(Path(__file__).with_name("worker.py")), *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout:.0f}s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": (proc.stderr or proc.stdout)[-800:]}
+    return json.loads(lines[-1])

@@ -1,0 +1,239 @@
+"""xRFM as a head: ``encoder -> xRFMTree``, the encoder trained by SGD through the tree.
+
+The tree's leaves are fitted in closed form on encoder features of a fixed *support* share of the
+training rows; SGD minimizes the loss on the *other* rows (a support row's own prediction nearly
+interpolates its target, so its gradient would only pull the encoder back to stale features).
+:class:`RefitXRFM` re-fits the tree on the current features every few epochs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor, nn
+
+from xrfm_torch.lit.module import Task, XRFMLitModule, collect
+from xrfm_torch.tree import xRFMTree
+
+log = logging.getLogger(__name__)
+
+
+def mlp_encoder(hidden: Sequence[int] = (64, 64), out_features: int = 16) -> nn.Sequential:
+    """A GELU MLP whose first layer infers its input width (``nn.LazyLinear``)."""
+    if not hidden:
+        return nn.Sequential(nn.LazyLinear(out_features))
+    layers: list[nn.Module] = [nn.LazyLinear(hidden[0]), nn.GELU()]
+    for a, b in itertools.pairwise(hidden):
+        layers += [nn.Linear(a, b), nn.GELU()]
+    layers.append(nn.Linear(hidden[-1], out_features))
+    return nn.Sequential(*layers)
+
+
+class ResidualMLP(nn.Module):
+    """``h = x + MLP(x)`` with the last layer zero-initialized: starts as the identity map.
+
+    As an encoder in front of an xRFM head it starts from "xRFM on the raw inputs" and SGD only
+    has to learn the correction.
+
+    Args:
+        in_features: Input (and output) width ``d``.
+        hidden: Hidden widths of the MLP.
+    """
+
+    def __init__(self, in_features: int, hidden: Sequence[int] = (64, 64)) -> None:
+        super().__init__()
+        widths = [in_features, *hidden]
+        layers: list[nn.Module] = []
+        for a, b in itertools.pairwise(widths):
+            layers += [nn.Linear(a, b), nn.GELU()]
+        last = nn.Linear(widths[-1], in_features)
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
+        self.mlp = nn.Sequential(*layers, last)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.mlp(x)
+
+
+class XRFMHeadModule(XRFMLitModule):
+    """Encoder + xRFM head, trained jointly: SGD outside the leaves, closed form inside.
+
+    SGD trains the encoder (and, with ``tree.trainable_routing``, the split vectors, thresholds and
+    temperature); the leaves are fitted in closed form (their coefficients are buffers, no optimizer
+    touches them).
+
+    Args:
+        tree: The head (use ``temperature > 0`` or ``trainable_routing=True`` for gradients through
+            the routing; leaf kernels pass gradients to the encoder either way).
+        encoder: Any module mapping inputs (n, d) to features (n, k). Default: a
+            :class:`ResidualMLP` (``residual=True``, needs ``in_features`` or ``feature_names``) or
+            :func:`mlp_encoder`.
+        hidden: Hidden widths of the default encoder.
+        residual: Default encoder is a :class:`ResidualMLP` (identity at initialization).
+        in_features: Input width for the residual encoder (default: ``len(feature_names)``).
+        out_features: Feature width of the default non-residual encoder.
+        lr: Adam learning rate.
+        weight_decay: Adam weight decay.
+        support_fraction: Share of training rows the leaves are fitted on during SGD (seeded by
+            ``seed``). When training ends, the head is re-fitted once on all training rows.
+        task, num_classes, target_mean, target_std, seed, feature_names: As in
+            :class:`~xrfm_torch.lit.XRFMLitModule`.
+    """
+
+    def __init__(
+        self,
+        tree: xRFMTree | None = None,
+        *,
+        encoder: nn.Module | None = None,
+        hidden: Sequence[int] = (64, 64),
+        residual: bool = True,
+        in_features: int | None = None,
+        out_features: int = 16,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        support_fraction: float = 0.5,
+        task: Task = "regression",
+        num_classes: int | None = None,
+        target_mean: float | Sequence[float] = 0.0,
+        target_std: float | Sequence[float] = 1.0,
+        seed: int = 0,
+        feature_names: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__(
+            tree,
+            task=task,
+            num_classes=num_classes,
+            target_mean=target_mean,
+            target_std=target_std,
+            seed=seed,
+            feature_names=feature_names,
+        )
+        if not 0 < support_fraction < 1:
+            raise ValueError(f"support_fraction must be in (0, 1), got {support_fraction!r}")
+        if lr <= 0:
+            raise ValueError(f"lr must be positive, got {lr!r}")
+        if encoder is None and residual:
+            d = in_features if in_features is not None else len(feature_names or [])
+            if d < 1:
+                raise ValueError("the residual encoder needs in_features or feature_names")
+            encoder = ResidualMLP(d, list(hidden))
+        self.encoder = encoder if encoder is not None else mlp_encoder(list(hidden), out_features)
+        self.automatic_optimization = True
+        self.register_buffer("support_mask", torch.empty(0, dtype=torch.bool))
+        self.raw_data: dict[str, tuple[Tensor, Tensor]] = {}
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.tree(self.encoder(x))
+
+    # ---- closed-form part ----------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        # Fit before configure_optimizers, so the tree's trainable parameters exist by then.
+        if stage != "fit" or self.tree.is_fitted:
+            return
+        train_loader, val_loader = self._fit_sources()
+        X, y = collect(train_loader, self.device)
+        g = torch.Generator().manual_seed(int(self.hparams["seed"]))
+        n_support = max(4, round(self.hparams["support_fraction"] * len(X)))
+        mask = torch.zeros(len(X), dtype=torch.bool)
+        mask[torch.randperm(len(X), generator=g)[:n_support]] = True
+        self.support_mask = mask.to(self.device)
+        self.raw_data = {
+            "support": (X[self.support_mask], self.encode_targets(y[self.support_mask])),
+            "all": (X, self.encode_targets(y)),
+        }
+        if val_loader is not None and not (isinstance(val_loader, list) and not val_loader):
+            Xv, yv = collect(val_loader, self.device)
+            self.raw_data["val"] = (Xv, self.encode_targets(yv))
+        self.refit_tree(full=True)
+
+    def on_fit_start(self) -> None:  # the tree was fitted in setup(); only the process check stays
+        if self.trainer.world_size > 1:
+            raise RuntimeError("XRFMHeadModule fits the tree in one process; use devices=1")
+
+    @torch.no_grad()
+    def features(self, x: Tensor) -> Tensor:
+        """Encoder features in eval mode, without gradients."""
+        was_training = self.encoder.training
+        self.encoder.eval()
+        try:
+            return self.encoder(x)
+        finally:
+            self.encoder.train(was_training)
+
+    def on_train_end(self) -> None:
+        # the encoder is trained: the final closed-form fit may use every training row
+        self.refit_tree(full=not self.tree.trainable_routing, rows="all")
+
+    @torch.no_grad()
+    def refit_tree(self, *, full: bool = False, rows: str = "support") -> None:
+        """Closed-form re-fit of the head on current encoder features.
+
+        Args:
+            full: Rebuild the whole tree. Otherwise, with trainable routing only the leaves are
+                re-fitted, so the routing parameters the optimizer holds stay the same objects.
+            rows: ``"support"`` (the SGD-time support rows) or ``"all"`` training rows.
+        """
+        X, y = self.raw_data[rows]
+        H = self.features(X)
+        data = {"train": (H, y)}
+        if "val" in self.raw_data:
+            Xv, yv = self.raw_data["val"]
+            data["val"] = (self.features(Xv), yv)
+        if full or not self.tree.trainable_routing:
+            self.fit_tree(data)
+        else:
+            g = torch.Generator().manual_seed(int(self.hparams["seed"]))
+            val = data.get("val")
+            self.tree.refit_leaves(
+                H, y, None if val is None else val[0], None if val is None else val[1], generator=g
+            )
+
+    # ---- SGD part ------------------------------------------------------------------------------
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:  # type: ignore[override]
+        x, y = batch[0], batch[1]
+        if len(batch) > 2 and self.support_mask.numel():  # drop support rows (see module doc)
+            keep = ~self.support_mask[batch[2]]
+            x, y = x[keep], y[keep]
+        if len(x) == 0:
+            return None
+        raw = self(x)
+        loss = torch.nn.functional.mse_loss(raw, self.encode_targets(y).reshape(raw.shape))
+        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(x), prog_bar=True)
+        self.train_metrics.update(self.to_output(raw.detach()), self.original_targets(y))
+        self.log_dict(self.train_metrics, on_step=False, on_epoch=True, batch_size=len(x))
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:  # type: ignore[override]
+        params = [p for p in self.parameters() if p.requires_grad]
+        return torch.optim.Adam(
+            params, lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"]
+        )
+
+
+class RefitXRFM(Callback):
+    """Re-fit the head in closed form on current encoder features every ``every_n_epochs`` epochs.
+
+    Args:
+        every_n_epochs: Refit after every this many training epochs (>= 1).
+    """
+
+    def __init__(self, every_n_epochs: int = 1) -> None:
+        super().__init__()
+        if every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs!r}")
+        self.every_n_epochs = every_n_epochs
+        self.refits = 0
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not isinstance(pl_module, XRFMHeadModule):
+            raise TypeError(f"RefitXRFM needs an XRFMHeadModule, got {type(pl_module).__name__}")
+        if (trainer.current_epoch + 1) % self.every_n_epochs == 0:
+            pl_module.refit_tree()
+            self.refits += 1
+            log.info("refitted the xRFM head after epoch %d", trainer.current_epoch)

@@ -1,0 +1,220 @@
+"""xRFM as a differentiable head: gradients, trainable routing, refits, compile, devices."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+from torch.func import jacrev
+
+from conftest import planted
+from xrfm_torch import LaplaceKernel, xRFMTree
+from xrfm_torch.lit import RefitXRFM, TabularDataModule, XRFMHeadModule
+
+
+def fitted_tree(trainable: bool, dtype=torch.float64, n=600, d=4, temperature=0.5) -> xRFMTree:
+    X, y = planted(n, d=d, dtype=dtype)
+    tree = xRFMTree(
+        LaplaceKernel(3.0),
+        max_leaf_size=200,
+        n_iters=1,
+        temperature=temperature,
+        keep_mass=1.0,
+        max_soft_leaves=64,
+        trainable_routing=trainable,
+    )
+    return tree.to(dtype).fit(X, y, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("trainable", [False, True], ids=["buffers", "trainable_routing"])
+def test_gradcheck_through_the_full_head(trainable):
+    tree = fitted_tree(trainable)
+    assert tree.n_leaves >= 3
+    x = planted(6, d=4, seed=9, dtype=torch.float64)[0].requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda inp: tree(inp), (x,), eps=1e-6, atol=1e-5)
+
+
+def test_gradcheck_wrt_routing_parameters():
+    tree = fitted_tree(True)
+    x = planted(6, d=4, seed=9, dtype=torch.float64)[0]
+    part = tree.partition_trees()[0]
+    params = (part.split_vectors_, part.thresholds_, tree.raw_temperature)
+    assert all(isinstance(p, nn.Parameter) for p in params)
+
+    # the routing math as a function of the three parameters (same function as tree(x), below)
+    from xrfm_torch.routing import soft_log_weights
+
+    def mix(v, b, raw):
+        w = torch.softmax(
+            soft_log_weights(
+                x, v, b, part.temp_scale_, part.path_sign_, torch.nn.functional.softplus(raw)
+            ),
+            1,
+        )
+        leaf = torch.stack([lf(x) for lf in part.leaf_list()], 1)  # (n, L, c)
+        return (w[:, :, None] * leaf).sum(1)
+
+    inputs = tuple(p.detach().clone().requires_grad_(True) for p in params)
+    assert torch.autograd.gradcheck(mix, inputs, eps=1e-6, atol=1e-5)
+    torch.testing.assert_close(mix(*[p.detach() for p in params]), tree(x))  # same function
+
+
+def test_buffers_vs_parameters():
+    frozen, trainable = fitted_tree(False), fitted_tree(True)
+    assert list(frozen.parameters()) == []
+    names = {n for n, _ in trainable.named_parameters()}
+    assert names == {"raw_temperature", "trees.0.split_vectors_", "trees.0.thresholds_"}
+    assert all(
+        n.endswith(("alpha_", "support_", "sqrt_m_", "bandwidth", "best_iter_", "val_errors_"))
+        for n, _ in trainable.named_buffers()
+        if ".leaves." in n
+    )
+    assert float(trainable.current_temperature.detach()) == pytest.approx(0.5, rel=1e-6)
+
+
+def test_trainable_state_round_trip():
+    tree = fitted_tree(True)
+    fresh = xRFMTree(
+        LaplaceKernel(3.0),
+        max_leaf_size=200,
+        n_iters=1,
+        temperature=0.5,
+        keep_mass=1.0,
+        max_soft_leaves=64,
+        trainable_routing=True,
+    ).double()
+    fresh.load_state_dict(tree.state_dict())
+    x = planted(20, d=4, seed=3, dtype=torch.float64)[0]
+    assert torch.equal(fresh(x), tree(x))
+    assert isinstance(fresh.partition_trees()[0].split_vectors_, nn.Parameter)
+
+
+def test_inside_sequential_encoder_gets_gradients():
+    tree = fitted_tree(False, dtype=torch.float32)
+    enc = nn.Linear(4, 4)
+    with torch.no_grad():
+        enc.weight.copy_(torch.eye(4))
+        enc.bias.zero_()
+    model = nn.Sequential(enc, tree)
+    x = planted(32, d=4, seed=5)[0]
+    torch.testing.assert_close(model(x), tree(x))
+    model(x).pow(2).mean().backward()
+    assert enc.weight.grad is not None and float(enc.weight.grad.abs().sum()) > 0
+    assert list(tree.parameters()) == []  # leaf coefficients are buffers: no optimizer
+
+
+def test_torch_compile_matches_eager():
+    tree = fitted_tree(False, dtype=torch.float32)
+    x = planted(64, d=4, seed=6)[0]
+    compiled = torch.compile(tree, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), tree(x), rtol=1e-5, atol=1e-5)
+
+
+def test_get_grads_and_tree_agop():
+    tree = fitted_tree(False)
+    x = planted(8, d=4, seed=7, dtype=torch.float64)[0]
+    g = tree.get_grads(x)  # (n, c, d)
+    ref = torch.stack([jacrev(lambda xi: tree(xi[None])[0])(xi) for xi in x])
+    torch.testing.assert_close(g, ref)
+    G = tree.agop(x)
+    torch.testing.assert_close(G, torch.einsum("ncd,nce->de", g, g) / 8)
+    torch.testing.assert_close(tree.agop(diag=True), tree.agop().diagonal())
+    imp = tree.feature_importance("agop")
+    assert set(torch.argsort(imp, descending=True)[:2].tolist()) == {0, 1}
+
+
+def test_refit_leaves_keeps_routing_parameters():
+    tree = fitted_tree(True)
+    part = tree.partition_trees()[0]
+    v, b = part.split_vectors_, part.thresholds_
+    before = [lf.alpha_.clone() for lf in tree.leaves()]
+    X, y = planted(600, d=4, seed=11, dtype=torch.float64)
+    tree.refit_leaves(X * 1.1, y, generator=torch.Generator().manual_seed(0))
+    assert part.split_vectors_ is v and part.thresholds_ is b
+    assert all(not torch.equal(a, lf.alpha_) for a, lf in zip(before, tree.leaves()))
+
+
+def head_setup(trainable: bool):
+    dm = TabularDataModule("synthetic", n_samples=1500, n_features=6, seed=0, batch_size=128)
+    dm.setup()
+    tree = xRFMTree(max_leaf_size=400, n_iters=1, temperature=0.5, trainable_routing=trainable)
+    module = XRFMHeadModule(tree, in_features=6, hidden=(32,), lr=3e-3, **dm.system_kwargs())
+    return dm, module
+
+
+@pytest.mark.parametrize("trainable", [False, True], ids=["buffers", "trainable_routing"])
+def test_refit_callback_changes_leaves_and_lowers_training_loss(trainable):
+    dm, module = head_setup(trainable)
+    refit = RefitXRFM(every_n_epochs=1)
+    trainer = pl.Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[refit],
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, datamodule=dm)
+    assert refit.refits == 2
+    # Move the encoder as SGD would (seeded), so the leaves' support features are stale ...
+    X, y = module.raw_data["support"]
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in module.encoder.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+
+    def support_loss() -> float:
+        with torch.no_grad():
+            return float(((module(X) - y.reshape(-1, 1)) ** 2).mean())
+
+    stale = support_loss()
+    alphas = [lf.alpha_.clone() for lf in module.tree.leaves()]
+    routing = list(module.tree.parameters())
+    refit.on_train_epoch_end(trainer, module)  # ... then the callback's closed-form refit
+    assert refit.refits == 3
+    assert support_loss() < 0.7 * stale
+    new = module.tree.leaves()
+    assert len(new) != len(alphas) or any(
+        not torch.equal(a, lf.alpha_) for a, lf in zip(alphas, new)
+    )
+    if trainable:  # leaves only: the optimizer's routing parameters are the same objects
+        assert all(a is b for a, b in zip(routing, module.tree.parameters()))
+
+
+def test_head_trains_encoder_and_routing():
+    dm, module = head_setup(True)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    part_b: list = []
+
+    class Grab(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            part_b.append(pl_module.tree.partition_trees()[0].thresholds_.detach().clone())
+            part_b.append([p.detach().clone() for p in pl_module.encoder.parameters()])
+
+    trainer.callbacks.append(Grab())
+    trainer.fit(module, datamodule=dm)
+    thresholds, enc = part_b
+    assert not torch.equal(thresholds, module.tree.partition_trees()[0].thresholds_.detach())
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(enc, module.encoder.parameters()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_parity():
+    tree = fitted_tree(False, dtype=torch.float32)
+    x = planted(64, d=4, seed=8)[0]
+    cpu = tree(x)
+    gpu = tree.to("cuda")(x.cuda()).cpu()
+    torch.testing.assert_close(gpu, cpu, rtol=1e-5, atol=1e-5)
+    soft_cpu = tree.cpu()(x, 0.3)
+    soft_gpu = tree.to("cuda")(x.cuda(), 0.3).cpu()
+    torch.testing.assert_close(soft_gpu, soft_cpu, rtol=1e-5, atol=1e-5)
