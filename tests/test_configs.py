@@ -90,7 +90,7 @@ def test_every_option_composes_and_instantiates(group, option, tmp_path):
     dm = hydra.utils.instantiate(cfg.dataset)
     tree = hydra.utils.instantiate(cfg.model)
     assert isinstance(tree, xRFMTree)
-    system = hydra.utils.instantiate(cfg.system, tree=tree)
+    system = hydra.utils.instantiate(cfg.system, tree=tree, feature_names=["f0", "f1", "f2"])
     assert system.tree is tree
     for sub in ("callbacks", "logger"):
         for _, c in (cfg.get(sub) or {}).items():

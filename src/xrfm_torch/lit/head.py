@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 
-from xrfm_torch.lit.module import Task, XRFMLitModule, collect
+from xrfm_torch.lit.module import Task, XRFMLitModule, collect, collect_indexed
 from xrfm_torch.tree import xRFMTree
 
 log = logging.getLogger(__name__)
@@ -131,20 +131,28 @@ class XRFMHeadModule(XRFMLitModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.tree(self.encoder(x))
 
+    def tree_inputs(self, x: Tensor) -> Tensor:
+        return self.features(x)
+
     # ---- closed-form part ----------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         # Fit before configure_optimizers, so the tree's trainable parameters exist by then.
         if stage != "fit" or self.tree.is_fitted:
             return
         train_loader, val_loader = self._fit_sources()
-        X, y = collect(train_loader, self.device)
+        X, y, rows = collect_indexed(train_loader, self.device)
         g = torch.Generator().manual_seed(int(self.hparams["seed"]))
         n_support = max(4, round(self.hparams["support_fraction"] * len(X)))
-        mask = torch.zeros(len(X), dtype=torch.bool)
-        mask[torch.randperm(len(X), generator=g)[:n_support]] = True
-        self.support_mask = mask.to(self.device)
+        chosen = torch.zeros(len(X), dtype=torch.bool, device=self.device)
+        chosen[torch.randperm(len(X), generator=g)[:n_support].to(self.device)] = True
+        if rows is None:
+            log.warning("training batches carry no row index: SGD also sees the support rows")
+        else:  # mask over dataset row indices (the loader may shuffle)
+            mask = torch.zeros(int(rows.max()) + 1, dtype=torch.bool, device=self.device)
+            mask[rows[chosen]] = True
+            self.support_mask = mask
         self.raw_data = {
-            "support": (X[self.support_mask], self.encode_targets(y[self.support_mask])),
+            "support": (X[chosen], self.encode_targets(y[chosen])),
             "all": (X, self.encode_targets(y)),
         }
         if val_loader is not None and not (isinstance(val_loader, list) and not val_loader):

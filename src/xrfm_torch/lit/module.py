@@ -22,16 +22,24 @@ ProgressFn = Callable[[int, int, int], None]
 
 def collect(loader: Any, device: torch.device) -> tuple[Tensor, Tensor]:
     """Concatenate every ``(x, y)`` batch of a dataloader (or list of them) onto ``device``."""
+    X, y, _ = collect_indexed(loader, device)
+    return X, y
+
+
+def collect_indexed(loader: Any, device: torch.device) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Like :func:`collect`, plus the batches' row indices (third element) when they carry one."""
     loaders = loader if isinstance(loader, (list, tuple)) else [loader]
-    xs, ys = [], []
+    xs, ys, idx = [], [], []
     for dl in loaders:
         for batch in dl:
-            x, y = batch[0], batch[1]
-            xs.append(x)
-            ys.append(y)
+            xs.append(batch[0])
+            ys.append(batch[1])
+            if len(batch) > 2:
+                idx.append(batch[2])
     if not xs:
         raise ValueError("the dataloader yielded no batches; cannot fit the tree")
-    return torch.cat(xs).to(device), torch.cat(ys).to(device)
+    rows = torch.cat(idx).to(device) if len(idx) == len(xs) else None
+    return torch.cat(xs).to(device), torch.cat(ys).to(device), rows
 
 
 class XRFMLitModule(pl.LightningModule):
@@ -152,6 +160,10 @@ class XRFMLitModule(pl.LightningModule):
         return
 
     # ---- prediction ----------------------------------------------------------------------------
+    def tree_inputs(self, x: Tensor) -> Tensor:
+        """What the tree sees for inputs ``x`` (the inputs themselves; a head module encodes them)."""
+        return x
+
     def forward(self, x: Tensor) -> Tensor:
         """Tree output in model space (standardized target / one-hot scores), shape (n, c)."""
         return self.tree(x)
