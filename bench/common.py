@@ -113,6 +113,7 @@ def fit_predict(
             random_seed=seed,
             verbose=False,
             early_stopping_rounds=100,
+            allow_writing_files=False,  # no catboost_info/ in the working directory
         )
         m.fit(d.X_train, ytr, eval_set=(d.X_val, yva))
     else:

@@ -11,6 +11,8 @@ import importlib
 import inspect
 from typing import Any
 
+import torch
+
 
 def to_config(obj: Any) -> dict[str, Any]:
     """``{"_target_": qualified class name, **constructor args read from attributes}``."""
@@ -37,3 +39,27 @@ def from_config(cfg: dict[str, Any]) -> Any:
     module, _, name = target.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
     return cls(**cfg)
+
+
+def plain_config(args: dict[str, Any], **objects: Any) -> dict[str, Any]:
+    """Constructor arguments as plain data.
+
+    Objects become :func:`to_config` dicts, dtypes their names, sequences lists of floats.
+    """
+    cfg = dict(args)
+    for key, value in cfg.items():
+        if isinstance(value, torch.dtype):
+            cfg[key] = str(value).removeprefix("torch.")
+        elif isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+            cfg[key] = [float(v) for v in value]
+    cfg.update({key: to_config(obj) for key, obj in objects.items()})
+    return cfg
+
+
+def objects_from_config(cfg: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """Copy of ``cfg`` with the ``_target_`` dicts under ``keys`` rebuilt into objects."""
+    out = dict(cfg)
+    for key in keys:
+        if isinstance(out.get(key), dict):
+            out[key] = from_config(out[key])
+    return out

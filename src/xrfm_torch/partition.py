@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -155,3 +156,16 @@ class PartitionTree(ResizableBuffers):
 
 
 LeafFactory = Callable[[], LeafRFM]
+
+_LEAF_KEY = re.compile(r"^trees\.(\d+)\.leaves\.(\d+)\.alpha_$")
+
+
+def leaves_per_tree(state_dict: dict[str, Any], prefix: str) -> dict[int, int]:
+    """``{tree index: number of leaves}`` found in an ``xRFMTree`` state dict (keys under ``prefix``)."""
+    counts: dict[int, int] = {}
+    for key in state_dict:
+        m = _LEAF_KEY.match(key[len(prefix) :]) if key.startswith(prefix) else None
+        if m:
+            t, leaf = int(m.group(1)), int(m.group(2))
+            counts[t] = max(counts.get(t, 0), leaf + 1)
+    return counts

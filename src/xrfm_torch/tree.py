@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -13,25 +12,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xrfm_torch._checks import (
-    as_float_matrix,
-    as_float_targets,
     check_fraction,
     check_positive,
 )
-from xrfm_torch._config import from_config, to_config
+from xrfm_torch._config import objects_from_config, plain_config
 from xrfm_torch._state import as_dtype
 from xrfm_torch.agop import agop_from_grads
-from xrfm_torch.builder import TreeLayout, fit_leaves, grow_tree
+from xrfm_torch.builder import FitData, TreeLayout, fit_data, fit_leaves, grow_tree
 from xrfm_torch.interpret import input_grads, m_diagonal, size_weighted
 from xrfm_torch.kernels import Kernel, make_kernel
-from xrfm_torch.leaf import LeafRFM, holdout_split
-from xrfm_torch.partition import PartitionTree
+from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.partition import PartitionTree, leaves_per_tree
 from xrfm_torch.splits import AGOPSplit, SplitRule
 from xrfm_torch.temperature import DEFAULT_TEMPERATURE_GRID, tune_temperature
 
 log = logging.getLogger(__name__)
-
-_LEAF_KEY = re.compile(r"^trees\.(\d+)\.leaves\.(\d+)\.alpha_$")
 
 
 class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
@@ -83,7 +78,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self,
         kernel: Kernel | str | Callable[[], Kernel] | None = None,
         *,
-        max_leaf_size: int = 20_000,
+        max_leaf_size: int = 10_000,
         n_iters: int = 5,
         reg: float = 1e-3,
         diag: bool | str = "auto",
@@ -157,23 +152,12 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         ``xRFMTree.from_config(model.get_config())`` builds an equivalent unfitted model, into which
         ``model.state_dict()`` loads; Lightning checkpoints store this to rebuild the tree.
         """
-        cfg = dict(self._init_args)
-        if cfg.get("temperature_grid") is not None:
-            cfg["temperature_grid"] = [float(t) for t in cfg["temperature_grid"]]
-        if isinstance(cfg.get("solve_dtype"), torch.dtype):
-            cfg["solve_dtype"] = str(cfg["solve_dtype"]).removeprefix("torch.")
-        cfg["kernel"] = to_config(self.kernel)
-        cfg["split_rule"] = to_config(self.split_rule)
-        return cfg
+        return plain_config(self._init_args, kernel=self.kernel, split_rule=self.split_rule)
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> xRFMTree:
         """Build an unfitted model from :meth:`get_config` output."""
-        cfg = dict(cfg)
-        for key in ("kernel", "split_rule"):
-            if isinstance(cfg.get(key), dict):
-                cfg[key] = from_config(cfg[key])
-        return cls(**cfg)
+        return cls(**objects_from_config(cfg, ("kernel", "split_rule")))
 
     def new_leaf(self) -> LeafRFM:
         """A fresh, unfitted leaf model with this tree's leaf hyperparameters."""
@@ -261,28 +245,13 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             ``self``.
         """
         start = time.perf_counter()
-        X = as_float_matrix(X, "X")
-        y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
-        if X.shape[0] < 4:
-            raise ValueError(f"need at least 4 training rows, got {X.shape[0]}")
-        if (X_val is None) != (y_val is None):
-            raise ValueError("X_val and y_val must be given together")
-        holdout: Tensor | None = None  # bool mask of training rows used as validation
-        if X_val is None or y_val is None:
-            _, va = holdout_split(X.shape[0], self.val_fraction, generator, X.device)
-            holdout = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
-            holdout[va] = True
-            X_val, y_val = X[va], y[va]
-        else:
-            X_val = as_float_matrix(X_val, "X_val", n_features=X.shape[1]).to(X.dtype)
-            y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X.dtype)
-            if y_val.shape[1] != y.shape[1]:
-                raise ValueError(f"y_val has {y_val.shape[1]} outputs but y has {y.shape[1]}")
+        data = fit_data(X, y, X_val, y_val, val_fraction=self.val_fraction, generator=generator)
+        X, y, X_val, y_val, holdout = data.X, data.y, data.X_val, data.y_val, data.holdout
         self.kernel.to(device=X.device, dtype=X.dtype)
         trees: list[PartitionTree] = []
         refit_rows: list[list[Tensor | None]] = []
         for t in range(self.n_trees):
-            tree, rows = self._fit_one(X, y, X_val, y_val, holdout, generator, progress, t)
+            tree, rows = self._fit_one(data, generator, progress, t)
             trees.append(tree)
             refit_rows.append(rows)
             if tree.n_leaves == 1 and self.n_trees > 1:
@@ -319,39 +288,48 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
 
     def _fit_one(
         self,
-        X: Tensor,
-        y: Tensor,
-        X_val: Tensor,
-        y_val: Tensor,
-        holdout: Tensor | None,
+        data: FitData,
         generator: torch.Generator | None,
         progress: Callable[[int, int, int], None] | None = None,
         tree_index: int = 0,
     ) -> tuple[PartitionTree, list[Tensor | None]]:
         """Grow one tree and fit its leaves.
 
-        With ``holdout`` (no user validation data) the tree is grown on all training rows and each
+        With a hold-out (no user validation data) the tree is grown on all training rows and each
         leaf validates on its held-out share, so a leaf's rows never exceed ``max_leaf_size``, even
         after the refit. Returns, per leaf, the training-row indices of its final refit (or ``None``).
         """
-        grow_val = X_val[:0] if holdout is not None else X_val
+        held = data.holdout is not None
         layout = grow_tree(
-            X,
-            y,
-            grow_val,
-            y_val[:0] if holdout is not None else y_val,
+            data.X,
+            data.y,
+            data.X_val[:0] if held else data.X_val,
+            data.y_val[:0] if held else data.y_val,
             max_leaf_size=self.max_leaf_size,
             split_rule=self.split_rule,
             kernel=self.kernel,
             generator=generator,
         )
-        leaves, refit = fit_leaves(
+        leaves, refit = self._fit_leaves(layout, data, generator, progress, tree_index)
+        tree = PartitionTree(leaves, trainable=self.trainable_routing)
+        tree.set_structure(layout.vectors, layout.thresholds, layout.scales, layout.children)
+        return tree, refit
+
+    def _fit_leaves(
+        self,
+        layout: TreeLayout,
+        data: FitData,
+        generator: torch.Generator | None,
+        progress: Callable[[int, int, int], None] | None = None,
+        tree_index: int = 0,
+    ) -> tuple[list[LeafRFM], list[Tensor | None]]:
+        return fit_leaves(
             layout,
-            X,
-            y,
-            X_val,
-            y_val,
-            holdout,
+            data.X,
+            data.y,
+            data.X_val,
+            data.y_val,
+            data.holdout,
             new_leaf=self.new_leaf,
             min_leaf_val=self.min_leaf_val,
             max_borrow_fraction=self.max_borrow_fraction,
@@ -359,9 +337,6 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             progress=progress,
             tree_index=tree_index,
         )
-        tree = PartitionTree(leaves, trainable=self.trainable_routing)
-        tree.set_structure(layout.vectors, layout.thresholds, layout.scales, layout.children)
-        return tree, refit
 
     @torch.no_grad()
     def refit_leaves(
@@ -386,19 +361,18 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             generator: CPU random generator.
         """
         self._check_fitted()
-        X = as_float_matrix(X, "X", n_features=self.n_features_in_)
-        y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
-        holdout: Tensor | None = None
-        if X_val is None or y_val is None:
-            _, va = holdout_split(X.shape[0], self.val_fraction, generator, X.device)
-            holdout = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
-            holdout[va] = True
-            X_val, y_val = X[:0], y[:0]
-        else:
-            X_val = as_float_matrix(X_val, "X_val", n_features=X.shape[1]).to(X.dtype)
-            y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X.dtype)
+        data = fit_data(
+            X,
+            y,
+            X_val,
+            y_val,
+            val_fraction=self.val_fraction,
+            generator=generator,
+            n_features=self.n_features_in_,
+        )
+        X, y = data.X, data.y
         for tree in self.partition_trees():
-            ids, vids = tree.route(X), tree.route(X_val)
+            ids, vids = tree.route(X), tree.route(data.X_val)
             keep = [lf for lf in range(tree.n_leaves) if int((ids == lf).sum()) >= 4]
             layout = TreeLayout(
                 tree.split_vectors_.detach(),
@@ -408,18 +382,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
                 leaf_train=[(ids == lf).nonzero().squeeze(1) for lf in keep],
                 leaf_val=[(vids == lf).nonzero().squeeze(1) for lf in keep],
             )
-            leaves, refit = fit_leaves(
-                layout,
-                X,
-                y,
-                X_val,
-                y_val,
-                holdout,
-                new_leaf=self.new_leaf,
-                min_leaf_val=self.min_leaf_val,
-                max_borrow_fraction=self.max_borrow_fraction,
-                generator=generator,
-            )
+            leaves, refit = self._fit_leaves(layout, data, generator)
             for lf, leaf, rows in zip(keep, leaves, refit):
                 if rows is not None and self.refit_borrowed:
                     leaf.refit(X[rows], y[rows])
@@ -498,14 +461,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         error_msgs: list[str],
     ) -> None:
         # Rebuild the tree/leaf module structure from the keys; children then load themselves.
-        counts: dict[int, int] = {}
-        for key in state_dict:
-            if not key.startswith(prefix):
-                continue
-            m = _LEAF_KEY.match(key[len(prefix) :])
-            if m:
-                t, leaf = int(m.group(1)), int(m.group(2))
-                counts[t] = max(counts.get(t, 0), leaf + 1)
+        counts = leaves_per_tree(state_dict, prefix)
         if counts:
             device = self.temperature_.device
             self.trees = nn.ModuleList(
