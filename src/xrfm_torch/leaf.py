@@ -21,6 +21,7 @@ from xrfm_torch.agop import agop_from_grads, normalize_agop, sqrt_psd
 from xrfm_torch.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
 from xrfm_torch.solvers import solve_krr
+from xrfm_torch.validation import fit_data
 
 log = logging.getLogger(__name__)
 
@@ -32,20 +33,6 @@ class _Candidate:
     alpha: Tensor
     sqrt_m: Tensor | None
     bandwidth: float
-
-
-def holdout_split(
-    n: int, fraction: float, generator: torch.Generator | None, device: torch.device
-) -> tuple[Tensor, Tensor]:
-    """Seeded random split of ``range(n)`` into (train, held-out) index tensors.
-
-    At least one row lands on each side; ``n >= 2`` is required.
-    """
-    if n < 2:
-        raise ValueError(f"need at least 2 rows to hold out validation data, got {n}")
-    n_val = min(n - 1, max(1, round(fraction * n)))
-    perm = torch.randperm(n, generator=generator).to(device)
-    return perm[n_val:], perm[:n_val]
 
 
 class LeafRFM(ResizableBuffers):
@@ -168,21 +155,15 @@ class LeafRFM(ResizableBuffers):
         Returns:
             ``self``.
         """
-        X = as_float_matrix(X, "X")
-        y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
-        if (X_val is None) != (y_val is None):
-            raise ValueError("X_val and y_val must be given together")
+        data = fit_data(
+            X, y, X_val, y_val, val_fraction=self.val_fraction, generator=generator, min_rows=1
+        )
+        X, y = data.X, data.y
         refit_rows: tuple[Tensor, Tensor] | None = None
-        if X_val is None or y_val is None:
-            tr, va = holdout_split(X.shape[0], self.val_fraction, generator, X.device)
+        if data.holdout is not None:
             refit_rows = (X, y)
-            X, y, X_val, y_val = X[tr], y[tr], X[va], y[va]
-        else:
-            X_val = as_float_matrix(X_val, "X_val", n_features=X.shape[1]).to(X.dtype)
-            y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X.dtype)
-            if y_val.shape[1] != y.shape[1]:
-                raise ValueError(f"y_val has {y_val.shape[1]} outputs but y has {y.shape[1]}")
-        best = self._iterate(X, y, X_val, y_val, generator)
+            X, y = X[~data.holdout], y[~data.holdout]
+        best = self._iterate(X, y, data.X_val, data.y_val, generator)
         self._store(X, best)
         if refit_rows is not None:
             self.refit(*refit_rows)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -154,8 +153,6 @@ class PartitionTree(ResizableBuffers):
         w = self.weights(x, temperature, keep_mass=keep_mass, max_leaves=max_leaves)
         return self.predict_weighted(x, w)
 
-
-LeafFactory = Callable[[], LeafRFM]
 
 _LEAF_KEY = re.compile(r"^trees\.(\d+)\.leaves\.(\d+)\.alpha_$")
 

@@ -18,13 +18,14 @@ from xrfm_torch._checks import (
 from xrfm_torch._config import objects_from_config, plain_config
 from xrfm_torch._state import as_dtype
 from xrfm_torch.agop import agop_from_grads
-from xrfm_torch.builder import FitData, TreeLayout, fit_data, fit_leaves, grow_tree
+from xrfm_torch.builder import TreeLayout, fit_leaves, grow_tree
 from xrfm_torch.interpret import input_grads, m_diagonal, size_weighted
 from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.partition import PartitionTree, leaves_per_tree
 from xrfm_torch.splits import AGOPSplit, SplitRule
 from xrfm_torch.temperature import DEFAULT_TEMPERATURE_GRID, tune_temperature
+from xrfm_torch.validation import FitData, fit_data
 
 log = logging.getLogger(__name__)
 
@@ -206,15 +207,13 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         return self.temperature_
 
     def _set_temperature(self, value: float) -> None:
-        self.temperature_.fill_(value)
-        if self.trainable_routing:
+        if self.trainable_routing and value <= 0:
             positive = [t for t in self.temperature_grid if t > 0]
-            t = value if value > 0 else (min(positive) if positive else 1.0)
-            if value <= 0:
-                log.info("trainable routing needs T > 0; starting from T = %.4g", t)
-            self.temperature_.fill_(t)
-            # inverse softplus, so that softplus(raw) == t
-            self.raw_temperature.data = torch.tensor(t).expm1().log().to(self.temperature_)
+            value = min(positive) if positive else 1.0
+            log.info("trainable routing needs T > 0; starting from T = %.4g", value)
+        self.temperature_.fill_(value)
+        if self.trainable_routing:  # inverse softplus, so that softplus(raw) == value
+            self.raw_temperature.data = torch.tensor(value).expm1().log().to(self.temperature_)
 
     # ---- fitting -------------------------------------------------------------------------------
     @torch.no_grad()
