@@ -72,6 +72,45 @@ def test_early_stopping_stops_after_a_worse_iteration():
         assert ran[-1] > min(ran[:-1])
 
 
+@pytest.mark.parametrize("patience", [1, 2])
+def test_patience_stops_that_many_iterations_after_the_best(patience):
+    X, y = planted(400, noise=0.3)
+    Xv, yv = planted(200, seed=1, noise=0.3)
+    kw = {"n_iters": 12, "early_stop_multiplier": None}
+    free = LeafRFM(GaussianLike(), **kw).fit(X, y, Xv, yv).val_errors_
+    leaf = LeafRFM(GaussianLike(), patience=patience, **kw).fit(X, y, Xv, yv)
+    errs = leaf.val_errors_
+    ran = int(torch.isfinite(errs).sum())
+    # the same trajectory as without patience, cut `patience` iterations after its running best
+    torch.testing.assert_close(errs[:ran], free[:ran])
+    running_best = [int(torch.argmin(free[: t + 1])) for t in range(13)]
+    stop = next((t for t in range(13) if t - running_best[t] >= patience), 12)
+    assert ran == stop + 1 < 13
+    assert int(leaf.best_iter_) == int(torch.argmin(errs[:ran]))
+
+
+def test_iter_rows_learns_m_on_a_subsample_and_solves_once_on_all_rows():
+    X, y = planted(500, d=4, dtype=torch.float64)
+    Xv, yv = planted(150, d=4, seed=1, dtype=torch.float64)
+    leaf = LeafRFM(n_iters=2, iter_rows=200).fit(
+        X, y, Xv, yv, generator=torch.Generator().manual_seed(3)
+    )
+    keep = torch.randperm(500, generator=torch.Generator().manual_seed(3))[:200]
+    sub = LeafRFM(n_iters=2).fit(X[keep], y[keep], Xv, yv)
+    torch.testing.assert_close(leaf.sqrt_m_, sub.sqrt_m_)  # M, t* from the subsample
+    torch.testing.assert_close(leaf.val_errors_, sub.val_errors_, equal_nan=True)
+    assert torch.equal(leaf.support_, X)  # ... then one KRR solve on all 500 rows
+    xs = leaf.kernel.distance(X @ torch.diag(leaf.sqrt_m_), X @ torch.diag(leaf.sqrt_m_))
+    K = leaf.kernel.from_distance(xs)
+    alpha = torch.linalg.solve(K + 1e-3 * torch.eye(500, dtype=K.dtype), y[:, None])
+    torch.testing.assert_close(leaf.alpha_, alpha, rtol=1e-6, atol=1e-6)
+    # without the final solve the caller gets the subsample model
+    raw = LeafRFM(n_iters=2, iter_rows=200).fit(
+        X, y, Xv, yv, generator=torch.Generator().manual_seed(3), final_solve=False
+    )
+    assert torch.equal(raw.support_, X[keep]) and torch.equal(raw.alpha_, sub.alpha_)
+
+
 def GaussianLike():  # a kernel whose RFM iterations get worse (bandwidth far too wide)
     from xrfm_torch import GaussianKernel
 
@@ -160,6 +199,9 @@ def test_bad_input(call, exc, match):
         ({"early_stop_multiplier": 0.5}, "early_stop"),
         ({"solve_dtype": "int32"}, "solve_dtype"),
         ({"val_fraction": 0.0}, "val_fraction"),
+        ({"patience": 0}, "patience"),
+        ({"iter_rows": 1}, "iter_rows"),
+        ({"iter_rows": 2.5}, "iter_rows"),
     ],
 )
 def test_bad_arguments(kwargs, match):

@@ -113,6 +113,41 @@ def test_borrow_rule():
     assert len(borrowed) == 0 and len(kept) == 1000
 
 
+@pytest.mark.parametrize("refit_borrowed", [True, False])
+def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_borrowed):
+    X, y = planted(1200, d=5, dtype=torch.float64)
+    Xv, yv = planted(60, d=5, seed=1, dtype=torch.float64)
+    kw = {"max_leaf_size": 600, "n_iters": 1, "min_leaf_val": 100, "temperature": 0.0}
+    model = xRFMTree(iter_rows=250, refit_borrowed=refit_borrowed, **kw)
+    model.fit(X, y, Xv, yv, generator=seeded())
+    plain = xRFMTree(refit_borrowed=refit_borrowed, **kw).fit(X, y, Xv, yv, generator=seeded())
+    sizes = [leaf.support_.shape[0] for leaf in model.leaves()]
+    # same leaves as without iter_rows: all routed rows (or those minus the borrowed ones)
+    assert sizes == [leaf.support_.shape[0] for leaf in plain.leaves()]
+    borrowed = sum(100 - c for c in _val_counts(model, Xv))
+    assert sum(sizes) == (1200 if refit_borrowed else 1200 - borrowed)
+    ids = model.partition_trees()[0].route(X)
+    for lf, leaf in enumerate(model.leaves()):
+        # which training rows the leaf stores, in its order
+        src = torch.cdist(leaf.support_, X).argmin(1)
+        assert torch.equal(leaf.support_, X[src])
+        assert bool((ids[src] == lf).all())
+        if refit_borrowed:  # all rows routed here
+            assert sorted(src.tolist()) == (ids == lf).nonzero().squeeze(1).tolist()
+        else:  # the borrowed rows are left out of the final solve
+            assert len(src) < int((ids == lf).sum())
+        # the stored alpha solves (K + reg I) alpha = y on the stored rows
+        xs = leaf.support_ * leaf.sqrt_m_
+        K = leaf.kernel.from_distance(leaf.kernel.distance(xs, xs))
+        rhs = K @ leaf.alpha_ + 1e-3 * leaf.alpha_
+        torch.testing.assert_close(rhs[:, 0], y[src], rtol=0, atol=1e-6)
+
+
+def _val_counts(model, Xv):
+    ids = model.partition_trees()[0].route(Xv)
+    return [int((ids == lf).sum()) for lf in range(model.n_leaves)]
+
+
 def test_duplicate_rows_do_not_recurse_forever():
     X = torch.ones(500, 3)
     y = torch.ones(500)

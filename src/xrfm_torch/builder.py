@@ -174,6 +174,7 @@ def fit_leaves(
     new_leaf: Callable[[], LeafRFM],
     min_leaf_val: int,
     max_borrow_fraction: float,
+    refit_borrowed: bool,
     generator: torch.Generator | None,
     progress: Callable[[int, int, int], None] | None = None,
     tree_index: int = 0,
@@ -185,8 +186,10 @@ def fit_leaves(
     validation rows borrows training rows (:func:`borrow_validation_rows`).
 
     Returns:
-        The leaves, and per leaf the training-row indices of a final refit (rows that were taken from
-        training for validation rejoin the solve), or ``None`` when nothing was taken.
+        The leaves, and per leaf the training-row indices of its final solve, or ``None`` when the
+        leaf already saw them all. That solve adds the rows taken from training for validation
+        (with ``refit_borrowed``) and the rows left out of an ``iter_rows`` subsample, so a leaf
+        never pays for two extra solves.
     """
     leaves: list[LeafRFM] = []
     refit: list[Tensor | None] = []
@@ -208,13 +211,14 @@ def fit_leaves(
             Xv, yv = torch.cat([Xv, X[borrowed]]), torch.cat([yv, y[borrowed]])
         leaf = new_leaf().to(device=X.device, dtype=X.dtype)
         if Xv.shape[0] == 0:
-            leaf.fit(X[tr], y[tr], generator=generator)
+            leaf.fit(X[tr], y[tr], generator=generator, final_solve=False)
         else:
-            leaf.fit(X[tr], y[tr], Xv, yv, generator=generator)
+            leaf.fit(X[tr], y[tr], Xv, yv, generator=generator, final_solve=False)
         leaves.append(leaf)
         if progress is not None:
             progress(tree_index, len(leaves), len(layout.leaf_train))
-        refit.append(rows if tr.shape[0] < rows.shape[0] else None)
+        final = rows if refit_borrowed else tr
+        refit.append(final if leaf.support_.shape[0] < final.shape[0] else None)
         log.debug(
             "leaf %d: %d train / %d val rows, t*=%d, bandwidth %.4g",
             len(leaves) - 1,

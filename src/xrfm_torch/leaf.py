@@ -54,8 +54,16 @@ class LeafRFM(ResizableBuffers):
         adaptive_bandwidth: If set, before each solve the bandwidth becomes this multiple of the median
             pairwise distance in the current M-space (2000-row subsample).
         early_stop_multiplier: Stop iterating once ``E_t > multiplier * min_s E_s``; ``None`` never stops.
+        patience: Stop iterating after this many consecutive iterations without a new lowest
+            validation error (``None``: no limit). With a large ``n_iters`` the leaf keeps iterating
+            while the error still falls and stops soon after it levels off.
         solve_dtype: Dtype of the Cholesky solve (``None`` = input dtype, or ``"float64"``).
         val_fraction: Share of the rows held out for ``t*`` selection when no validation data is given.
+        iter_rows: Learn ``M`` on at most this many rows: with more training rows, the iterations and
+            the ``t*`` selection run on a seeded random subsample of this size, and the chosen ``M``
+            and bandwidth then get one solve on all rows. The cost of a leaf of ``n`` rows becomes
+            ``(tau + 1)`` solves of size ``iter_rows`` plus one of size ``n`` instead of ``tau + 1``
+            of size ``n``. ``None``: always iterate on all rows.
 
     Buffers (after ``fit``):
         ``support_`` (n, d), ``alpha_`` (n, c), ``sqrt_m_`` (d,) or (d, d), ``best_iter_`` (),
@@ -78,8 +86,10 @@ class LeafRFM(ResizableBuffers):
         eps: float = 1e-30,
         adaptive_bandwidth: float | None = None,
         early_stop_multiplier: float | None = 1.1,
+        patience: int | None = None,
         solve_dtype: torch.dtype | str | None = None,
         val_fraction: float = 0.2,
+        iter_rows: int | None = None,
     ) -> None:
         super().__init__()
         if int(n_iters) != n_iters or n_iters < 0:
@@ -102,8 +112,14 @@ class LeafRFM(ResizableBuffers):
                 f"early_stop_multiplier must be >= 1 or None, got {early_stop_multiplier!r}"
             )
         self.early_stop_multiplier = early_stop_multiplier
+        if patience is not None and (int(patience) != patience or patience < 1):
+            raise ValueError(f"patience must be a positive integer or None, got {patience!r}")
+        self.patience = None if patience is None else int(patience)
         self.solve_dtype = as_dtype(solve_dtype, "solve_dtype")
         self.val_fraction = check_fraction(val_fraction, "val_fraction", high=0.9)
+        if iter_rows is not None and (int(iter_rows) != iter_rows or iter_rows < 2):
+            raise ValueError(f"iter_rows must be an integer >= 2 or None, got {iter_rows!r}")
+        self.iter_rows = None if iter_rows is None else int(iter_rows)
         self.register_buffer("support_", torch.empty(0, 0))
         self.register_buffer("alpha_", torch.empty(0, 0))
         self.register_buffer("sqrt_m_", torch.empty(0))
@@ -141,6 +157,7 @@ class LeafRFM(ResizableBuffers):
         y_val: Tensor | None = None,
         *,
         generator: torch.Generator | None = None,
+        final_solve: bool = True,
     ) -> LeafRFM:
         """Run the RFM iterations and keep the iteration with the lowest validation MSE.
 
@@ -150,7 +167,10 @@ class LeafRFM(ResizableBuffers):
             X_val: Validation inputs, shape (n_val, d); if ``None`` a seeded ``val_fraction`` of the
                 rows is held out (they are then added back by a final refit with the chosen ``M``).
             y_val: Validation targets, shape (n_val,) or (n_val, c).
-            generator: CPU random generator for the hold-out and bandwidth subsamples.
+            generator: CPU random generator for the hold-out, ``iter_rows`` and bandwidth subsamples.
+            final_solve: Re-solve on all of ``X`` when the iterations saw fewer rows (a hold-out or
+                the ``iter_rows`` subsample). ``False`` leaves that solve to the caller (the tree
+                does one solve per leaf that also adds borrowed validation rows).
 
         Returns:
             ``self``.
@@ -158,15 +178,17 @@ class LeafRFM(ResizableBuffers):
         data = fit_data(
             X, y, X_val, y_val, val_fraction=self.val_fraction, generator=generator, min_rows=1
         )
-        X, y = data.X, data.y
-        refit_rows: tuple[Tensor, Tensor] | None = None
+        X_all, y_all = data.X, data.y
+        X, y = X_all, y_all
         if data.holdout is not None:
-            refit_rows = (X, y)
             X, y = X[~data.holdout], y[~data.holdout]
+        if self.iter_rows is not None and X.shape[0] > self.iter_rows:
+            keep = torch.randperm(X.shape[0], generator=generator)[: self.iter_rows].to(X.device)
+            X, y = X[keep], y[keep]
         best = self._iterate(X, y, data.X_val, data.y_val, generator)
         self._store(X, best)
-        if refit_rows is not None:
-            self.refit(*refit_rows)
+        if final_solve and X.shape[0] < X_all.shape[0]:
+            self.refit(X_all, y_all)
         return self
 
     @torch.no_grad()
@@ -251,6 +273,9 @@ class LeafRFM(ResizableBuffers):
                 break
             mult = self.early_stop_multiplier
             if best is not None and mult is not None and cand.err > best.err * float(mult):
+                break
+            if best is not None and self.patience is not None and t - best.t >= self.patience:
+                log.debug("leaf n=%d: no new best for %d iterations; stopping", n, self.patience)
                 break
         if best is None:
             raise RuntimeError(

@@ -47,7 +47,12 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         eps: AGOP normalization constant.
         adaptive_bandwidth: Leaf bandwidth = this x median pairwise distance (``None``: constant).
         early_stop_multiplier: Leaf iterations stop once validation error exceeds best x this.
+        patience: Leaf iterations stop after this many iterations without a new best validation
+            error. With ``n_iters=30`` a leaf iterates while its error still falls (houses: t* = 20+)
+            and stops a few iterations after it levels off (most leaves: t* <= 4).
         solve_dtype: Dtype of the leaf Cholesky solves (``None``: input dtype).
+        iter_rows: Leaves learn ``M`` (iterations, ``t*``) on a subsample of at most this many rows,
+            then solve once on all their rows (``None``: iterate on all rows).
         split_rule: Split strategy (default :class:`~xrfm_torch.splits.AGOPSplit`).
         n_trees: Number of trees averaged (trees differ through the split-model subsamples).
         temperature: Soft-routing temperature; ``None`` tunes it on validation data over
@@ -80,13 +85,15 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         kernel: Kernel | str | Callable[[], Kernel] | None = None,
         *,
         max_leaf_size: int = 10_000,
-        n_iters: int = 5,
+        n_iters: int = 30,
         reg: float = 1e-3,
         diag: bool | str = "auto",
         eps: float = 1e-30,
         adaptive_bandwidth: float | None = None,
         early_stop_multiplier: float | None = 1.1,
+        patience: int | None = 3,
         solve_dtype: torch.dtype | str | None = None,
+        iter_rows: int | None = None,
         split_rule: SplitRule | None = None,
         n_trees: int = 1,
         temperature: float | None = None,
@@ -127,7 +134,9 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             "eps": eps,
             "adaptive_bandwidth": adaptive_bandwidth,
             "early_stop_multiplier": early_stop_multiplier,
+            "patience": patience,
             "solve_dtype": as_dtype(solve_dtype, "solve_dtype"),
+            "iter_rows": iter_rows,
         }
         self.new_leaf()  # validates the leaf arguments now, not at fit time
         self.split_rule: SplitRule = AGOPSplit() if split_rule is None else split_rule
@@ -267,7 +276,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
 
         # With user validation data, the final (refit) leaves are tuned on it. Held-out training
         # rows join the leaf fits, so then the temperature is tuned before the refit.
-        if self.refit_borrowed and holdout is None:
+        if holdout is None:
             refit()
         if self.temperature is not None:
             self._set_temperature(self.temperature)
@@ -277,7 +286,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             log.info(
                 "tuned temperature %.4g (val mse %s)", best_t, ", ".join(f"{e:.4g}" for e in errs)
             )
-        if self.refit_borrowed and holdout is not None:
+        if holdout is not None:
             refit()
         self.fit_seconds_ = time.perf_counter() - start
         log.info(
@@ -332,6 +341,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             new_leaf=self.new_leaf,
             min_leaf_val=self.min_leaf_val,
             max_borrow_fraction=self.max_borrow_fraction,
+            refit_borrowed=self.refit_borrowed,
             generator=generator,
             progress=progress,
             tree_index=tree_index,
@@ -383,7 +393,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             )
             leaves, refit = self._fit_leaves(layout, data, generator)
             for lf, leaf, rows in zip(keep, leaves, refit):
-                if rows is not None and self.refit_borrowed:
+                if rows is not None:
                     leaf.refit(X[rows], y[rows])
                 tree.leaves[lf] = leaf
         return self
