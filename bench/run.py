@@ -108,6 +108,15 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement")
     ap.add_argument("--options", default="{}", help="JSON keyword arguments for our xRFMTree")
     ap.add_argument(
+        "--with-results",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="results.jsonl files of earlier runs: their rows for models not run now join the "
+        "table and ratios (the first file wins per dataset/seed/model); with --models and no "
+        "names, only report",
+    )
+    ap.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "results" / time.strftime("%Y%m%d-%H%M%S")
     )
     a = ap.parse_args()
@@ -148,10 +157,25 @@ def main() -> None:
                         ),
                         flush=True,
                     )
-    md = table(rows, names, a.models)
+    for path in a.with_results:
+        with path.open() as fh:
+            old = [json.loads(line) for line in fh if line.strip()]
+        have = {(r["dataset"], r["seed"], r["model"]) for r in rows}
+        rows += [
+            r
+            for r in old
+            if (r["dataset"], r["seed"], r["model"]) not in have
+            and r["model"] not in a.models
+            and r["dataset"] in names
+        ]
+    if a.with_results:  # the merged rows, so the output directory stands on its own
+        with (a.out / "results.jsonl").open("w") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+    shown = [m for m in MODELS if any(r["model"] == m for r in rows)]
+    md = table(rows, names, shown)
     cmd = "python bench/run.py " + " ".join(sys.argv[1:])
     (a.out / "results.md").write_text(f"Command: `{cmd}`\n\n{md}\n")
-    chart(rows, names, a.models, a.out / "results.png")
+    chart(rows, names, shown, a.out / "results.png")
     print("\n" + md)
     ratios = []
     for ds in names:
@@ -168,9 +192,13 @@ def main() -> None:
                 / statistics.mean(r["fit_s"] for r in best)
             )
     if ratios:
-        print(
-            f"\nmedian fit-time ratio ours / better reference configuration: {statistics.median(ratios):.3f}"
+        summary = (
+            f"median fit-time ratio ours / better reference configuration: "
+            f"{statistics.median(ratios):.3f}"
         )
+        print("\n" + summary)
+        with (a.out / "results.md").open("a") as fh:
+            fh.write(f"\n{summary}\n")
     print(f"results in {a.out}")
 
 

@@ -72,21 +72,28 @@ def test_early_stopping_stops_after_a_worse_iteration():
         assert ran[-1] > min(ran[:-1])
 
 
-@pytest.mark.parametrize("patience", [1, 2])
-def test_patience_stops_that_many_iterations_after_the_best(patience):
+@pytest.mark.parametrize(("patience", "tol"), [(1, 0.0), (2, 0.0), (2, 0.05)])
+def test_patience_stops_after_that_many_iterations_without_enough_gain(patience, tol):
     X, y = planted(400, noise=0.3)
     Xv, yv = planted(200, seed=1, noise=0.3)
     kw = {"n_iters": 12, "early_stop_multiplier": None}
-    free = LeafRFM(GaussianLike(), **kw).fit(X, y, Xv, yv).val_errors_
-    leaf = LeafRFM(GaussianLike(), patience=patience, **kw).fit(X, y, Xv, yv)
+    free = LeafRFM(GaussianLike(), **kw).fit(X, y, Xv, yv).val_errors_.tolist()
+    leaf = LeafRFM(GaussianLike(), patience=patience, tol=tol, **kw).fit(X, y, Xv, yv)
     errs = leaf.val_errors_
     ran = int(torch.isfinite(errs).sum())
-    # the same trajectory as without patience, cut `patience` iterations after its running best
-    torch.testing.assert_close(errs[:ran], free[:ran])
-    running_best = [int(torch.argmin(free[: t + 1])) for t in range(13)]
-    stop = next((t for t in range(13) if t - running_best[t] >= patience), 12)
+    # the same trajectory as without patience, cut `patience` iterations after the last
+    # iteration that lowered the best error by more than tol (written out here)
+    torch.testing.assert_close(errs[:ran].tolist(), free[:ran])
+    best, t_gain, stop = free[0], 0, 12
+    for t in range(1, 13):
+        if free[t] < (1 - tol) * best:
+            t_gain = t
+        best = min(best, free[t])
+        if t - t_gain >= patience:
+            stop = t
+            break
     assert ran == stop + 1 < 13
-    assert int(leaf.best_iter_) == int(torch.argmin(errs[:ran]))
+    assert int(leaf.best_iter_) == int(torch.argmin(errs[:ran]))  # the lowest error is kept
 
 
 def test_iter_rows_learns_m_on_a_subsample_and_solves_once_on_all_rows():
@@ -200,6 +207,7 @@ def test_bad_input(call, exc, match):
         ({"solve_dtype": "int32"}, "solve_dtype"),
         ({"val_fraction": 0.0}, "val_fraction"),
         ({"patience": 0}, "patience"),
+        ({"tol": 1.0}, "tol"),
         ({"iter_rows": 1}, "iter_rows"),
         ({"iter_rows": 2.5}, "iter_rows"),
     ],

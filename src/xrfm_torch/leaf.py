@@ -54,9 +54,11 @@ class LeafRFM(ResizableBuffers):
         adaptive_bandwidth: If set, before each solve the bandwidth becomes this multiple of the median
             pairwise distance in the current M-space (2000-row subsample).
         early_stop_multiplier: Stop iterating once ``E_t > multiplier * min_s E_s``; ``None`` never stops.
-        patience: Stop iterating after this many consecutive iterations without a new lowest
-            validation error (``None``: no limit). With a large ``n_iters`` the leaf keeps iterating
-            while the error still falls and stops soon after it levels off.
+        patience: Stop iterating after this many consecutive iterations that did not lower the best
+            validation error by more than the relative ``tol`` (``None``: no limit). With a large
+            ``n_iters`` the leaf keeps iterating while the error still falls and stops soon after it
+            levels off. The lowest error is kept either way.
+        tol: Relative improvement that resets the ``patience`` count (``E_t < (1 - tol) * best``).
         solve_dtype: Dtype of the Cholesky solve (``None`` = input dtype, or ``"float64"``).
         val_fraction: Share of the rows held out for ``t*`` selection when no validation data is given.
         iter_rows: Learn ``M`` on at most this many rows: with more training rows, the iterations and
@@ -87,6 +89,7 @@ class LeafRFM(ResizableBuffers):
         adaptive_bandwidth: float | None = None,
         early_stop_multiplier: float | None = 1.1,
         patience: int | None = None,
+        tol: float = 1e-3,
         solve_dtype: torch.dtype | str | None = None,
         val_fraction: float = 0.2,
         iter_rows: int | None = None,
@@ -115,6 +118,9 @@ class LeafRFM(ResizableBuffers):
         if patience is not None and (int(patience) != patience or patience < 1):
             raise ValueError(f"patience must be a positive integer or None, got {patience!r}")
         self.patience = None if patience is None else int(patience)
+        if not 0.0 <= float(tol) < 1.0:
+            raise ValueError(f"tol must be in [0, 1), got {tol!r}")
+        self.tol = float(tol)
         self.solve_dtype = as_dtype(solve_dtype, "solve_dtype")
         self.val_fraction = check_fraction(val_fraction, "val_fraction", high=0.9)
         if iter_rows is not None and (int(iter_rows) != iter_rows or iter_rows < 2):
@@ -244,6 +250,7 @@ class LeafRFM(ResizableBuffers):
         # lower validation error continues), so it costs one extra solve, not twice the iterations.
         mode: bool | None = None if self.diag == "auto" else bool(self.diag)
         best: _Candidate | None = None
+        t_gain = 0  # last iteration that improved the best error by more than tol
         G: Tensor | None = None
         for t in range(tau + 1):
             agop = t < tau
@@ -261,6 +268,8 @@ class LeafRFM(ResizableBuffers):
             for c, _ in cands:
                 c.t = t
                 if math.isfinite(c.err) and (best is None or c.err < best.err):
+                    if best is None or c.err < (1.0 - self.tol) * best.err:
+                        t_gain = t
                     best = c
             cand, G = min(cands, key=lambda cg: cg[0].err if math.isfinite(cg[0].err) else math.inf)
             if mode is None and t > 0:
@@ -274,7 +283,7 @@ class LeafRFM(ResizableBuffers):
             mult = self.early_stop_multiplier
             if best is not None and mult is not None and cand.err > best.err * float(mult):
                 break
-            if best is not None and self.patience is not None and t - best.t >= self.patience:
+            if self.patience is not None and t - t_gain >= self.patience:
                 log.debug("leaf n=%d: no new best for %d iterations; stopping", n, self.patience)
                 break
         if best is None:

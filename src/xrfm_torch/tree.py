@@ -47,9 +47,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         eps: AGOP normalization constant.
         adaptive_bandwidth: Leaf bandwidth = this x median pairwise distance (``None``: constant).
         early_stop_multiplier: Leaf iterations stop once validation error exceeds best x this.
-        patience: Leaf iterations stop after this many iterations without a new best validation
-            error. With ``n_iters=30`` a leaf iterates while its error still falls (houses: t* = 20+)
-            and stops a few iterations after it levels off (most leaves: t* <= 4).
+        patience: Leaf iterations stop after this many iterations that did not lower the best
+            validation error by more than the relative ``tol``. With ``n_iters=30`` a leaf iterates
+            while its error still falls (houses: t* = 20+) and stops a few iterations after it
+            levels off (most leaves: t* <= 4).
+        tol: Relative improvement that counts for ``patience``.
         solve_dtype: Dtype of the leaf Cholesky solves (``None``: input dtype).
         iter_rows: Leaves learn ``M`` (iterations, ``t*``) on a subsample of at most this many rows,
             then solve once on all their rows (``None``: iterate on all rows).
@@ -92,6 +94,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         adaptive_bandwidth: float | None = None,
         early_stop_multiplier: float | None = 1.1,
         patience: int | None = 3,
+        tol: float = 1e-3,
         solve_dtype: torch.dtype | str | None = None,
         iter_rows: int | None = None,
         split_rule: SplitRule | None = None,
@@ -135,6 +138,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             "adaptive_bandwidth": adaptive_bandwidth,
             "early_stop_multiplier": early_stop_multiplier,
             "patience": patience,
+            "tol": tol,
             "solve_dtype": as_dtype(solve_dtype, "solve_dtype"),
             "iter_rows": iter_rows,
         }
