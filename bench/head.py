@@ -6,7 +6,9 @@ Task: latent ``z ~ N(0, I_8)``, target ``y = sin(2 z0) + z1 z2 + 0.1 noise``; th
 
     python bench/head.py [--epochs 30] [--seed 0]
 
-Prints test MSE (on the standardized target) of the three models, all with fixed seeds.
+Prints test MSE (on the standardized target) of the models, all with fixed seeds: the encoder +
+xRFM head is trained with the head's own loss (``sgd_loss="head"``) and with the in-batch
+closed-form KRR loss (``sgd_loss="batch_krr"``, batches of ``--krr-batch`` rows).
 """
 
 from __future__ import annotations
@@ -103,11 +105,15 @@ def raw_xrfm(dm: Data, seed: int) -> float:
     return test_mse(tree, dm)
 
 
-def xrfm_head(dm: Data, epochs: int, seed: int, lr: float, refit_every: int) -> float:
+def xrfm_head(
+    dm: Data, epochs: int, seed: int, lr: float, refit_every: int, sgd_loss: str = "head"
+) -> float:
     pl.seed_everything(seed, verbose=False)
     tree = xRFMTree(diag=False, temperature=0.0)
     d = dm.splits["train"][0].shape[1]
-    module = XRFMHeadModule(tree, hidden=(64, 64), in_features=d, lr=lr, seed=seed)
+    module = XRFMHeadModule(
+        tree, hidden=(64, 64), in_features=d, lr=lr, seed=seed, sgd_loss=sgd_loss
+    )
     trainer = pl.Trainer(
         max_epochs=epochs,
         logger=False,
@@ -128,14 +134,22 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--refit-every", type=int, default=2)
+    ap.add_argument("--krr-epochs", type=int, default=100)
+    ap.add_argument("--krr-batch", type=int, default=1024)
+    ap.add_argument("--krr-lr", type=float, default=1e-2)
     a = ap.parse_args()
     torch.set_num_threads(2)
     dm = Data(*make_task(a.n, seed=a.seed))
+    dm_krr = Data(*make_task(a.n, seed=a.seed), batch_size=a.krr_batch)
     res = {}
     for name, fn in [
         ("xrfm_raw", lambda: raw_xrfm(dm, a.seed)),
         ("encoder_linear", lambda: linear_head(dm, a.epochs, a.seed, a.lr)),
         ("encoder_xrfm", lambda: xrfm_head(dm, a.epochs, a.seed, a.lr, a.refit_every)),
+        (
+            "encoder_xrfm_batch_krr",
+            lambda: xrfm_head(dm_krr, a.krr_epochs, a.seed, a.krr_lr, 10, sgd_loss="batch_krr"),
+        ),
     ]:
         s = time.perf_counter()
         res[name] = fn()

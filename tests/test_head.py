@@ -218,3 +218,52 @@ def test_gpu_parity():
     soft_cpu = tree.cpu()(x, 0.3)
     soft_gpu = tree.to("cuda")(x.cuda(), 0.3).cpu()
     torch.testing.assert_close(soft_gpu, soft_cpu, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_krr_loss_is_kernel_ridge_on_the_first_half_and_differentiable():
+    from sklearn.kernel_ridge import KernelRidge
+
+    from xrfm_torch.lit.head import batch_krr_loss
+
+    X, y = planted(40, d=3, dtype=torch.float64)
+    Y = y[:, None]
+    kernel, reg = LaplaceKernel(bandwidth=2.0).double(), 1e-2
+    loss = batch_krr_loss(X, Y, kernel, reg)
+    Ks = kernel(X[:20], X[:20]).numpy()
+    ref = KernelRidge(alpha=reg, kernel="precomputed").fit(Ks, Y[:20].numpy())
+    pred = ref.predict(kernel(X[20:], X[:20]).numpy())
+    expected = float(((torch.from_numpy(pred) - Y[20:]) ** 2).mean())
+    assert abs(float(loss) - expected) < 1e-10
+    h = X.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda h: batch_krr_loss(h, Y, kernel, reg), (h,))
+
+
+def test_batch_krr_training_lowers_the_in_batch_krr_loss():
+    from xrfm_torch.lit.head import batch_krr_loss
+
+    dm = TabularDataModule("synthetic", n_samples=1500, n_features=6, seed=0, batch_size=256)
+    dm.setup()
+    tree = xRFMTree(max_leaf_size=400, n_iters=1, temperature=0.0)
+    module = XRFMHeadModule(
+        tree, in_features=6, hidden=(32,), lr=1e-2, sgd_loss="batch_krr", **dm.system_kwargs()
+    )
+    trainer = pl.Trainer(
+        max_epochs=8,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    X, y = next(iter(dm.val_dataloader()))[:2]  # a fixed batch the optimizer never sees
+    t = module.encode_targets(y).reshape(len(X), 1)
+
+    def held_loss() -> float:
+        with torch.no_grad():
+            return float(batch_krr_loss(module.encoder(X), t, tree.kernel, 1e-3))
+
+    before = held_loss()
+    trainer.fit(module, datamodule=dm)
+    assert held_loss() < 0.9 * before
+    with pytest.raises(ValueError, match="sgd_loss"):
+        XRFMHeadModule(xRFMTree(), in_features=6, sgd_loss="mse")

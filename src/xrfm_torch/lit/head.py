@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 
+from xrfm_torch.kernels import Kernel
 from xrfm_torch.lit.module import Task, XRFMLitModule, collect, collect_indexed
 from xrfm_torch.tree import xRFMTree
 
@@ -33,6 +34,29 @@ def mlp_encoder(hidden: Sequence[int] = (64, 64), out_features: int = 16) -> nn.
         layers += [nn.Linear(a, b), nn.GELU()]
     layers.append(nn.Linear(hidden[-1], out_features))
     return nn.Sequential(*layers)
+
+
+def batch_krr_loss(h: Tensor, y: Tensor, kernel: Kernel, reg: float) -> Tensor:
+    """Mean squared error of a kernel ridge regression fitted in closed form inside the batch.
+
+    The first half of the rows is the support set: ``alpha = (K(h_s, h_s) + reg I)^{-1} y_s``; the loss
+    is measured on the second half, ``mean((K(h_q, h_s) alpha - y_q)^2)``. The solve is a
+    differentiable Cholesky, so the gradient reaches ``h`` through the coefficients as well: the
+    encoder learns features on which a freshly solved kernel machine generalizes, which is what the
+    closed-form head does with them.
+
+    Args:
+        h: Features, shape (b, k), b >= 4.
+        y: Targets, shape (b, c).
+        kernel: Kernel (identity ``M``: the head's leaves learn their own ``M`` afterwards).
+        reg: Ridge ``lambda``.
+    """
+    half = h.shape[0] // 2
+    hs, hq, ys, yq = h[:half], h[half:], y[:half], y[half:]
+    K = kernel(hs, hs)
+    K = K + reg * torch.eye(half, dtype=K.dtype, device=K.device)
+    alpha = torch.cholesky_solve(ys, torch.linalg.cholesky(K))
+    return torch.nn.functional.mse_loss(kernel(hq, hs) @ alpha, yq)
 
 
 class ResidualMLP(nn.Module):
@@ -82,6 +106,11 @@ class XRFMHeadModule(XRFMLitModule):
         weight_decay: Adam weight decay.
         support_fraction: Share of training rows the leaves are fitted on during SGD (seeded by
             ``seed``). When training ends, the head is re-fitted once on all training rows.
+        sgd_loss: ``"head"``: the loss of the fitted tree's predictions on non-support rows (leaf
+            coefficients fixed between refits; trains trainable routing too). ``"batch_krr"``:
+            :func:`batch_krr_loss` with the tree's kernel and ``reg`` (coefficients re-solved in
+            every batch, differentiably; needs batches of a few hundred rows or more; the tree
+            only serves validation and the final fit).
         task, num_classes, target_mean, target_std, seed, feature_names: As in
             :class:`~xrfm_torch.lit.XRFMLitModule`.
     """
@@ -98,6 +127,7 @@ class XRFMHeadModule(XRFMLitModule):
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         support_fraction: float = 0.5,
+        sgd_loss: str = "head",
         task: Task = "regression",
         num_classes: int | None = None,
         target_mean: float | Sequence[float] = 0.0,
@@ -118,6 +148,8 @@ class XRFMHeadModule(XRFMLitModule):
             raise ValueError(f"support_fraction must be in (0, 1), got {support_fraction!r}")
         if lr <= 0:
             raise ValueError(f"lr must be positive, got {lr!r}")
+        if sgd_loss not in ("head", "batch_krr"):
+            raise ValueError(f"sgd_loss must be 'head' or 'batch_krr', got {sgd_loss!r}")
         if encoder is None and residual:
             d = in_features if in_features is not None else len(feature_names or [])
             if d < 1:
@@ -205,6 +237,15 @@ class XRFMHeadModule(XRFMLitModule):
     # ---- SGD part ------------------------------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:  # type: ignore[override]
         x, y = batch[0], batch[1]
+        if self.hparams["sgd_loss"] == "batch_krr":
+            if len(x) < 4:
+                return None
+            t = self.encode_targets(y).reshape(len(x), -1).to(x.dtype)
+            loss = batch_krr_loss(
+                self.encoder(x), t, self.tree.kernel, self.tree.leaf_kwargs["reg"]
+            )
+            self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(x))
+            return loss
         if len(batch) > 2 and self.support_mask.numel():  # drop support rows (see module doc)
             keep = ~self.support_mask[batch[2]]
             x, y = x[keep], y[keep]
