@@ -135,6 +135,18 @@ def test_refit_leaves_keeps_routing_parameters():
     assert all(not torch.equal(a, lf.alpha_) for a, lf in zip(before, tree.leaves()))
 
 
+def quiet_trainer(max_epochs: int, **kwargs) -> pl.Trainer:
+    return pl.Trainer(
+        max_epochs=max_epochs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        **kwargs,
+    )
+
+
 def head_setup(trainable: bool):
     dm = TabularDataModule("synthetic", n_samples=1500, n_features=6, seed=0, batch_size=128)
     dm.setup()
@@ -147,15 +159,7 @@ def head_setup(trainable: bool):
 def test_refit_callback_changes_leaves_and_lowers_training_loss(trainable):
     dm, module = head_setup(trainable)
     refit = RefitXRFM(every_n_epochs=1)
-    trainer = pl.Trainer(
-        max_epochs=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        callbacks=[refit],
-        num_sanity_val_steps=0,
-    )
+    trainer = quiet_trainer(2, callbacks=[refit])
     trainer.fit(module, datamodule=dm)
     assert refit.refits == 2
     # Move the encoder as SGD would (seeded), so the leaves' support features are stale ...
@@ -185,14 +189,7 @@ def test_refit_callback_changes_leaves_and_lowers_training_loss(trainable):
 
 def test_head_trains_encoder_and_routing():
     dm, module = head_setup(True)
-    trainer = pl.Trainer(
-        max_epochs=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = quiet_trainer(1)
     part_b: list = []
 
     class Grab(pl.Callback):
@@ -247,14 +244,7 @@ def test_batch_krr_training_lowers_the_in_batch_krr_loss():
     module = XRFMHeadModule(
         tree, in_features=6, hidden=(32,), lr=1e-2, sgd_loss="batch_krr", **dm.system_kwargs()
     )
-    trainer = pl.Trainer(
-        max_epochs=8,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = quiet_trainer(8)
     X, y = next(iter(dm.val_dataloader()))[:2]  # a fixed batch the optimizer never sees
     t = module.encode_targets(y).reshape(len(X), 1)
 
