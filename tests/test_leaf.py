@@ -72,13 +72,16 @@ def test_early_stopping_stops_after_a_worse_iteration():
         assert ran[-1] > min(ran[:-1])
 
 
-@pytest.mark.parametrize(("patience", "tol"), [(1, 0.0), (2, 0.0), (2, 0.05)])
-def test_patience_stops_after_that_many_iterations_without_enough_gain(patience, tol):
+@pytest.mark.parametrize(
+    ("patience", "tol", "min_iters"), [(1, 0.0, 0), (2, 0.0, 0), (2, 0.05, 0), (1, 0.0, 6)]
+)
+def test_patience_stops_after_that_many_iterations_without_enough_gain(patience, tol, min_iters):
     X, y = planted(400, noise=0.3)
     Xv, yv = planted(200, seed=1, noise=0.3)
     kw = {"n_iters": 12, "early_stop_multiplier": None}
     free = LeafRFM(GaussianLike(), **kw).fit(X, y, Xv, yv).val_errors_.tolist()
-    leaf = LeafRFM(GaussianLike(), patience=patience, tol=tol, **kw).fit(X, y, Xv, yv)
+    leaf = LeafRFM(GaussianLike(), patience=patience, tol=tol, min_iters=min_iters, **kw)
+    leaf.fit(X, y, Xv, yv)
     errs = leaf.val_errors_
     ran = int(torch.isfinite(errs).sum())
     # the same trajectory as without patience, cut `patience` iterations after the last
@@ -89,7 +92,7 @@ def test_patience_stops_after_that_many_iterations_without_enough_gain(patience,
         if free[t] < (1 - tol) * best:
             t_gain = t
         best = min(best, free[t])
-        if t - t_gain >= patience:
+        if t >= min_iters and t - t_gain >= patience:
             stop = t
             break
     assert ran == stop + 1 < 13
@@ -208,6 +211,7 @@ def test_bad_input(call, exc, match):
         ({"val_fraction": 0.0}, "val_fraction"),
         ({"patience": 0}, "patience"),
         ({"tol": 1.0}, "tol"),
+        ({"min_iters": -1}, "min_iters"),
         ({"iter_rows": 1}, "iter_rows"),
         ({"iter_rows": 2.5}, "iter_rows"),
     ],

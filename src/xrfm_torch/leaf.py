@@ -59,6 +59,8 @@ class LeafRFM(ResizableBuffers):
             ``n_iters`` the leaf keeps iterating while the error still falls and stops soon after it
             levels off. The lowest error is kept either way.
         tol: Relative improvement that resets the ``patience`` count (``E_t < (1 - tol) * best``).
+        min_iters: ``patience`` applies only from this iteration on, so slow starters (error flat
+            for a few iterations, then falling) still get the first ``min_iters`` updates.
         solve_dtype: Dtype of the Cholesky solve (``None`` = input dtype, or ``"float64"``).
         val_fraction: Share of the rows held out for ``t*`` selection when no validation data is given.
         iter_rows: Learn ``M`` on at most this many rows: with more training rows, the iterations and
@@ -90,6 +92,7 @@ class LeafRFM(ResizableBuffers):
         early_stop_multiplier: float | None = 1.1,
         patience: int | None = None,
         tol: float = 1e-3,
+        min_iters: int = 0,
         solve_dtype: torch.dtype | str | None = None,
         val_fraction: float = 0.2,
         iter_rows: int | None = None,
@@ -121,6 +124,9 @@ class LeafRFM(ResizableBuffers):
         if not 0.0 <= float(tol) < 1.0:
             raise ValueError(f"tol must be in [0, 1), got {tol!r}")
         self.tol = float(tol)
+        if int(min_iters) != min_iters or min_iters < 0:
+            raise ValueError(f"min_iters must be a non-negative integer, got {min_iters!r}")
+        self.min_iters = int(min_iters)
         self.solve_dtype = as_dtype(solve_dtype, "solve_dtype")
         self.val_fraction = check_fraction(val_fraction, "val_fraction", high=0.9)
         if iter_rows is not None and (int(iter_rows) != iter_rows or iter_rows < 2):
@@ -283,7 +289,7 @@ class LeafRFM(ResizableBuffers):
             mult = self.early_stop_multiplier
             if best is not None and mult is not None and cand.err > best.err * float(mult):
                 break
-            if self.patience is not None and t - t_gain >= self.patience:
+            if self.patience is not None and t >= self.min_iters and t - t_gain >= self.patience:
                 log.debug("leaf n=%d: no new best for %d iterations; stopping", n, self.patience)
                 break
         if best is None:
