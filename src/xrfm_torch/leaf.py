@@ -326,7 +326,10 @@ class LeafRFM(ResizableBuffers):
         X = as_float_matrix(X, "X", n_features=self.support_.shape[1])
         y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
         xs = transform(X, self.sqrt_m_)
-        K = self.kernel.from_distance(self.kernel.distance(xs, xs))
+        R = self.kernel.distance(
+            xs, xs
+        )  # (n, n); the kernel overwrites it: one n x n buffer, not two
+        K = self.kernel.from_distance(R, out=R)
         self.alpha_ = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, in_place=True)
         self.support_ = X.detach().clone()
         return self
