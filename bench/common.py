@@ -36,7 +36,7 @@ XRFM_D_PARAMS = {  # pytabkit XRFM_D (the authors' recommended single configurat
 
 
 def fit_predict(
-    model: str, d: Any, seed: int, threads: int, options: dict[str, Any]
+    model: str, d: Any, seed: int, threads: int, options: dict[str, Any], device: str = "cpu"
 ) -> tuple[np.ndarray, float, float]:
     """Fit ``model`` on the protocol data ``d``; return (test predictions in original units, fit s, predict s)."""
     import torch
@@ -70,12 +70,13 @@ def fit_predict(
             if model == "xrfm_default"
             else {"rfm_params": XRFM_D_PARAMS, "overlap_fraction": 0.1}
         )
-        m = xRFM(device="cpu", verbose=False, random_state=seed, **kw)
+        m = xRFM(device=device, verbose=False, random_state=seed, **kw)
         s = time.perf_counter()
         m.fit(t(d.X_train), t(d.y_train[:, None]), t(d.X_val), t(d.y_val[:, None]))
         fit_s = time.perf_counter() - s
         s = time.perf_counter()
-        pred = np.asarray(m.predict(t(d.X_test))).ravel()
+        out = m.predict(t(d.X_test))
+        pred = (out.cpu().numpy() if torch.is_tensor(out) else np.asarray(out)).ravel()
         return inv(pred), fit_s, time.perf_counter() - s
     # GBDTs: raw target, 2000 trees (3000 CatBoost), lr 0.05, early stopping 100 on validation
     ytr, yva = inv(d.y_train), inv(d.y_val)

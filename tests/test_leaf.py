@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from sklearn.kernel_ridge import KernelRidge
@@ -9,6 +10,7 @@ from sklearn.kernel_ridge import KernelRidge
 from conftest import planted
 from xrfm_torch import LaplaceKernel, LeafRFM, ProductLaplaceKernel
 from xrfm_torch.bandwidth import median_pairwise_distance
+from xrfm_torch.kernels import transform
 
 
 def mse(model, X, y):
@@ -214,6 +216,8 @@ def test_bad_input(call, exc, match):
         ({"min_iters": -1}, "min_iters"),
         ({"iter_rows": 1}, "iter_rows"),
         ({"iter_rows": 2.5}, "iter_rows"),
+        ({"kernel_exponents": [1.0, 0.0]}, "kernel_exponents"),
+        ({"bandwidth_factors": [-2.0]}, "bandwidth_factors"),
     ],
 )
 def test_bad_arguments(kwargs, match):
@@ -226,3 +230,50 @@ def test_wrong_dtype_at_predict_is_named():
     leaf = LeafRFM(n_iters=0).fit(X, y, X, y)
     with pytest.raises(TypeError, match="float64 does not match the model dtype torch.float32"):
         leaf(X.double())
+
+
+def krr_val_mse(leaf, X, y, Xv, yv, q, bandwidth):
+    """Validation MSE of sklearn KernelRidge with the leaf's M, at exponent q and this bandwidth."""
+    xs, xv = transform(X, leaf.sqrt_m_).numpy(), transform(Xv, leaf.sqrt_m_).numpy()
+
+    def gram(a, b):
+        r = np.sqrt(((a[:, None, :] - b[None, :, :]) ** 2).sum(-1))
+        return np.exp(-((r / bandwidth) ** q))
+
+    ref = KernelRidge(alpha=leaf.reg, kernel="precomputed").fit(gram(xs, xs), y.numpy())
+    pred = ref.predict(gram(xv, xs))
+    return float(((pred - yv.numpy()) ** 2).mean()), torch.from_numpy(pred)
+
+
+def test_kernel_selection_is_the_validation_argmin_and_matches_kernel_ridge():
+    X, y = planted(300, d=4, dtype=torch.float64, noise=0.05)
+    Xv, yv = planted(120, d=4, seed=5, dtype=torch.float64, noise=0.05)
+    grid = {"kernel_exponents": [0.7, 1.5], "bandwidth_factors": [0.5, 2.0]}
+    leaf = LeafRFM(LaplaceKernel(bandwidth=3.0), n_iters=2, reg=1e-2, **grid).fit(X, y, Xv, yv)
+    errs = {
+        (q, 3.0 * f): krr_val_mse(leaf, X, y, Xv, yv, q, 3.0 * f)[0]
+        for q in (0.7, 1.0, 1.5)
+        for f in (0.5, 1.0, 2.0)
+    }
+    chosen = (leaf.kernel.q, leaf.bandwidth)
+    assert chosen == min(errs, key=errs.get)
+    assert chosen != (1.0, 3.0)  # the planted smooth target is not best at the prototype's kernel
+    _, pred = krr_val_mse(leaf, X, y, Xv, yv, *chosen)
+    torch.testing.assert_close(leaf(Xv)[:, 0], pred, rtol=0, atol=1e-8)
+    # a second fit starts again from the prototype's q and bandwidth (same data: same choice)
+    leaf.kernel.q, _ = 0.5, leaf.kernel.bandwidth.fill_(50.0)
+    leaf.fit(X, y, Xv, yv)
+    assert (leaf.kernel.q, leaf.bandwidth) == chosen
+    # the selected exponent is part of the state dict
+    fresh = LeafRFM(LaplaceKernel(bandwidth=3.0))
+    fresh.load_state_dict(leaf.state_dict())
+    assert fresh.kernel.q == chosen[0]
+    torch.testing.assert_close(fresh(Xv), leaf(Xv))
+
+
+def test_kernel_exponents_above_p_are_skipped():
+    X, y = planted(200, d=3, dtype=torch.float64)
+    Xv, yv = planted(60, d=3, seed=2, dtype=torch.float64)
+    leaf = LeafRFM(ProductLaplaceKernel(), n_iters=1, kernel_exponents=[0.5, 1.5, 2.0])
+    leaf.fit(X, y, Xv, yv)
+    assert leaf.kernel.q in (0.5, 1.0)

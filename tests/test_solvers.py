@@ -7,7 +7,7 @@ import torch
 from sklearn.kernel_ridge import KernelRidge
 
 from xrfm_torch.kernels import LaplaceKernel
-from xrfm_torch.solvers import KRRSolveError, solve_krr
+from xrfm_torch.solvers import KRRSolveError, krr_workspace, padded_size, solve_krr
 
 
 def gram(n=80, d=4, seed=0):
@@ -20,8 +20,9 @@ def gram(n=80, d=4, seed=0):
 
 @pytest.mark.parametrize("reg", [pytest.param(1e-3, id="reg1e-3"), pytest.param(0.5, id="reg0.5")])
 @pytest.mark.parametrize("outputs", [pytest.param(1, id="single"), pytest.param(3, id="multi")])
-def test_matches_sklearn_kernel_ridge(reg, outputs):
-    K, Y = gram()
+@pytest.mark.parametrize("n", [80, 83])  # 83: the factorization runs on a padded 88 x 88 matrix
+def test_matches_sklearn_kernel_ridge(reg, outputs, n):
+    K, Y = gram(n)
     y = Y[:, 0] if outputs == 1 else Y
     ours = solve_krr(K, y, reg)
     ref = KernelRidge(alpha=reg, kernel="precomputed").fit(K.numpy(), y.numpy()).dual_coef_
@@ -29,11 +30,24 @@ def test_matches_sklearn_kernel_ridge(reg, outputs):
     assert ours.shape == y.shape
 
 
-def test_in_place_leaves_matrix_unchanged():
-    K, Y = gram()
+def test_matrix_unchanged_and_workspace_reused():
+    K, Y = gram(83)
     before = K.clone()
-    solve_krr(K, Y, 1e-2, in_place=True)
+    W = krr_workspace(83, torch.float64)
+    assert W.shape == (padded_size(83), padded_size(83)) == (88, 88) and W.stride(0) == 1
+    W.fill_(float("nan"))  # stale contents must not leak into the solve
+    a = solve_krr(K, Y, 1e-2, workspace=W)
+    b = solve_krr(K[:40, :40], Y[:40], 1e-2, workspace=W)  # wrong size: a fresh buffer is used
     assert torch.equal(K, before)
+    torch.testing.assert_close(a, solve_krr(K, Y, 1e-2), rtol=0, atol=1e-12)
+    torch.testing.assert_close(b, torch.linalg.solve(K[:40, :40] + 1e-2 * torch.eye(40), Y[:40]))
+
+
+def test_autograd_path_matches_gradcheck():
+    K, Y = gram(12)
+    K.requires_grad_(True)
+    y = Y[:, 0].clone().requires_grad_(True)
+    torch.autograd.gradcheck(lambda k, t: solve_krr(0.5 * (k + k.mT), t, 1e-2), (K, y))
 
 
 def test_float64_solve_of_float32_system():

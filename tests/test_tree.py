@@ -5,7 +5,9 @@ import torch
 
 from conftest import planted
 from xrfm_torch import CARTSplit, PCASplit, RandomSplit, xRFMTree
-from xrfm_torch.builder import borrow_validation_rows
+from xrfm_torch.builder import borrow_validation_rows, grow_tree
+from xrfm_torch.kernels import LaplaceKernel
+from xrfm_torch.splits import Split
 from xrfm_torch.temperature import DEFAULT_TEMPERATURE_GRID
 
 
@@ -196,8 +198,58 @@ def test_wrong_feature_count_at_predict(fitted):
         ({"keep_mass": 1.5}, "keep_mass"),
         ({"reg": -1.0}, "reg"),
         ({"kernel": "rbf"}, "unknown kernel"),
+        ({"overlap_fraction": 0.45}, "overlap_fraction"),
+        ({"overlap_fraction": -0.1}, "overlap_fraction"),
     ],
 )
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         xRFMTree(**kwargs)
+
+
+def first_feature_median(X, y, X_val, y_val, *, kernel, generator):
+    """Split rule for planted layouts: direction e_0, rank-balanced median cut."""
+    return Split(torch.eye(X.shape[1], dtype=X.dtype)[0], None)
+
+
+@pytest.mark.parametrize(
+    ("n", "max_leaf_size", "expected"),
+    [
+        # children are leaves: 10 % overlap each way, capped so a leaf stays <= L_max
+        (100, 60, [range(0, 60), range(40, 100)]),
+        (100, 55, [range(0, 55), range(45, 100)]),
+        # root children (100 + 20 rows) split again; their children are leaves of exactly 60
+        (200, 60, [range(0, 60), range(60, 120), range(80, 140), range(140, 200)]),
+    ],
+)
+def test_overlap_adds_the_rows_nearest_the_cut(n, max_leaf_size, expected):
+    g = seeded()
+    X = torch.randperm(n, generator=g).double()[:, None] * torch.tensor([[1.0, 0.0]]) + 0.5
+    X[:, 1] = torch.randn(n, generator=g, dtype=torch.float64)
+    Xv = torch.linspace(0, n, 41, dtype=torch.float64)[:, None].repeat(1, 2)
+    layout = grow_tree(
+        X,
+        X[:, :1],
+        Xv,
+        Xv[:, :1],
+        max_leaf_size=max_leaf_size,
+        split_rule=first_feature_median,
+        kernel=LaplaceKernel(),
+        generator=g,
+        overlap_fraction=0.1,
+    )
+    got = [sorted(int(v) for v in X[rows, 0] - 0.5) for rows in layout.leaf_train]
+    assert got == [list(r) for r in expected]
+    # validation rows are routed by the thresholds alone: every row reaches exactly one leaf
+    assert sorted(torch.cat(layout.leaf_val).tolist()) == list(range(41))
+
+
+def test_overlap_changes_the_fit_only_through_leaf_rows():
+    X, y = planted(1200, d=4)
+    Xv, yv = planted(300, d=4, seed=1)
+    kw = {"max_leaf_size": 700, "n_iters": 1, "temperature": 0.0, "kernel_exponents": None}
+    plain = xRFMTree(overlap_fraction=0.0, **kw).fit(X, y, Xv, yv, generator=seeded())
+    over = xRFMTree(overlap_fraction=0.1, **kw).fit(X, y, Xv, yv, generator=seeded())
+    assert [leaf.support_.shape[0] for leaf in plain.leaves()] == [600, 600]
+    assert [leaf.support_.shape[0] for leaf in over.leaves()] == [700, 700]
+    torch.testing.assert_close(over.trees[0].split_vectors_, plain.trees[0].split_vectors_)

@@ -62,6 +62,22 @@ def _cut(proj: Tensor, split: Split) -> tuple[Tensor, Tensor, float]:
     return balanced_split(proj)
 
 
+def _overlap(
+    proj: Tensor, left: Tensor, right: Tensor, fraction: float, max_leaf_size: int
+) -> tuple[Tensor, Tensor]:
+    """Add to each side the other side's rows nearest the cut (see ``overlap_fraction``)."""
+    n = proj.shape[0]
+    extra = math.floor(fraction * n)
+    if max(left.shape[0], right.shape[0]) <= max_leaf_size:  # children are leaves: stay <= L_max
+        extra = min(extra, max_leaf_size - max(left.shape[0], right.shape[0]))
+    if extra <= 0:
+        return left, right
+    # stable sorts: ties broken by position, so the same data give the same leaves
+    near_left = left[torch.sort(proj[left], descending=True, stable=True).indices[:extra]]
+    near_right = right[torch.sort(proj[right], stable=True).indices[:extra]]
+    return torch.cat([left, near_right]), torch.cat([right, near_left])
+
+
 def grow_tree(
     X: Tensor,
     y: Tensor,
@@ -72,6 +88,7 @@ def grow_tree(
     split_rule: SplitRule,
     kernel: Kernel,
     generator: torch.Generator | None,
+    overlap_fraction: float = 0.0,
 ) -> TreeLayout:
     """Recursively split until every node holds at most ``max_leaf_size`` training rows.
 
@@ -84,6 +101,10 @@ def grow_tree(
         split_rule: Strategy choosing each node's direction (and possibly threshold).
         kernel: Kernel prototype handed to the split rule.
         generator: Random generator for split-model subsamples.
+        overlap_fraction: Each child also gets the ``floor(overlap_fraction * n)`` training rows of
+            the other side nearest the threshold (the reference's ``overlap_fraction``), capped so
+            that children which are leaves stay within ``max_leaf_size``: overlap adds rows near
+            the boundary, never depth. Validation rows are routed without overlap.
 
     Returns:
         The layout; leaves are numbered in depth-first, left-first order.
@@ -116,6 +137,7 @@ def grow_tree(
         v = split.direction.to(dtype=X.dtype, device=X.device)
         proj = X[idx] @ v  # (n_node,)
         left, right, thr = _cut(proj, split)
+        left, right = _overlap(proj, left, right, overlap_fraction, max_leaf_size)
         node = len(thresholds)
         vectors.append(v)
         thresholds.append(thr)

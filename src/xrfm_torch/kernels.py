@@ -137,6 +137,16 @@ class Kernel(nn.Module):
     def extra_repr(self) -> str:
         return f"p={self.p}, q={self.q}, bandwidth={float(self.bandwidth):.4g}"
 
+    # q travels with the state dict: a leaf may select its own exponent (LeafRFM.kernel_exponents)
+    def get_extra_state(self) -> dict[str, float]:
+        return {"q": self.q}
+
+    def set_extra_state(self, state: dict[str, float]) -> None:
+        q = float(state["q"])
+        if not 0 < q <= self.p:
+            raise ValueError(f"loaded kernel exponent q={q} does not satisfy 0 < q <= p={self.p}")
+        self.q = q
+
     # ---- values -------------------------------------------------------------------------------
     def distance(self, x: Tensor, z: Tensor, *, out: Tensor | None = None) -> Tensor:
         """``||x_i - z_j||_p`` in the (already transformed) space, shape (n, m)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,7 @@ from xrfm_torch._state import ResizableBuffers, as_dtype
 from xrfm_torch.agop import agop_from_grads, normalize_agop, sqrt_psd
 from xrfm_torch.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
-from xrfm_torch.solvers import solve_krr
+from xrfm_torch.solvers import krr_workspace, solve_krr
 from xrfm_torch.validation import fit_data
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class _Candidate:
     alpha: Tensor
     sqrt_m: Tensor | None
     bandwidth: float
+    q: float
 
 
 class LeafRFM(ResizableBuffers):
@@ -68,6 +70,13 @@ class LeafRFM(ResizableBuffers):
             and bandwidth then get one solve on all rows. The cost of a leaf of ``n`` rows becomes
             ``(tau + 1)`` solves of size ``iter_rows`` plus one of size ``n`` instead of ``tau + 1``
             of size ``n``. ``None``: always iterate on all rows.
+        bandwidth_factors: After the iterations, re-solve the selected ``M`` with the bandwidth
+            multiplied by each of these factors and keep the lowest validation error (``None``: the
+            kernel's bandwidth only).
+        kernel_exponents: Likewise for the kernel exponent ``q`` (``exp(-(r / L)^q)``): each value
+            competes with the kernel's own ``q`` (values above the kernel's ``p`` are skipped). One
+            solve per candidate pair ``(q, factor)``, the distance matrix computed once; the
+            iterations themselves (``M``, ``t*``) use the kernel's own ``q`` and bandwidth.
 
     Buffers (after ``fit``):
         ``support_`` (n, d), ``alpha_`` (n, c), ``sqrt_m_`` (d,) or (d, d), ``best_iter_`` (),
@@ -96,11 +105,16 @@ class LeafRFM(ResizableBuffers):
         solve_dtype: torch.dtype | str | None = None,
         val_fraction: float = 0.2,
         iter_rows: int | None = None,
+        bandwidth_factors: Sequence[float] | None = None,
+        kernel_exponents: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         if int(n_iters) != n_iters or n_iters < 0:
             raise ValueError(f"n_iters must be a non-negative integer, got {n_iters!r}")
         self.kernel = copy.deepcopy(make_kernel(kernel))
+        # the prototype's exponent and bandwidth: every fit starts from these, whatever an
+        # earlier fit selected (bandwidth_factors, kernel_exponents, adaptive_bandwidth)
+        self._kernel_start = (self.kernel.q, float(self.kernel.bandwidth))
         self.n_iters = int(n_iters)
         self.reg = check_positive(reg, "reg", allow_zero=True)
         if diag not in (True, False, "auto"):
@@ -132,6 +146,16 @@ class LeafRFM(ResizableBuffers):
         if iter_rows is not None and (int(iter_rows) != iter_rows or iter_rows < 2):
             raise ValueError(f"iter_rows must be an integer >= 2 or None, got {iter_rows!r}")
         self.iter_rows = None if iter_rows is None else int(iter_rows)
+        self.bandwidth_factors = (
+            None
+            if bandwidth_factors is None
+            else tuple(check_positive(f, "bandwidth_factors entry") for f in bandwidth_factors)
+        )
+        self.kernel_exponents = (
+            None
+            if kernel_exponents is None
+            else tuple(check_positive(q, "kernel_exponents entry") for q in kernel_exponents)
+        )
         self.register_buffer("support_", torch.empty(0, 0))
         self.register_buffer("alpha_", torch.empty(0, 0))
         self.register_buffer("sqrt_m_", torch.empty(0))
@@ -213,12 +237,14 @@ class LeafRFM(ResizableBuffers):
         generator: torch.Generator | None,
     ) -> _Candidate:
         kernel = self.kernel
+        kernel.q = self._kernel_start[0]
+        kernel.bandwidth.fill_(self._kernel_start[1])
         n, tau = X.shape[0], self.n_iters
         errors = torch.full((tau + 1,), float("nan"), dtype=torch.float64)
         # (n, n) work buffers reused by every fit: distances / gradient weights, kernel matrix,
         # Cholesky factor (a fresh allocation of this size costs as much as an exp pass)
         R, K = X.new_empty(n, n), X.new_empty(n, n)
-        F = torch.empty(n, n, dtype=self.solve_dtype or X.dtype, device=X.device)
+        F = krr_workspace(n, self.solve_dtype or X.dtype, X.device)
 
         def fit_at(
             sqrt_m: Tensor | None, agop: bool, diag: bool
@@ -231,12 +257,15 @@ class LeafRFM(ResizableBuffers):
                     kernel.bandwidth.fill_(self.adaptive_bandwidth * med)
             kernel.distance(xs, xs, out=R)  # (n, n)
             kernel.from_distance(R, out=K)  # (n, n)
-            alpha = solve_krr(
-                K, y, self.reg, solve_dtype=self.solve_dtype, in_place=True, workspace=F
-            )
+            alpha = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, workspace=F)
             pred = kernel.predict(transform(X_val, sqrt_m), xs, alpha)  # (n_val, c)
             cand = _Candidate(
-                float(((pred - y_val) ** 2).mean()), -1, alpha, sqrt_m, float(kernel.bandwidth)
+                float(((pred - y_val) ** 2).mean()),
+                -1,
+                alpha,
+                sqrt_m,
+                float(kernel.bandwidth),
+                kernel.q,
             )
             if not (agop and math.isfinite(cand.err)):
                 return cand, None
@@ -298,6 +327,48 @@ class LeafRFM(ResizableBuffers):
             )
         self.val_errors_ = errors.to(X.device)
         self._chosen_diag = mode if mode is not None else True
+        if self.bandwidth_factors or self.kernel_exponents:
+            best = self._select_kernel(X, y, X_val, y_val, best, R, K, F)
+        return best
+
+    def _select_kernel(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor,
+        y_val: Tensor,
+        best: _Candidate,
+        R: Tensor,
+        K: Tensor,
+        F: Tensor,
+    ) -> _Candidate:
+        """Re-solve the selected ``M`` for each (exponent, bandwidth factor); keep the best."""
+        kernel, base, q0 = self.kernel, best.bandwidth, best.q
+        xs, xv = transform(X, best.sqrt_m), transform(X_val, best.sqrt_m)
+        kernel.distance(xs, xs, out=R)  # (n, n), shared by every factor
+        exponents = {q0, *(q for q in self.kernel_exponents or () if q <= kernel.p)}
+        factors = sorted({1.0, *(self.bandwidth_factors or ())})
+        grid = [(q, f) for q in sorted(exponents) for f in factors]
+        for q, f in grid:
+            if f == 1.0 and q == q0:
+                continue
+            kernel.q = q
+            kernel.bandwidth.fill_(base * f)
+            kernel.from_distance(R, out=K)
+            alpha = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, workspace=F)
+            err = float(((kernel.predict(xv, xs, alpha) - y_val) ** 2).mean())
+            log.debug(
+                "leaf n=%d q %.3g bandwidth %.4g: val mse %.6g (best %.6g)",
+                X.shape[0],
+                q,
+                base * f,
+                err,
+                best.err,
+            )
+            if math.isfinite(err) and err < best.err:
+                best = _Candidate(err, best.t, alpha, best.sqrt_m, base * f, q)
+        kernel.bandwidth.fill_(best.bandwidth)
+        kernel.q = best.q
         return best
 
     def _store(self, X: Tensor, best: _Candidate) -> None:
@@ -330,7 +401,7 @@ class LeafRFM(ResizableBuffers):
             xs, xs
         )  # (n, n); the kernel overwrites it: one n x n buffer, not two
         K = self.kernel.from_distance(R, out=R)
-        self.alpha_ = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, in_place=True)
+        self.alpha_ = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype)
         self.support_ = X.detach().clone()
         return self
 
