@@ -7,7 +7,13 @@ import torch
 from sklearn.kernel_ridge import KernelRidge
 
 from xrfm_torch.kernels import LaplaceKernel
-from xrfm_torch.solvers import KRRSolveError, krr_workspace, padded_size, solve_krr
+from xrfm_torch.solvers import (
+    KRRSolveError,
+    _residual_too_large,
+    krr_workspace,
+    padded_size,
+    solve_krr,
+)
 
 
 def gram(n=80, d=4, seed=0):
@@ -88,3 +94,28 @@ def test_bad_shapes(K, y, match):
 def test_negative_reg_rejected():
     with pytest.raises(ValueError, match="reg"):
         solve_krr(torch.eye(3), torch.ones(3), -1.0)
+
+
+def test_residual_bound_flags_a_wrong_solution_only():
+    K, Y = gram(83)
+    exact = torch.linalg.solve(K + 1e-3 * torch.eye(83, dtype=K.dtype), Y)
+    assert not _residual_too_large(K, exact, Y)
+    assert not _residual_too_large(K, torch.zeros_like(exact), Y)  # alpha = 0 meets the bound
+    assert _residual_too_large(K, 3 * exact, Y)
+    assert _residual_too_large(K, exact * float("nan"), Y)
+
+
+def test_float32_solve_failing_the_residual_bound_is_repeated_in_float64(monkeypatch, caplog):
+    K, Y = gram(83)
+    calls = []
+
+    def flag_first(K_, alpha, b):
+        calls.append(alpha.dtype)
+        return len(calls) == 1
+
+    monkeypatch.setattr("xrfm_torch.solvers._residual_too_large", flag_first)
+    with caplog.at_level(logging.WARNING):
+        alpha = solve_krr(K.float(), Y.float(), 1e-3)
+    assert calls == [torch.float32]  # the float64 repeat is not checked again
+    assert "repeating it in float64" in caplog.text and alpha.dtype == torch.float32
+    torch.testing.assert_close(alpha.double(), solve_krr(K, Y, 1e-3), rtol=0, atol=1e-5)

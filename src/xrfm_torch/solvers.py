@@ -39,6 +39,16 @@ def krr_workspace(
     return torch.empty(m, m, dtype=dtype, device=device).mT
 
 
+def _residual_too_large(K: Tensor, alpha: Tensor, b: Tensor) -> bool:
+    """Whether ``||K alpha - b||^2 > ||b||^2`` (accumulated in float64, row chunks of ``K``)."""
+    a = alpha.to(K.dtype)
+    res = 0.0
+    for i in range(0, K.shape[0], 4096):
+        r = (K[i : i + 4096] @ a).double() - b[i : i + 4096].double()
+        res += float((r * r).sum())
+    return not res <= float((b.double() ** 2).sum())  # also True for NaN
+
+
 def solve_krr(
     K: Tensor,
     y: Tensor,
@@ -54,6 +64,13 @@ def solve_krr(
     and factored there in place, so ``K`` is never modified and the solve allocates at most that
     one buffer. If the factorization fails (``cholesky_ex`` reports a non-positive pivot), a jitter
     ``reg_k = max(reg, 1e-6 * mean(diag K)) * 10^k`` is tried for ``k = 1 .. max_tries - 1``.
+
+    A factorization can also succeed and still be useless: with a learned ``M`` that collapses
+    rows together, ``K`` is so ill-conditioned that a float32 ``alpha`` is mostly rounding error
+    (seen on house_16H: ``|alpha|_1`` 2e7, predictions off by 30 standard deviations). The exact
+    solution always satisfies ``||K alpha - y||^2 <= ||y||^2`` (``alpha = 0`` is feasible for the
+    ridge objective), so a residual above that bound marks a failed solve, which is then repeated
+    in float64 (one extra matrix-vector product per solve; a warning is logged).
     The in-place factorization is not differentiable; with autograd on (``K`` or ``y`` requiring
     grad) a plain ``torch.linalg`` path is taken instead.
 
@@ -116,6 +133,14 @@ def solve_krr(
             # two triangular solves: much faster than cholesky_solve for few right-hand sides
             z = torch.linalg.solve_triangular(L, rhs, upper=False)
             alpha = torch.linalg.solve_triangular(L.mT, z, upper=True)[:n]
+            if not differentiable and dtype != torch.float64 and _residual_too_large(K, alpha, b):
+                log.warning(
+                    "KRR solve in %s is numerically useless for n=%d (residual above ||y||); "
+                    "repeating it in float64",
+                    dtype,
+                    n,
+                )
+                alpha = solve_krr(K, b, ridge, solve_dtype=torch.float64, max_tries=1)
             return (alpha if y.ndim == 2 else alpha[:, 0]).to(y.dtype)
     raise KRRSolveError(
         f"Cholesky of K + reg*I failed for n={n} after {max_tries} tries "
