@@ -61,7 +61,7 @@ def main() -> None:
         for ref in a.references:
             pred, fit_s, _ = fit_predict(ref, d, a.seed, torch.get_num_threads(), {}, a.device)
             rmse = float(np.sqrt(np.mean((pred - y_test) ** 2)))
-            row = {"dataset": name, "config": ref, "rmse": rmse, "fit_s": fit_s}
+            row = {"dataset": name, "seed": a.seed, "model": ref, "rmse": rmse, "fit_s": fit_s}
             print(json.dumps(row), flush=True)
             if a.out:
                 with a.out.open("a") as fh:
@@ -84,7 +84,8 @@ def main() -> None:
             rmse = float(np.sqrt(np.mean((pred - y_test) ** 2)))
             row = {
                 "dataset": name,
-                "config": cname,
+                "seed": a.seed,
+                "model": cname,
                 "rmse": rmse,
                 "fit_s": fit_s,
                 "leaves": m.n_leaves,

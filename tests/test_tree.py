@@ -253,3 +253,8 @@ def test_overlap_changes_the_fit_only_through_leaf_rows():
     assert [leaf.support_.shape[0] for leaf in plain.leaves()] == [600, 600]
     assert [leaf.support_.shape[0] for leaf in over.leaves()] == [700, 700]
     torch.testing.assert_close(over.trees[0].split_vectors_, plain.trees[0].split_vectors_)
+    # overlap rows join only the final solve: M, t* and the kernel are learned on the leaf's own
+    # rows, exactly as without overlap
+    for a, b in zip(over.leaves(), plain.leaves()):
+        torch.testing.assert_close(a.sqrt_m_, b.sqrt_m_)
+        assert (int(a.best_iter_), a.kernel.q) == (int(b.best_iter_), b.kernel.q)

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.routing import hard_route
 from xrfm_torch.splits import Split, SplitRule, balanced_split
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class TreeLayout:
         children: Child table, shape (J, 2) (leaf ``l`` encoded as ``-(l + 1)``).
         leaf_train: Per leaf, indices into the training rows.
         leaf_val: Per leaf, indices into the validation rows (routed with the same rule).
+        overlap: Whether ``leaf_train`` includes overlap rows (rows routed to another leaf).
     """
 
     vectors: Tensor
@@ -39,6 +41,7 @@ class TreeLayout:
     children: Tensor
     leaf_train: list[Tensor] = field(default_factory=list)
     leaf_val: list[Tensor] = field(default_factory=list)
+    overlap: bool = False
 
     @property
     def n_splits(self) -> int:
@@ -152,6 +155,7 @@ def grow_tree(
         return node
 
     grow(torch.arange(X.shape[0], device=X.device), torch.arange(X_val.shape[0], device=X.device))
+    layout.overlap = overlap_fraction > 0 and bool(thresholds)
     if thresholds:
         layout.vectors = torch.stack(vectors)
         layout.thresholds = torch.tensor(thresholds, dtype=X.dtype, device=X.device)
@@ -207,21 +211,32 @@ def fit_leaves(
     leaf's held-out rows; otherwise the routed ``X_val`` rows. After a split, a leaf short of
     validation rows borrows training rows (:func:`borrow_validation_rows`).
 
+    Overlap rows (training rows of a leaf that the thresholds route elsewhere) join only the final
+    solve: ``M``, ``t*`` and the kernel are learned on the rows the leaf will predict for, so the
+    overlap costs one larger solve per leaf instead of larger iterations.
+
     Returns:
         The leaves, and per leaf the training-row indices of its final solve, or ``None`` when the
-        leaf already saw them all. That solve adds the rows taken from training for validation
-        (with ``refit_borrowed``) and the rows left out of an ``iter_rows`` subsample, so a leaf
-        never pays for two extra solves.
+        leaf already saw them all. That solve adds the overlap rows, the rows taken from training
+        for validation (with ``refit_borrowed``) and the rows left out of an ``iter_rows``
+        subsample, so a leaf never pays for two extra solves.
     """
     leaves: list[LeafRFM] = []
     refit: list[Tensor | None] = []
-    for rows, va in zip(layout.leaf_train, layout.leaf_val):
+    for index, (rows, va) in enumerate(zip(layout.leaf_train, layout.leaf_val)):
         if holdout is not None:
             tr, held = rows[~holdout[rows]], rows[holdout[rows]]
             Xv, yv = X[held], y[held]
         else:
             tr = rows
             Xv, yv = X_val[va], y_val[va]
+        extra = tr[:0]
+        if layout.overlap:
+            own = hard_route(X[tr], layout.vectors, layout.thresholds, layout.children) == index
+            # a child's own rows are at least half of it (overlap_fraction <= 0.4); fewer means
+            # ties at a threshold (e.g. duplicated rows), where routing and the rank cut disagree
+            if 2 * int(own.sum()) >= tr.shape[0]:
+                tr, extra = tr[own], tr[~own]
         if layout.n_splits > 0:
             tr, borrowed = borrow_validation_rows(
                 tr,
@@ -239,7 +254,7 @@ def fit_leaves(
         leaves.append(leaf)
         if progress is not None:
             progress(tree_index, len(leaves), len(layout.leaf_train))
-        final = rows if refit_borrowed else tr
+        final = rows if refit_borrowed else torch.cat([tr, extra])
         refit.append(final if leaf.support_.shape[0] < final.shape[0] else None)
         log.debug(
             "leaf %d: %d train / %d val rows, t*=%d, bandwidth %.4g",
