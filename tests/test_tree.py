@@ -218,8 +218,8 @@ def first_feature_median(X, y, X_val, y_val, *, kernel, generator):
         # children are leaves: 10 % overlap each way, capped so a leaf stays <= L_max
         (100, 60, [range(0, 60), range(40, 100)]),
         (100, 55, [range(0, 55), range(45, 100)]),
-        # root children (100 + 20 rows) split again; their children are leaves of exactly 60
-        (200, 60, [range(0, 60), range(60, 120), range(80, 140), range(140, 200)]),
+        # inner nodes get no overlap (it would compound), only the splits into leaves
+        (200, 60, [range(0, 60), range(40, 100), range(100, 160), range(140, 200)]),
     ],
 )
 def test_overlap_adds_the_rows_nearest_the_cut(n, max_leaf_size, expected):

@@ -68,11 +68,13 @@ def _cut(proj: Tensor, split: Split) -> tuple[Tensor, Tensor, float]:
 def _overlap(
     proj: Tensor, left: Tensor, right: Tensor, fraction: float, max_leaf_size: int
 ) -> tuple[Tensor, Tensor]:
-    """Add to each side the other side's rows nearest the cut (see ``overlap_fraction``)."""
-    n = proj.shape[0]
-    extra = math.floor(fraction * n)
-    if max(left.shape[0], right.shape[0]) <= max_leaf_size:  # children are leaves: stay <= L_max
-        extra = min(extra, max_leaf_size - max(left.shape[0], right.shape[0]))
+    """Add to each side the other side's rows nearest the cut (see ``overlap_fraction``).
+
+    Only at a node whose children are leaves: overlap at inner nodes would compound (each level
+    1 + 2 * fraction times the rows), adding leaves and breaking the linear growth in n.
+    """
+    biggest = max(left.shape[0], right.shape[0])
+    extra = min(math.floor(fraction * proj.shape[0]), max_leaf_size - biggest)
     if extra <= 0:
         return left, right
     # stable sorts: ties broken by position, so the same data give the same leaves
@@ -104,10 +106,11 @@ def grow_tree(
         split_rule: Strategy choosing each node's direction (and possibly threshold).
         kernel: Kernel prototype handed to the split rule.
         generator: Random generator for split-model subsamples.
-        overlap_fraction: Each child also gets the ``floor(overlap_fraction * n)`` training rows of
-            the other side nearest the threshold (the reference's ``overlap_fraction``), capped so
-            that children which are leaves stay within ``max_leaf_size``: overlap adds rows near
-            the boundary, never depth. Validation rows are routed without overlap.
+        overlap_fraction: At a node whose children are leaves, each child also gets the
+            ``floor(overlap_fraction * n)`` training rows of the other side nearest the threshold
+            (the reference's ``overlap_fraction``, which applies it at every node), capped so that
+            leaves stay within ``max_leaf_size``: overlap adds rows near the last cut, never
+            leaves or depth. Validation rows are routed without overlap.
 
     Returns:
         The layout; leaves are numbered in depth-first, left-first order.

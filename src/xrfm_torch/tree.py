@@ -65,10 +65,10 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             benchmark datasets it lowers test RMSE by 1-2 % on six of them (3 seeds), picking
             ``q = 0.7`` (wine, Ailerons) or ``1.5`` (Bike, elevators).
         split_rule: Split strategy (default :class:`~xrfm_torch.splits.AGOPSplit`).
-        overlap_fraction: At each split, each child also trains on this share of the node's rows
-            from the other side, those nearest the threshold; capped so leaves stay within
-            ``max_leaf_size`` (routing is unchanged; the reference's ``overlap_fraction``, 0.1 in
-            its recommended configuration). Leaves near a cut see the data on both sides of it.
+        overlap_fraction: At each split into two leaves, each leaf's final solve also gets this
+            share of the node's rows from the other side, those nearest the threshold; capped so
+            leaves stay within ``max_leaf_size`` (routing is unchanged; the reference's
+            ``overlap_fraction``, 0.1 in its recommended configuration, applied at every node).
         n_trees: Number of trees averaged (trees differ through the split-model subsamples).
         temperature: Soft-routing temperature; ``None`` tunes it on validation data over
             ``temperature_grid`` (0 = hard routing is always a candidate), ``0`` forces hard routing.
