@@ -49,6 +49,15 @@ def main() -> None:
     if a.datasets:
         files = [f for f in files if f.name.removesuffix(".csv.gz") in a.datasets]
     table: dict[str, dict[str, float]] = {}
+
+    def record(row: dict) -> None:
+        """Print a fit's JSON line, append it to --out, keep its RMSE for the table."""
+        print(json.dumps(row), flush=True)
+        if a.out:
+            with a.out.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+        table.setdefault(row["dataset"], {})[row["model"]] = row["rmse"]
+
     for f in files:
         name = f.name.removesuffix(".csv.gz")
         X, y, names = read_csv(f, "target")
@@ -61,12 +70,7 @@ def main() -> None:
         for ref in a.references:
             pred, fit_s, _ = fit_predict(ref, d, a.seed, torch.get_num_threads(), {}, a.device)
             rmse = float(np.sqrt(np.mean((pred - y_test) ** 2)))
-            row = {"dataset": name, "seed": a.seed, "model": ref, "rmse": rmse, "fit_s": fit_s}
-            print(json.dumps(row), flush=True)
-            if a.out:
-                with a.out.open("a") as fh:
-                    fh.write(json.dumps(row) + "\n")
-            table.setdefault(name, {})[ref] = rmse
+            record({"dataset": name, "seed": a.seed, "model": ref, "rmse": rmse, "fit_s": fit_s})
         for cname, opts in configs.items():
             s = time.perf_counter()
             m = xRFMTree.from_config(opts).fit(
@@ -96,11 +100,7 @@ def main() -> None:
                 "bandwidth": [round(leaf.bandwidth, 3) for leaf in m.leaves()],
                 "temperature": float(m.temperature_),
             }
-            print(json.dumps(row), flush=True)
-            if a.out:
-                with a.out.open("a") as fh:
-                    fh.write(json.dumps(row) + "\n")
-            table.setdefault(name, {})[cname] = rmse
+            record(row)
     names_c = list(configs) + list(a.references)
     print("| dataset | " + " | ".join(names_c) + " |")
     print("|---" * (len(names_c) + 1) + "|")

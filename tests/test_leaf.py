@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -271,9 +272,12 @@ def test_kernel_selection_is_the_validation_argmin_and_matches_kernel_ridge():
     torch.testing.assert_close(fresh(Xv), leaf(Xv))
 
 
-def test_kernel_exponents_above_p_are_skipped():
+def test_kernel_exponents_above_p_are_skipped(caplog):
     X, y = planted(200, d=3, dtype=torch.float64)
     Xv, yv = planted(60, d=3, seed=2, dtype=torch.float64)
     leaf = LeafRFM(ProductLaplaceKernel(), n_iters=1, kernel_exponents=[0.5, 1.5, 2.0])
-    leaf.fit(X, y, Xv, yv)
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf"):
+        leaf.fit(X, y, Xv, yv)
+    tried = [m for m in caplog.messages if " q " in m]
+    assert len(tried) == 1 and " q 0.5 " in tried[0]  # only 0.5 competes with the kernel's q = 1
     assert leaf.kernel.q in (0.5, 1.0)

@@ -397,9 +397,7 @@ class LeafRFM(ResizableBuffers):
         X = as_float_matrix(X, "X", n_features=self.support_.shape[1])
         y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
         xs = transform(X, self.sqrt_m_)
-        R = self.kernel.distance(
-            xs, xs
-        )  # (n, n); the kernel overwrites it: one n x n buffer, not two
+        R = self.kernel.distance(xs, xs)  # (n, n); the kernel values overwrite it: one buffer
         K = self.kernel.from_distance(R, out=R)
         self.alpha_ = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype)
         self.support_ = X.detach().clone()
