@@ -98,6 +98,7 @@ def main() -> None:
                 "rows": [leaf.support_.shape[0] for leaf in m.leaves()],
                 "q": [leaf.kernel.q for leaf in m.leaves()],
                 "bandwidth": [round(leaf.bandwidth, 3) for leaf in m.leaves()],
+                "reg": [float(leaf.reg_) for leaf in m.leaves()],
                 "temperature": float(m.temperature_),
             }
             record(row)

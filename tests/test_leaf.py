@@ -219,6 +219,7 @@ def test_bad_input(call, exc, match):
         ({"iter_rows": 2.5}, "iter_rows"),
         ({"kernel_exponents": [1.0, 0.0]}, "kernel_exponents"),
         ({"bandwidth_factors": [-2.0]}, "bandwidth_factors"),
+        ({"reg_factors": [10.0, 0.0]}, "reg_factors"),
     ],
 )
 def test_bad_arguments(kwargs, match):
@@ -233,15 +234,17 @@ def test_wrong_dtype_at_predict_is_named():
         leaf(X.double())
 
 
-def krr_val_mse(leaf, X, y, Xv, yv, q, bandwidth):
-    """Validation MSE of sklearn KernelRidge with the leaf's M, at exponent q and this bandwidth."""
+def krr_val_mse(leaf, X, y, Xv, yv, q, bandwidth, reg=None):
+    """Validation MSE of sklearn KernelRidge with the leaf's M, at exponent q, bandwidth, ridge."""
     xs, xv = transform(X, leaf.sqrt_m_).numpy(), transform(Xv, leaf.sqrt_m_).numpy()
 
     def gram(a, b):
         r = np.sqrt(((a[:, None, :] - b[None, :, :]) ** 2).sum(-1))
         return np.exp(-((r / bandwidth) ** q))
 
-    ref = KernelRidge(alpha=leaf.reg, kernel="precomputed").fit(gram(xs, xs), y.numpy())
+    ref = KernelRidge(alpha=leaf.reg if reg is None else reg, kernel="precomputed").fit(
+        gram(xs, xs), y.numpy()
+    )
     pred = ref.predict(gram(xv, xs))
     return float(((pred - yv.numpy()) ** 2).mean()), torch.from_numpy(pred)
 
@@ -270,6 +273,39 @@ def test_kernel_selection_is_the_validation_argmin_and_matches_kernel_ridge():
     fresh.load_state_dict(leaf.state_dict())
     assert fresh.kernel.q == chosen[0]
     torch.testing.assert_close(fresh(Xv), leaf(Xv))
+
+
+def test_reg_selection_follows_the_kernel_choice_and_is_kept_by_refit():
+    # strong noise: a larger ridge must win on validation data
+    X, y = planted(300, d=4, dtype=torch.float64, noise=1.0)
+    Xv, yv = planted(150, d=4, seed=5, dtype=torch.float64, noise=1.0)
+    leaf = LeafRFM(
+        LaplaceKernel(bandwidth=3.0),
+        n_iters=1,
+        reg=1e-3,
+        kernel_exponents=[1.5],
+        reg_factors=[10.0, 100.0, 1000.0],
+    ).fit(X, y, Xv, yv)
+    q = leaf.kernel.q
+    q_errs = {e: krr_val_mse(leaf, X, y, Xv, yv, e, 3.0)[0] for e in (1.0, 1.5)}
+    assert q == min(q_errs, key=q_errs.get)  # the exponent is chosen at the base ridge
+    regs = [1e-3 * f for f in (1.0, 10.0, 100.0, 1000.0)]
+    errs = {r: krr_val_mse(leaf, X, y, Xv, yv, q, 3.0, reg=r)[0] for r in regs}
+    chosen = float(leaf.reg_)
+    assert chosen == pytest.approx(min(errs, key=errs.get), rel=1e-12)
+    assert chosen > 1e-3
+    _, pred = krr_val_mse(leaf, X, y, Xv, yv, q, 3.0, reg=chosen)
+    torch.testing.assert_close(leaf(Xv)[:, 0], pred, rtol=0, atol=1e-8)
+    # refit on more rows solves with the selected ridge, and the ridge is in the state dict
+    X2, y2 = torch.cat([X, Xv]), torch.cat([y, yv])
+    leaf.refit(X2, y2)
+    _, pred2 = krr_val_mse(leaf, X2, y2, Xv, yv, q, 3.0, reg=chosen)
+    torch.testing.assert_close(leaf(Xv)[:, 0], pred2, rtol=0, atol=1e-8)
+    fresh = LeafRFM(LaplaceKernel(bandwidth=3.0))
+    fresh.load_state_dict(leaf.state_dict())
+    assert float(fresh.reg_) == chosen
+    # without reg_factors the ridge is the constructor's
+    assert float(LeafRFM(reg=0.5).fit(X, y, Xv, yv).reg_) == 0.5
 
 
 def test_kernel_exponents_above_p_are_skipped(caplog):

@@ -35,6 +35,7 @@ class _Candidate:
     sqrt_m: Tensor | None
     bandwidth: float
     q: float
+    reg: float
 
 
 class LeafRFM(ResizableBuffers):
@@ -77,10 +78,14 @@ class LeafRFM(ResizableBuffers):
             competes with the kernel's own ``q`` (values above the kernel's ``p`` are skipped). One
             solve per candidate pair ``(q, factor)``, the distance matrix computed once; the
             iterations themselves (``M``, ``t*``) use the kernel's own ``q`` and bandwidth.
+        reg_factors: Likewise for the ridge: multiples of ``reg`` tried for the selected ``M`` and
+            kernel (after the exponent and bandwidth choice, one solve each). The chosen value is
+            ``reg_`` and is used by :meth:`refit`.
 
     Buffers (after ``fit``):
         ``support_`` (n, d), ``alpha_`` (n, c), ``sqrt_m_`` (d,) or (d, d), ``best_iter_`` (),
-        ``val_errors_`` (tau + 1,) with NaN for iterations not run; the bandwidth is ``kernel.bandwidth``.
+        ``val_errors_`` (tau + 1,) with NaN for iterations not run, ``reg_`` () the ridge in use;
+        the bandwidth is ``kernel.bandwidth``.
     """
 
     support_: Tensor
@@ -88,6 +93,7 @@ class LeafRFM(ResizableBuffers):
     sqrt_m_: Tensor
     best_iter_: Tensor
     val_errors_: Tensor
+    reg_: Tensor
 
     def __init__(
         self,
@@ -107,6 +113,7 @@ class LeafRFM(ResizableBuffers):
         iter_rows: int | None = None,
         bandwidth_factors: Sequence[float] | None = None,
         kernel_exponents: Sequence[float] | None = None,
+        reg_factors: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         if int(n_iters) != n_iters or n_iters < 0:
@@ -156,11 +163,17 @@ class LeafRFM(ResizableBuffers):
             if kernel_exponents is None
             else tuple(check_positive(q, "kernel_exponents entry") for q in kernel_exponents)
         )
+        self.reg_factors = (
+            None
+            if reg_factors is None
+            else tuple(check_positive(f, "reg_factors entry") for f in reg_factors)
+        )
         self.register_buffer("support_", torch.empty(0, 0))
         self.register_buffer("alpha_", torch.empty(0, 0))
         self.register_buffer("sqrt_m_", torch.empty(0))
         self.register_buffer("best_iter_", torch.tensor(-1))
         self.register_buffer("val_errors_", torch.empty(0))
+        self.register_buffer("reg_", torch.tensor(self.reg, dtype=torch.float64))
 
     # ---- state ---------------------------------------------------------------------------------
     @property
@@ -266,6 +279,7 @@ class LeafRFM(ResizableBuffers):
                 sqrt_m,
                 float(kernel.bandwidth),
                 kernel.q,
+                self.reg,
             )
             if not (agop and math.isfinite(cand.err)):
                 return cand, None
@@ -327,7 +341,7 @@ class LeafRFM(ResizableBuffers):
             )
         self.val_errors_ = errors.to(X.device)
         self._chosen_diag = mode if mode is not None else True
-        if self.bandwidth_factors or self.kernel_exponents:
+        if self.bandwidth_factors or self.kernel_exponents or self.reg_factors:
             best = self._select_kernel(X, y, X_val, y_val, best, R, K, F)
         return best
 
@@ -342,31 +356,48 @@ class LeafRFM(ResizableBuffers):
         K: Tensor,
         F: Tensor,
     ) -> _Candidate:
-        """Re-solve the selected ``M`` for each (exponent, bandwidth factor); keep the best."""
+        """Re-solve the selected ``M`` for each (exponent, bandwidth factor), then each ridge factor.
+
+        The ridge comes second (coordinate search): ``|exponents| * |factors| + |reg_factors|``
+        solves instead of the product, and ``K`` is then the chosen kernel's, built once.
+        """
         kernel, base, q0 = self.kernel, best.bandwidth, best.q
         xs, xv = transform(X, best.sqrt_m), transform(X_val, best.sqrt_m)
-        kernel.distance(xs, xs, out=R)  # (n, n), shared by every factor
+        kernel.distance(xs, xs, out=R)  # (n, n), shared by every candidate
         exponents = {q0, *(q for q in self.kernel_exponents or () if q <= kernel.p)}
         factors = sorted({1.0, *(self.bandwidth_factors or ())})
-        grid = [(q, f) for q in sorted(exponents) for f in factors]
-        for q, f in grid:
-            if f == 1.0 and q == q0:
-                continue
+        grid = [(q, base * f) for q in sorted(exponents) for f in factors if (q, f) != (q0, 1.0)]
+
+        def set_kernel(q: float, bandwidth: float) -> None:
             kernel.q = q
-            kernel.bandwidth.fill_(base * f)
-            kernel.from_distance(R, out=K)
-            alpha = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, workspace=F)
+            kernel.bandwidth.fill_(bandwidth)
+            kernel.from_distance(R, out=K)  # solve_krr leaves K intact: reused across ridges
+
+        def consider(reg: float, best: _Candidate) -> _Candidate:
+            alpha = solve_krr(K, y, reg, solve_dtype=self.solve_dtype, workspace=F)
             err = float(((kernel.predict(xv, xs, alpha) - y_val) ** 2).mean())
+            q, bandwidth = kernel.q, float(kernel.bandwidth)
             log.debug(
-                "leaf n=%d q %.3g bandwidth %.4g: val mse %.6g (best %.6g)",
+                "leaf n=%d q %.3g bandwidth %.4g reg %.3g: val mse %.6g (best %.6g)",
                 X.shape[0],
                 q,
-                base * f,
+                bandwidth,
+                reg,
                 err,
                 best.err,
             )
             if math.isfinite(err) and err < best.err:
-                best = _Candidate(err, best.t, alpha, best.sqrt_m, base * f, q)
+                return _Candidate(err, best.t, alpha, best.sqrt_m, bandwidth, q, reg)
+            return best
+
+        for q, bandwidth in grid:
+            set_kernel(q, bandwidth)
+            best = consider(self.reg, best)
+        regs = sorted(self.reg * r for r in set(self.reg_factors or ()) - {1.0})
+        if regs:
+            set_kernel(best.q, best.bandwidth)
+            for reg in regs:
+                best = consider(reg, best)
         kernel.bandwidth.fill_(best.bandwidth)
         kernel.q = best.q
         return best
@@ -380,6 +411,7 @@ class LeafRFM(ResizableBuffers):
         self.kernel.bandwidth.fill_(best.bandwidth)
         self.support_ = X.detach().clone()
         self.alpha_ = best.alpha.detach()
+        self.reg_ = torch.tensor(best.reg, dtype=torch.float64, device=X.device)
         self.sqrt_m_ = sqrt_m.detach().to(device=X.device, dtype=X.dtype)
         self.best_iter_ = torch.tensor(best.t, device=X.device)
 
@@ -399,7 +431,7 @@ class LeafRFM(ResizableBuffers):
         xs = transform(X, self.sqrt_m_)
         R = self.kernel.distance(xs, xs)  # (n, n); the kernel values overwrite it: one buffer
         K = self.kernel.from_distance(R, out=R)
-        self.alpha_ = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype)
+        self.alpha_ = solve_krr(K, y, float(self.reg_), solve_dtype=self.solve_dtype)
         self.support_ = X.detach().clone()
         return self
 

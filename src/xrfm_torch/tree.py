@@ -64,6 +64,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             competes; ``None``: fixed). Two extra solves per leaf with the default; on the 10
             benchmark datasets it lowers test RMSE by 1-2 % on wine, Ailerons, Bike and house_sales
             (each of 3 seeds) and by 0-1.2 % on elevators; Brazilian_houses loses on 2 of 3.
+        reg_factors: Then each leaf tries these multiples of ``reg`` for the chosen kernel (one
+            solve each; ``None``: fixed ridge).
         split_rule: Split strategy (default :class:`~xrfm_torch.splits.AGOPSplit`).
         overlap_fraction: At each split into two leaves, each leaf's final solve also gets this
             share of the node's rows from the other side, those nearest the threshold; capped so
@@ -113,6 +115,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         iter_rows: int | None = None,
         bandwidth_factors: Sequence[float] | None = None,
         kernel_exponents: Sequence[float] | None = (0.7, 1.0, 1.5),
+        reg_factors: Sequence[float] | None = None,
         split_rule: SplitRule | None = None,
         overlap_fraction: float = 0.1,
         n_trees: int = 1,
@@ -161,6 +164,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             "iter_rows": iter_rows,
             "bandwidth_factors": bandwidth_factors,
             "kernel_exponents": kernel_exponents,
+            "reg_factors": reg_factors,
         }
         self.new_leaf()  # validates the leaf arguments now, not at fit time
         self.split_rule: SplitRule = AGOPSplit() if split_rule is None else split_rule
