@@ -275,25 +275,40 @@ def test_kernel_selection_is_the_validation_argmin_and_matches_kernel_ridge():
     torch.testing.assert_close(fresh(Xv), leaf(Xv))
 
 
-def test_reg_selection_follows_the_kernel_choice_and_is_kept_by_refit():
+def test_reg_search_walks_up_from_reg_and_refit_keeps_the_choice(caplog):
     # strong noise: a larger ridge must win on validation data
     X, y = planted(300, d=4, dtype=torch.float64, noise=1.0)
     Xv, yv = planted(150, d=4, seed=5, dtype=torch.float64, noise=1.0)
+    factors = [0.1, 10.0, 100.0, 1e3, 1e4, 1e5]
     leaf = LeafRFM(
         LaplaceKernel(bandwidth=3.0),
         n_iters=1,
         reg=1e-3,
         kernel_exponents=[1.5],
-        reg_factors=[10.0, 100.0, 1000.0],
-    ).fit(X, y, Xv, yv)
+        reg_factors=factors,
+    )
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf"):
+        leaf.fit(X, y, Xv, yv)
     q = leaf.kernel.q
     q_errs = {e: krr_val_mse(leaf, X, y, Xv, yv, e, 3.0)[0] for e in (1.0, 1.5)}
     assert q == min(q_errs, key=q_errs.get)  # the exponent is chosen at the base ridge
-    regs = [1e-3 * f for f in (1.0, 10.0, 100.0, 1000.0)]
+    regs = [1e-3 * f for f in [1.0, *factors]]
     errs = {r: krr_val_mse(leaf, X, y, Xv, yv, q, 3.0, reg=r)[0] for r in regs}
     chosen = float(leaf.reg_)
     assert chosen == pytest.approx(min(errs, key=errs.get), rel=1e-12)
-    assert chosen > 1e-3
+    assert 1e-2 <= chosen < 1e2  # an interior optimum: the walk stops before the ladder's end
+    # the walk: upwards from 1e-3 up to the first ridge that does not lower the error, no further,
+    # and never downwards (its first step improved)
+    tried = [float(m.split(" reg ")[1].split(":")[0]) for m in caplog.messages if " reg " in m]
+    up = sorted(r for r in regs if r > 1e-3)
+    expected, current = [], 1e-3
+    for r in up:
+        expected.append(r)
+        if errs[r] >= errs[current]:
+            break
+        current = r
+    assert tried[1:] == pytest.approx(expected, rel=1e-2)  # tried[0]: the q = 1.5 candidate
+    assert len(expected) < len(up)
     _, pred = krr_val_mse(leaf, X, y, Xv, yv, q, 3.0, reg=chosen)
     torch.testing.assert_close(leaf(Xv)[:, 0], pred, rtol=0, atol=1e-8)
     # refit on more rows solves with the selected ridge, and the ridge is in the state dict
@@ -304,6 +319,16 @@ def test_reg_selection_follows_the_kernel_choice_and_is_kept_by_refit():
     fresh = LeafRFM(LaplaceKernel(bandwidth=3.0))
     fresh.load_state_dict(leaf.state_dict())
     assert float(fresh.reg_) == chosen
+    # noise-free target and a large ridge: the step up fails, so the walk goes down
+    Xc, yc = planted(300, d=4, dtype=torch.float64)
+    Xcv, ycv = planted(150, d=4, seed=5, dtype=torch.float64)
+    caplog.clear()
+    down = LeafRFM(LaplaceKernel(bandwidth=3.0), n_iters=0, reg=1.0, reg_factors=[1e-2, 0.1, 10.0])
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf"):
+        down.fit(Xc, yc, Xcv, ycv)
+    tried = [float(m.split(" reg ")[1].split(":")[0]) for m in caplog.messages if " reg " in m]
+    assert tried[0] == pytest.approx(10.0) and tried[1] == pytest.approx(0.1)
+    assert float(down.reg_) < 1.0
     # without reg_factors the ridge is the constructor's
     assert float(LeafRFM(reg=0.5).fit(X, y, Xv, yv).reg_) == 0.5
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -78,9 +78,10 @@ class LeafRFM(ResizableBuffers):
             competes with the kernel's own ``q`` (values above the kernel's ``p`` are skipped). One
             solve per candidate pair ``(q, factor)``, the distance matrix computed once; the
             iterations themselves (``M``, ``t*``) use the kernel's own ``q`` and bandwidth.
-        reg_factors: Likewise for the ridge: multiples of ``reg`` tried for the selected ``M`` and
-            kernel (after the exponent and bandwidth choice, one solve each). The chosen value is
-            ``reg_`` and is used by :meth:`refit`.
+        reg_factors: Likewise for the ridge: multiples of ``reg`` for the selected ``M`` and kernel
+            (after the exponent and bandwidth choice), searched from ``reg`` outwards while the
+            validation error falls (upwards first). The chosen value is ``reg_``, used by
+            :meth:`refit`.
 
     Buffers (after ``fit``):
         ``support_`` (n, d), ``alpha_`` (n, c), ``sqrt_m_`` (d,) or (d, d), ``best_iter_`` (),
@@ -356,10 +357,10 @@ class LeafRFM(ResizableBuffers):
         K: Tensor,
         F: Tensor,
     ) -> _Candidate:
-        """Re-solve the selected ``M`` for each (exponent, bandwidth factor), then each ridge factor.
+        """Re-solve the selected ``M`` for each (exponent, bandwidth factor), then search the ridge.
 
-        The ridge comes second (coordinate search): ``|exponents| * |factors| + |reg_factors|``
-        solves instead of the product, and ``K`` is then the chosen kernel's, built once.
+        The ridge comes second (coordinate search, :meth:`_search_reg`) for the chosen kernel, whose
+        ``K`` is built once for all ridge candidates.
         """
         kernel, base, q0 = self.kernel, best.bandwidth, best.q
         xs, xv = transform(X, best.sqrt_m), transform(X_val, best.sqrt_m)
@@ -393,13 +394,32 @@ class LeafRFM(ResizableBuffers):
         for q, bandwidth in grid:
             set_kernel(q, bandwidth)
             best = consider(self.reg, best)
-        regs = sorted(self.reg * r for r in set(self.reg_factors or ()) - {1.0})
-        if regs:
+        if self.reg_factors:
             set_kernel(best.q, best.bandwidth)
-            for reg in regs:
-                best = consider(reg, best)
+            best = self._search_reg(best, consider)
         kernel.bandwidth.fill_(best.bandwidth)
         kernel.q = best.q
+        return best
+
+    def _search_reg(
+        self, best: _Candidate, consider: Callable[[float, _Candidate], _Candidate]
+    ) -> _Candidate:
+        """Walk the ladder ``sorted({1, *reg_factors})`` away from ``reg`` while the error falls.
+
+        First upwards, and downwards only if the first step up did not help: the validation error
+        is usually unimodal in the ridge, so a leaf pays one or two solves, not one per factor.
+        """
+        ladder = sorted({1.0, *(self.reg_factors or ())})
+        start = ladder.index(1.0)
+        for step in (1, -1):
+            i, moved = start + step, False
+            while 0 <= i < len(ladder):
+                candidate = consider(self.reg * ladder[i], best)
+                if candidate is best:
+                    break
+                best, moved, i = candidate, True, i + step
+            if moved:
+                break
         return best
 
     def _store(self, X: Tensor, best: _Candidate) -> None:
