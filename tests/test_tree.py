@@ -122,6 +122,7 @@ def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_
     kw = {"max_leaf_size": 600, "n_iters": 1, "min_leaf_val": 100, "temperature": 0.0}
     model = xRFMTree(iter_rows=250, refit_borrowed=refit_borrowed, **kw)
     model.fit(X, y, Xv, yv, generator=seeded())
+    assert any(float(leaf.reg_) != 1e-3 for leaf in model.leaves())  # the ridge search moved
     plain = xRFMTree(refit_borrowed=refit_borrowed, **kw).fit(X, y, Xv, yv, generator=seeded())
     sizes = [leaf.support_.shape[0] for leaf in model.leaves()]
     # same leaves as without iter_rows: all routed rows (or those minus the borrowed ones)
@@ -138,10 +139,10 @@ def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_
             assert sorted(src.tolist()) == (ids == lf).nonzero().squeeze(1).tolist()
         else:  # the borrowed rows are left out of the final solve
             assert len(src) < int((ids == lf).sum())
-        # the stored alpha solves (K + reg I) alpha = y on the stored rows
+        # the stored alpha solves (K + reg_ I) alpha = y on the stored rows, with the leaf's ridge
         xs = leaf.support_ * leaf.sqrt_m_
         K = leaf.kernel.from_distance(leaf.kernel.distance(xs, xs))
-        rhs = K @ leaf.alpha_ + 1e-3 * leaf.alpha_
+        rhs = K @ leaf.alpha_ + float(leaf.reg_) * leaf.alpha_
         torch.testing.assert_close(rhs[:, 0], y[src], rtol=0, atol=1e-6)
 
 
