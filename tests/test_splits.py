@@ -105,3 +105,34 @@ def test_agop_split_without_validation_rows():
         generator=torch.Generator().manual_seed(0),
     )
     assert float(split.direction[:2].norm()) > 0.9
+
+
+def test_agop_split_sse_threshold_finds_an_off_median_step():
+    # a step at x0 = 0.5 (the 69th percentile): the AGOP direction is +-e0 and the SSE cut of the
+    # projections lands on the step, where the median cut would be near 0
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(1500, 3, generator=g, dtype=torch.float64)
+    y = (3.0 * (X[:, 0] > 0.5) + 0.05 * torch.randn(1500, generator=g, dtype=torch.float64))[
+        :, None
+    ]
+    rule = AGOPSplit(sample_size=1000, threshold="sse")
+    split = rule(
+        X, y, None, None, kernel=LaplaceKernel(), generator=torch.Generator().manual_seed(0)
+    )
+    v = split.direction
+    assert abs(float(v[0])) > 0.95
+    side = math.copysign(1.0, float(v[0]))
+    assert abs(split.threshold - 0.5 * float(v[0])) < 0.1  # x0 = 0.5 is X @ v = 0.5 v0
+    left = X @ v <= split.threshold
+    assert bool(((X[:, 0] > 0.5) == (left if side < 0 else ~left)).float().mean() > 0.98)
+    median = AGOPSplit(sample_size=1000)(
+        X, y, None, None, kernel=LaplaceKernel(), generator=torch.Generator().manual_seed(0)
+    )
+    assert median.threshold is None and torch.equal(median.direction, v)
+
+
+def test_agop_split_threshold_validated():
+    with pytest.raises(ValueError, match="threshold"):
+        AGOPSplit(threshold="mean")
+    with pytest.raises(ValueError, match="min_child_fraction"):
+        AGOPSplit(threshold="sse", min_child_fraction=0.0)

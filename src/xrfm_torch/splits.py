@@ -81,6 +81,45 @@ def balanced_split(proj: Tensor) -> tuple[Tensor, Tensor, float]:
     return left, right, threshold
 
 
+def sse_cut(X: Tensor, y: Tensor, min_child_fraction: float) -> tuple[int, float] | None:
+    """Best single column and threshold by summed squared error (the CART regression cost).
+
+    ``(j*, t*) = argmin_j argmin_t SSE(y | x_j <= t) + SSE(y | x_j > t)``, summed over outputs, with
+    each side keeping at least ``min_child_fraction`` of the rows and cuts only between distinct
+    values.
+
+    Args:
+        X: Candidate coordinates, shape (n, d) (features, or one projection as (n, 1)).
+        y: Targets, shape (n, c).
+        min_child_fraction: Smallest share of the rows either side may get, in (0, 0.5].
+
+    Returns:
+        ``(j, threshold)`` with the threshold midway between the two values at the cut, or ``None``
+        when no admissible cut exists.
+    """
+    n, d = X.shape
+    xs, order = torch.sort(X, dim=0, stable=True)  # (n, d) per-column order
+    ys = y[order]  # (n, d, c): targets in each column's order
+    csum = ys.cumsum(0)  # (n, d, c)
+    csq = (ys * ys).cumsum(0).sum(-1)  # (n, d)
+    tot, tot_sq = csum[-1], csq[-1]  # (d, c), (d,)
+    k = torch.arange(1, n, device=X.device, dtype=X.dtype)[:, None]  # left sizes (n-1, 1)
+    left_s, left_q = csum[:-1], csq[:-1]
+    sse_left = left_q - (left_s * left_s).sum(-1) / k
+    right_s = tot - left_s
+    sse_right = (tot_sq - left_q) - (right_s * right_s).sum(-1) / (n - k)
+    cost = sse_left + sse_right  # (n-1, d): cut after sorted position i
+    lo = max(1, math.ceil(min_child_fraction * n))
+    valid = torch.zeros(n - 1, d, dtype=torch.bool, device=X.device)
+    valid[lo - 1 : n - lo] = True
+    valid &= xs[1:] > xs[:-1]  # only cut between distinct values
+    if not bool(valid.any()):
+        return None
+    cost = cost.masked_fill(~valid, float("inf"))
+    i, j = divmod(int(cost.argmin()), d)
+    return j, 0.5 * float(xs[i, j] + xs[i + 1, j])
+
+
 @dataclass
 class AGOPSplit:
     """Top eigenvector of the AGOP of a small LeafRFM fitted on a row subsample (the xRFM default).
@@ -91,12 +130,18 @@ class AGOPSplit:
         sample_size: Rows ``N`` of the random subset the split model is fitted on.
         reg: Ridge of the split model.
         diag: Learn a diagonal ``M`` in the split model (its final AGOP is always full).
+        threshold: ``"median"`` (rank-balanced cut) or ``"sse"``: the cut of the projections
+            ``X v`` (all the node's rows) with the lowest summed squared error, each side keeping at
+            least ``min_child_fraction`` of the rows.
+        min_child_fraction: See ``threshold="sse"``.
     """
 
     n_iters: int = 1
     sample_size: int = 4000
     reg: float = 1e-3
     diag: bool = False
+    threshold: str = "median"
+    min_child_fraction: float = 0.25
 
     def __post_init__(self) -> None:
         if self.n_iters < 0:
@@ -104,6 +149,9 @@ class AGOPSplit:
         if self.sample_size < 4:
             raise ValueError(f"sample_size must be >= 4, got {self.sample_size}")
         check_positive(self.reg, "reg", allow_zero=True)
+        if self.threshold not in ("median", "sse"):
+            raise ValueError(f"threshold must be 'median' or 'sse', got {self.threshold!r}")
+        check_fraction(self.min_child_fraction, "min_child_fraction", high=0.5)
 
     def __call__(
         self,
@@ -123,7 +171,11 @@ class AGOPSplit:
             X_val = y_val = None
         model = LeafRFM(kernel, n_iters=self.n_iters, reg=self.reg, diag=self.diag)
         model.fit(X[idx], y[idx], X_val, y_val, generator=generator)
-        return Split(top_eigenvector(model.agop(diag=False)))
+        v = top_eigenvector(model.agop(diag=False))
+        if self.threshold == "median":
+            return Split(v)
+        cut = sse_cut((X @ v.to(X.dtype))[:, None], y, self.min_child_fraction)
+        return Split(v, None if cut is None else cut[1])
 
 
 @dataclass
@@ -189,27 +241,11 @@ class CARTSplit:
         kernel: Kernel,
         generator: torch.Generator | None,
     ) -> Split:
-        n, d = X.shape
-        xs, order = torch.sort(X, dim=0, stable=True)  # (n, d) per-feature order
-        ys = y[order]  # (n, d, c): targets in each feature's order
-        csum = ys.cumsum(0)  # (n, d, c)
-        csq = (ys * ys).cumsum(0).sum(-1)  # (n, d)
-        tot, tot_sq = csum[-1], csq[-1]  # (d, c), (d,)
-        k = torch.arange(1, n, device=X.device, dtype=X.dtype)[:, None]  # left sizes (n-1, 1)
-        left_s, left_q = csum[:-1], csq[:-1]
-        sse_left = left_q - (left_s * left_s).sum(-1) / k
-        right_s = tot - left_s
-        sse_right = (tot_sq - left_q) - (right_s * right_s).sum(-1) / (n - k)
-        cost = sse_left + sse_right  # (n-1, d): cut after sorted position i
-        lo = max(1, math.ceil(self.min_child_fraction * n))
-        valid = torch.zeros(n - 1, d, dtype=torch.bool, device=X.device)
-        valid[lo - 1 : n - lo] = True
-        valid &= xs[1:] > xs[:-1]  # only cut between distinct values
-        if not bool(valid.any()):
+        cut = sse_cut(X, y, self.min_child_fraction)
+        d = X.shape[1]
+        if cut is None:
             return Split(torch.eye(d, dtype=X.dtype, device=X.device)[0])  # caller falls back
-        cost = cost.masked_fill(~valid, float("inf"))
-        flat = int(cost.argmin())
-        i, j = divmod(flat, d)
+        j, threshold = cut
         v = torch.zeros(d, dtype=X.dtype, device=X.device)
         v[j] = 1.0
-        return Split(v, 0.5 * float(xs[i, j] + xs[i + 1, j]))
+        return Split(v, threshold)
