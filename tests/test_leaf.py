@@ -287,7 +287,7 @@ def test_reg_search_walks_up_from_reg_and_refit_keeps_the_choice(caplog):
         kernel_exponents=[1.5],
         reg_factors=factors,
     )
-    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf"):
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.selection"):
         leaf.fit(X, y, Xv, yv)
     q = leaf.kernel.q
     q_errs = {e: krr_val_mse(leaf, X, y, Xv, yv, e, 3.0)[0] for e in (1.0, 1.5)}
@@ -324,7 +324,7 @@ def test_reg_search_walks_up_from_reg_and_refit_keeps_the_choice(caplog):
     Xcv, ycv = planted(150, d=4, seed=5, dtype=torch.float64)
     caplog.clear()
     down = LeafRFM(LaplaceKernel(bandwidth=3.0), n_iters=0, reg=1.0, reg_factors=[1e-2, 0.1, 10.0])
-    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf"):
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.selection"):
         down.fit(Xc, yc, Xcv, ycv)
     tried = [float(m.split(" reg ")[1].split(":")[0]) for m in caplog.messages if " reg " in m]
     assert tried[0] == pytest.approx(10.0) and tried[1] == pytest.approx(0.1)
@@ -337,7 +337,7 @@ def test_kernel_exponents_above_p_are_skipped(caplog):
     X, y = planted(200, d=3, dtype=torch.float64)
     Xv, yv = planted(60, d=3, seed=2, dtype=torch.float64)
     leaf = LeafRFM(ProductLaplaceKernel(), n_iters=1, kernel_exponents=[0.5, 1.5, 2.0])
-    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf"):
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.selection"):
         leaf.fit(X, y, Xv, yv)
     tried = [m for m in caplog.messages if " q " in m]
     assert len(tried) == 1 and " q 0.5 " in tried[0]  # only 0.5 competes with the kernel's q = 1

@@ -5,8 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -21,21 +20,11 @@ from xrfm_torch._state import ResizableBuffers, as_dtype
 from xrfm_torch.agop import agop_from_grads, normalize_agop, sqrt_psd
 from xrfm_torch.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
+from xrfm_torch.selection import Candidate, select_kernel
 from xrfm_torch.solvers import krr_workspace, solve_krr
 from xrfm_torch.validation import fit_data
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Candidate:
-    err: float
-    t: int
-    alpha: Tensor
-    sqrt_m: Tensor | None
-    bandwidth: float
-    q: float
-    reg: float
 
 
 class LeafRFM(ResizableBuffers):
@@ -249,7 +238,7 @@ class LeafRFM(ResizableBuffers):
         X_val: Tensor,
         y_val: Tensor,
         generator: torch.Generator | None,
-    ) -> _Candidate:
+    ) -> Candidate:
         kernel = self.kernel
         kernel.q = self._kernel_start[0]
         kernel.bandwidth.fill_(self._kernel_start[1])
@@ -262,7 +251,7 @@ class LeafRFM(ResizableBuffers):
 
         def fit_at(
             sqrt_m: Tensor | None, agop: bool, diag: bool
-        ) -> tuple[_Candidate, Tensor | None]:
+        ) -> tuple[Candidate, Tensor | None]:
             """One KRR fit in the M-space of ``sqrt_m`` (+ its AGOP, computed while K is at hand)."""
             xs = transform(X, sqrt_m)
             if self.adaptive_bandwidth is not None:
@@ -273,7 +262,7 @@ class LeafRFM(ResizableBuffers):
             kernel.from_distance(R, out=K)  # (n, n)
             alpha = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, workspace=F)
             pred = kernel.predict(transform(X_val, sqrt_m), xs, alpha)  # (n_val, c)
-            cand = _Candidate(
+            cand = Candidate(
                 float(((pred - y_val) ** 2).mean()),
                 -1,
                 alpha,
@@ -299,7 +288,7 @@ class LeafRFM(ResizableBuffers):
         # "auto" decides diag vs full at t = 1 (both are fitted from the full G_0; the one with the
         # lower validation error continues), so it costs one extra solve, not twice the iterations.
         mode: bool | None = None if self.diag == "auto" else bool(self.diag)
-        best: _Candidate | None = None
+        best: Candidate | None = None
         t_gain = 0  # last iteration that improved the best error by more than tol
         G: Tensor | None = None
         for t in range(tau + 1):
@@ -343,86 +332,23 @@ class LeafRFM(ResizableBuffers):
         self.val_errors_ = errors.to(X.device)
         self._chosen_diag = mode if mode is not None else True
         if self.bandwidth_factors or self.kernel_exponents or self.reg_factors:
-            best = self._select_kernel(X, y, X_val, y_val, best, R, K, F)
-        return best
-
-    def _select_kernel(
-        self,
-        X: Tensor,
-        y: Tensor,
-        X_val: Tensor,
-        y_val: Tensor,
-        best: _Candidate,
-        R: Tensor,
-        K: Tensor,
-        F: Tensor,
-    ) -> _Candidate:
-        """Re-solve the selected ``M`` for each (exponent, bandwidth factor), then search the ridge.
-
-        The ridge comes second (coordinate search, :meth:`_search_reg`) for the chosen kernel, whose
-        ``K`` is built once for all ridge candidates.
-        """
-        kernel, base, q0 = self.kernel, best.bandwidth, best.q
-        xs, xv = transform(X, best.sqrt_m), transform(X_val, best.sqrt_m)
-        kernel.distance(xs, xs, out=R)  # (n, n), shared by every candidate
-        exponents = {q0, *(q for q in self.kernel_exponents or () if q <= kernel.p)}
-        factors = sorted({1.0, *(self.bandwidth_factors or ())})
-        grid = [(q, base * f) for q in sorted(exponents) for f in factors if (q, f) != (q0, 1.0)]
-
-        def set_kernel(q: float, bandwidth: float) -> None:
-            kernel.q = q
-            kernel.bandwidth.fill_(bandwidth)
-            kernel.from_distance(R, out=K)  # solve_krr leaves K intact: reused across ridges
-
-        def consider(reg: float, best: _Candidate) -> _Candidate:
-            alpha = solve_krr(K, y, reg, solve_dtype=self.solve_dtype, workspace=F)
-            err = float(((kernel.predict(xv, xs, alpha) - y_val) ** 2).mean())
-            q, bandwidth = kernel.q, float(kernel.bandwidth)
-            log.debug(
-                "leaf n=%d q %.3g bandwidth %.4g reg %.3g: val mse %.6g (best %.6g)",
-                X.shape[0],
-                q,
-                bandwidth,
-                reg,
-                err,
-                best.err,
+            best = select_kernel(
+                kernel,
+                X,
+                y,
+                X_val,
+                y_val,
+                best,
+                (R, K, F),
+                exponents=self.kernel_exponents,
+                bandwidth_factors=self.bandwidth_factors,
+                reg=self.reg,
+                reg_factors=self.reg_factors,
+                solve_dtype=self.solve_dtype,
             )
-            if math.isfinite(err) and err < best.err:
-                return _Candidate(err, best.t, alpha, best.sqrt_m, bandwidth, q, reg)
-            return best
-
-        for q, bandwidth in grid:
-            set_kernel(q, bandwidth)
-            best = consider(self.reg, best)
-        if self.reg_factors:
-            set_kernel(best.q, best.bandwidth)
-            best = self._search_reg(best, consider)
-        kernel.bandwidth.fill_(best.bandwidth)
-        kernel.q = best.q
         return best
 
-    def _search_reg(
-        self, best: _Candidate, consider: Callable[[float, _Candidate], _Candidate]
-    ) -> _Candidate:
-        """Walk the ladder ``sorted({1, *reg_factors})`` away from ``reg`` while the error falls.
-
-        First upwards, and downwards only if the first step up did not help: the validation error
-        is usually unimodal in the ridge, so a leaf pays one or two solves, not one per factor.
-        """
-        ladder = sorted({1.0, *(self.reg_factors or ())})
-        start = ladder.index(1.0)
-        for step in (1, -1):
-            i, moved = start + step, False
-            while 0 <= i < len(ladder):
-                candidate = consider(self.reg * ladder[i], best)
-                if candidate is best:
-                    break
-                best, moved, i = candidate, True, i + step
-            if moved:
-                break
-        return best
-
-    def _store(self, X: Tensor, best: _Candidate) -> None:
+    def _store(self, X: Tensor, best: Candidate) -> None:
         d = X.shape[1]
         sqrt_m = best.sqrt_m
         if sqrt_m is None:  # t* = 0: identity, in the same layout as the learned M
