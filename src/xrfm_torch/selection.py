@@ -76,10 +76,16 @@ def select_kernel(
     factors = sorted({1.0, *(bandwidth_factors or ())})
     grid = [(q, base * f) for q in sorted(qs) for f in factors if (q, f) != (q0, 1.0)]
 
+    built: tuple[float, float] | None = None  # (q, bandwidth) of the values K holds for this M
+
     def set_kernel(q: float, bandwidth: float) -> None:
+        nonlocal built
+        if built == (q, bandwidth):  # e.g. the ridge search right after its kernel's grid entry
+            return
         kernel.q = q
         kernel.bandwidth.fill_(bandwidth)
         kernel.from_distance(R, out=K)  # solve_krr leaves K intact: reused across ridges
+        built = (kernel.q, float(kernel.bandwidth))
 
     def consider(lam: float, best: Candidate) -> Candidate:
         alpha = solve_krr(K, y, lam, solve_dtype=solve_dtype, workspace=F)
