@@ -12,6 +12,7 @@ from conftest import planted
 from xrfm_torch import LaplaceKernel, LeafRFM, ProductLaplaceKernel
 from xrfm_torch.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels import transform
+from xrfm_torch.selection import Candidate, beats
 
 
 def mse(model, X, y):
@@ -253,7 +254,9 @@ def test_kernel_selection_is_the_validation_argmin_and_matches_kernel_ridge():
     X, y = planted(300, d=4, dtype=torch.float64, noise=0.05)
     Xv, yv = planted(120, d=4, seed=5, dtype=torch.float64, noise=0.05)
     grid = {"kernel_exponents": [0.7, 1.5], "bandwidth_factors": [0.5, 2.0]}
-    leaf = LeafRFM(LaplaceKernel(bandwidth=3.0), n_iters=2, reg=1e-2, **grid).fit(X, y, Xv, yv)
+    leaf = LeafRFM(
+        LaplaceKernel(bandwidth=3.0), n_iters=2, reg=1e-2, kernel_margin=0.0, **grid
+    ).fit(X, y, Xv, yv)
     errs = {
         (q, 3.0 * f): krr_val_mse(leaf, X, y, Xv, yv, q, 3.0 * f)[0]
         for q in (0.7, 1.0, 1.5)
@@ -273,6 +276,63 @@ def test_kernel_selection_is_the_validation_argmin_and_matches_kernel_ridge():
     fresh.load_state_dict(leaf.state_dict())
     assert fresh.kernel.q == chosen[0]
     torch.testing.assert_close(fresh(Xv), leaf(Xv))
+
+
+def test_beats_is_a_paired_one_sided_t_test():
+    def cand(sq):
+        sq = torch.as_tensor(sq, dtype=torch.float64)
+        return Candidate(float(sq.mean()), 0, torch.zeros(1, 1), None, 1.0, 1.0, 1e-3, sq)
+
+    # one outlying row decides the MSE: d has a single non-zero entry D, so
+    # mean(d) / (std(d) / sqrt(n)) = (D / n) / (D / n) = 1 whatever D is
+    n = 100
+    for outlier in (10.0, 1e6):
+        inc = cand([outlier] + [1.0] * (n - 1))
+        ch = cand([1.0] * n)
+        assert beats(ch, inc, 0.0) and beats(ch, inc, 0.99)
+        assert not beats(ch, inc, 1.01)
+    # a uniform small gain on every row has zero spread: significant at any margin
+    rng = np.random.default_rng(0)
+    base = rng.uniform(1.0, 2.0, n)
+    assert beats(cand(base - 0.01), cand(base), 50.0)
+    # general case against the formula
+    a = rng.exponential(size=n)
+    b = a * rng.uniform(0.5, 1.2, n)
+    d = a - b
+    t = d.mean() / (d.std(ddof=1) / math.sqrt(n))
+    assert 0 < t < 50
+    assert beats(cand(b), cand(a), t - 1e-6) and not beats(cand(b), cand(a), t + 1e-6)
+    # never when the challenger's MSE is not lower, or not finite
+    assert not beats(cand(a), cand(a), 0.0)
+    assert not beats(cand([math.inf] * n), cand(a), 0.0)
+
+
+def test_kernel_margin_keeps_the_iterations_kernel_unless_the_best_is_significant():
+    X, y = planted(300, d=4, dtype=torch.float64, noise=0.05)
+    Xv, yv = planted(120, d=4, seed=5, dtype=torch.float64, noise=0.05)
+    grid = {"kernel_exponents": [0.7, 1.5], "bandwidth_factors": [0.5, 2.0]}
+
+    def fit(margin):
+        return LeafRFM(
+            LaplaceKernel(bandwidth=3.0), n_iters=2, reg=1e-2, kernel_margin=margin, **grid
+        ).fit(X, y, Xv, yv)
+
+    raw = fit(0.0)
+    keys = [(q, 3.0 * f) for q in (0.7, 1.0, 1.5) for f in (0.5, 1.0, 2.0)]
+    preds = {k: krr_val_mse(raw, X, y, Xv, yv, *k)[1] for k in keys}
+    sq = {k: (p - yv) ** 2 for k, p in preds.items()}
+    best = min(keys, key=lambda k: float(sq[k].mean()))
+    own = (1.0, 3.0)
+    assert best != own and (raw.kernel.q, raw.bandwidth) == best
+    d = sq[own] - sq[best]
+    t = float(d.mean() / (d.std() / math.sqrt(d.shape[0])))  # paired t statistic, > 0
+    below, above = fit(t - 1e-3), fit(t + 1e-3)
+    assert (below.kernel.q, below.bandwidth) == best
+    assert (above.kernel.q, above.bandwidth) == own  # not significant: the iterations' kernel
+    torch.testing.assert_close(above(Xv)[:, 0], preds[own], rtol=0, atol=1e-8)
+    assert above.best_iter_ == raw.best_iter_  # the margin acts after the iterations only
+    with pytest.raises(ValueError, match="kernel_margin"):
+        LeafRFM(kernel_margin=-1.0)
 
 
 def test_reg_search_walks_up_from_reg_and_refit_keeps_the_choice(caplog):

@@ -20,7 +20,7 @@ from xrfm_torch._state import ResizableBuffers, as_dtype
 from xrfm_torch.agop import agop_from_grads, normalize_agop, sqrt_psd
 from xrfm_torch.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
-from xrfm_torch.selection import Candidate, select_kernel
+from xrfm_torch.selection import Candidate, select_kernel, squared_errors
 from xrfm_torch.solvers import krr_workspace, solve_krr
 from xrfm_torch.validation import fit_data
 
@@ -71,6 +71,10 @@ class LeafRFM(ResizableBuffers):
             (after the exponent and bandwidth choice), searched from ``reg`` outwards while the
             validation error falls (upwards first). The chosen value is ``reg_``, used by
             :meth:`refit`.
+        kernel_margin: The exponent / bandwidth grid's lowest validation MSE replaces the
+            iterations' own kernel only if it is lower by at least this many paired standard
+            errors of the per-row squared errors (:func:`xrfm_torch.selection.beats`): a kernel
+            chosen on a few outlying validation rows does not carry over. ``0``: any improvement.
 
     Buffers (after ``fit``):
         ``support_`` (n, d), ``alpha_`` (n, c), ``sqrt_m_`` (d,) or (d, d), ``best_iter_`` (),
@@ -104,6 +108,7 @@ class LeafRFM(ResizableBuffers):
         bandwidth_factors: Sequence[float] | None = None,
         kernel_exponents: Sequence[float] | None = None,
         reg_factors: Sequence[float] | None = None,
+        kernel_margin: float = 2.0,
     ) -> None:
         super().__init__()
         if int(n_iters) != n_iters or n_iters < 0:
@@ -158,6 +163,7 @@ class LeafRFM(ResizableBuffers):
             if reg_factors is None
             else tuple(check_positive(f, "reg_factors entry") for f in reg_factors)
         )
+        self.kernel_margin = check_positive(kernel_margin, "kernel_margin", allow_zero=True)
         self.register_buffer("support_", torch.empty(0, 0))
         self.register_buffer("alpha_", torch.empty(0, 0))
         self.register_buffer("sqrt_m_", torch.empty(0))
@@ -262,14 +268,9 @@ class LeafRFM(ResizableBuffers):
             kernel.from_distance(R, out=K)  # (n, n)
             alpha = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, workspace=F)
             pred = kernel.predict(transform(X_val, sqrt_m), xs, alpha)  # (n_val, c)
+            err, sq = squared_errors(pred, y_val)
             cand = Candidate(
-                float(((pred - y_val) ** 2).mean()),
-                -1,
-                alpha,
-                sqrt_m,
-                float(kernel.bandwidth),
-                kernel.q,
-                self.reg,
+                err, -1, alpha, sqrt_m, float(kernel.bandwidth), kernel.q, self.reg, sq
             )
             if not (agop and math.isfinite(cand.err)):
                 return cand, None
@@ -345,6 +346,7 @@ class LeafRFM(ResizableBuffers):
                 reg=self.reg,
                 reg_factors=self.reg_factors,
                 solve_dtype=self.solve_dtype,
+                margin=self.kernel_margin,
             )
         return best
 

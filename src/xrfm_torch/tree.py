@@ -70,6 +70,9 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             datasets (CPU, seeds 0-2) fell by up to 2.3 % (pol), 1.1 % (Ailerons), 1.2 %
             (house_sales); worst cases houses +0.5 % (seed 0), cpu_act +0.4 % (seed 2) and
             Brazilian_houses +2.2 % / -10 % (seeds 1 / 2).
+        kernel_margin: A leaf's exponent (or bandwidth) choice must beat the iterations' own
+            kernel by this many paired standard errors of the per-row validation errors, else the
+            leaf keeps its kernel (the ridge walk takes any improvement).
         split_rule: Split strategy (default :class:`~xrfm_torch.splits.AGOPSplit`).
         overlap_fraction: At each split into two leaves, each leaf's final solve also gets this
             share of the node's rows from the other side, those nearest the threshold; capped so
@@ -120,6 +123,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         bandwidth_factors: Sequence[float] | None = None,
         kernel_exponents: Sequence[float] | None = (0.7, 1.0, 1.5),
         reg_factors: Sequence[float] | None = (0.1, 10.0, 100.0),
+        kernel_margin: float = 2.0,
         split_rule: SplitRule | None = None,
         overlap_fraction: float = 0.1,
         n_trees: int = 1,
@@ -169,6 +173,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             "bandwidth_factors": bandwidth_factors,
             "kernel_exponents": kernel_exponents,
             "reg_factors": reg_factors,
+            "kernel_margin": kernel_margin,
         }
         self.new_leaf()  # validates the leaf arguments now, not at fit time
         self.split_rule: SplitRule = AGOPSplit() if split_rule is None else split_rule
