@@ -36,7 +36,7 @@ class Candidate:
     bandwidth: float
     q: float
     reg: float
-    sq_err: Tensor | None = None
+    sq_err: Tensor
 
 
 def squared_errors(pred: Tensor, y_val: Tensor) -> tuple[float, Tensor]:
@@ -51,15 +51,14 @@ def beats(challenger: Candidate, incumbent: Candidate, margin: float) -> bool:
     With per-row differences ``d_i = e_i(incumbent) - e_i(challenger)`` of squared errors on the
     same validation rows, the challenger wins iff ``mean(d) > margin * std(d) / sqrt(n_val)`` (a
     paired one-sided test; ``margin = 0``: any improvement). A few outlying rows dominate an MSE
-    with heavy-tailed targets, and an exponent or ridge chosen on them does not carry over to new
-    rows (Brazilian_houses); the paired standard error is large exactly then.
+    with heavy-tailed targets, and a kernel chosen on them does not carry over to new rows
+    (Brazilian_houses); the paired standard error is large exactly then.
     """
     if not math.isfinite(challenger.err) or challenger.err >= incumbent.err:
         return False
-    a, b = incumbent.sq_err, challenger.sq_err
-    if margin <= 0.0 or a is None or b is None or a.shape[0] < 2:
+    if margin <= 0.0 or incumbent.sq_err.shape[0] < 2:
         return True
-    d = (a - b).double()
+    d = (incumbent.sq_err - challenger.sq_err).double()
     return float(d.mean()) > margin * float(d.std()) / math.sqrt(d.shape[0])
 
 
@@ -77,7 +76,7 @@ def select_kernel(
     reg: float,
     reg_factors: Sequence[float] | None,
     solve_dtype: torch.dtype | None,
-    margin: float = 0.0,
+    margin: float,
 ) -> Candidate:
     """Re-solve ``best``'s ``M`` for each (exponent, bandwidth factor), then search the ridge.
 

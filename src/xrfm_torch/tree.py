@@ -63,7 +63,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         kernel_exponents: Likewise for the kernel exponent ``q`` (the kernel's own ``q`` always
             competes; ``None``: fixed). Two extra solves per leaf with the default; on the 10
             benchmark datasets it lowers test RMSE by 1-2 % on wine, Ailerons, Bike and house_sales
-            (each of 3 seeds) and by 0-1.2 % on elevators; Brazilian_houses loses on 2 of 3.
+            (each of 3 seeds) and by 0-1.2 % on elevators; Brazilian_houses lost on 2 of 3 before
+            ``kernel_margin``.
         reg_factors: Then each leaf searches these multiples of ``reg`` for the chosen kernel,
             from ``reg`` outwards while its validation error falls (usually two solves; ``None``:
             fixed ridge). With the default (ridge 1e-4 .. 1e-1) test RMSE on the 10 benchmark
