@@ -1,6 +1,7 @@
 """TreePartition: grow the supervised median-split tree and assign rows to leaves.
 
-This module only decides *where rows go*; fitting the leaf models is :mod:`xrfm_torch.tree`'s job.
+This module decides *where rows go* and fits one LeafRFM per leaf; :mod:`xrfm_torch.fitting`
+runs it for a whole model (trees, temperature, refits).
 """
 
 from __future__ import annotations

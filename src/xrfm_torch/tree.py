@@ -18,14 +18,13 @@ from xrfm_torch._checks import (
 from xrfm_torch._config import objects_from_config, plain_config
 from xrfm_torch._state import as_dtype
 from xrfm_torch.agop import agop_from_grads
-from xrfm_torch.builder import TreeLayout, fit_leaves, grow_tree
+from xrfm_torch.fitting import fit_model, refit_model_leaves
 from xrfm_torch.interpret import input_grads, m_diagonal, size_weighted
 from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.partition import PartitionTree, leaves_per_tree
 from xrfm_torch.splits import AGOPSplit, SplitRule
-from xrfm_torch.temperature import DEFAULT_TEMPERATURE_GRID, tune_temperature
-from xrfm_torch.validation import FitData, fit_data
+from xrfm_torch.temperature import DEFAULT_TEMPERATURE_GRID
 
 log = logging.getLogger(__name__)
 
@@ -295,100 +294,15 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             ``self``.
         """
         start = time.perf_counter()
-        data = fit_data(X, y, X_val, y_val, val_fraction=self.val_fraction, generator=generator)
-        X, y, X_val, y_val, holdout = data.X, data.y, data.X_val, data.y_val, data.holdout
-        self.kernel.to(device=X.device, dtype=X.dtype)
-        trees: list[PartitionTree] = []
-        refit_rows: list[list[Tensor | None]] = []
-        for t in range(self.n_trees):
-            tree, rows = self._fit_one(data, generator, progress, t)
-            trees.append(tree)
-            refit_rows.append(rows)
-            if tree.n_leaves == 1 and self.n_trees > 1:
-                log.info("tree %d has no split; further trees would be identical, stopping", t)
-                break
-        self.trees = nn.ModuleList(trees)
-        self.temperature_ = torch.tensor(0.0, dtype=X.dtype, device=X.device)
-
-        def refit() -> None:
-            for tree, tree_rows in zip(trees, refit_rows):
-                for leaf, idx in zip(tree.leaf_list(), tree_rows):
-                    if idx is not None:
-                        leaf.refit(X[idx], y[idx])
-
-        # With user validation data, the final (refit) leaves are tuned on it. Held-out training
-        # rows join the leaf fits, so then the temperature is tuned before the refit.
-        if holdout is None:
-            refit()
-        if self.temperature is not None:
-            self._set_temperature(self.temperature)
-        elif any(tree.n_leaves > 1 for tree in trees):
-            best_t, errs = tune_temperature(self, X_val, y_val, self.temperature_grid)
-            self._set_temperature(best_t)
-            log.info(
-                "tuned temperature %.4g (val mse %s)", best_t, ", ".join(f"{e:.4g}" for e in errs)
-            )
-        if holdout is not None:
-            refit()
+        fit_model(self, X, y, X_val, y_val, generator, progress)
         self.fit_seconds_ = time.perf_counter() - start
         log.info(
-            "fitted %d tree(s), %d leaves in %.2fs", len(trees), self.n_leaves, self.fit_seconds_
+            "fitted %d tree(s), %d leaves in %.2fs",
+            len(self.trees),
+            self.n_leaves,
+            self.fit_seconds_,
         )
         return self
-
-    def _fit_one(
-        self,
-        data: FitData,
-        generator: torch.Generator | None,
-        progress: Callable[[int, int, int], None] | None = None,
-        tree_index: int = 0,
-    ) -> tuple[PartitionTree, list[Tensor | None]]:
-        """Grow one tree and fit its leaves.
-
-        With a hold-out (no user validation data) the tree is grown on all training rows and each
-        leaf validates on its held-out share, so a leaf's rows never exceed ``max_leaf_size``, even
-        after the refit. Returns, per leaf, the training-row indices of its final refit (or ``None``).
-        """
-        held = data.holdout is not None
-        layout = grow_tree(
-            data.X,
-            data.y,
-            data.X_val[:0] if held else data.X_val,
-            data.y_val[:0] if held else data.y_val,
-            max_leaf_size=self.max_leaf_size,
-            split_rule=self.split_rule,
-            kernel=self.kernel,
-            generator=generator,
-            overlap_fraction=self.overlap_fraction,
-        )
-        leaves, refit = self._fit_leaves(layout, data, generator, progress, tree_index)
-        tree = PartitionTree(leaves, trainable=self.trainable_routing)
-        tree.set_structure(layout.vectors, layout.thresholds, layout.scales, layout.children)
-        return tree, refit
-
-    def _fit_leaves(
-        self,
-        layout: TreeLayout,
-        data: FitData,
-        generator: torch.Generator | None,
-        progress: Callable[[int, int, int], None] | None = None,
-        tree_index: int = 0,
-    ) -> tuple[list[LeafRFM], list[Tensor | None]]:
-        return fit_leaves(
-            layout,
-            data.X,
-            data.y,
-            data.X_val,
-            data.y_val,
-            data.holdout,
-            new_leaf=self.new_leaf,
-            min_leaf_val=self.min_leaf_val,
-            max_borrow_fraction=self.max_borrow_fraction,
-            refit_borrowed=self.refit_borrowed,
-            generator=generator,
-            progress=progress,
-            tree_index=tree_index,
-        )
 
     @torch.no_grad()
     def refit_leaves(
@@ -413,32 +327,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             generator: CPU random generator.
         """
         self._check_fitted()
-        data = fit_data(
-            X,
-            y,
-            X_val,
-            y_val,
-            val_fraction=self.val_fraction,
-            generator=generator,
-            n_features=self.n_features_in_,
-        )
-        X, y = data.X, data.y
-        for tree in self.partition_trees():
-            ids, vids = tree.route(X), tree.route(data.X_val)
-            keep = [lf for lf in range(tree.n_leaves) if int((ids == lf).sum()) >= 4]
-            layout = TreeLayout(
-                tree.split_vectors_.detach(),
-                tree.thresholds_.detach(),
-                tree.temp_scale_,
-                tree.children_,
-                leaf_train=[(ids == lf).nonzero().squeeze(1) for lf in keep],
-                leaf_val=[(vids == lf).nonzero().squeeze(1) for lf in keep],
-            )
-            leaves, refit = self._fit_leaves(layout, data, generator)
-            for lf, leaf, rows in zip(keep, leaves, refit):
-                if rows is not None:
-                    leaf.refit(X[rows], y[rows])
-                tree.leaves[lf] = leaf
+        refit_model_leaves(self, X, y, X_val, y_val, generator)
         return self
 
     # ---- interpretation ------------------------------------------------------------------------
