@@ -20,6 +20,7 @@ from xrfm_torch._state import ResizableBuffers, as_dtype
 from xrfm_torch.agop import agop_from_grads, normalize_agop, sqrt_psd
 from xrfm_torch.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
+from xrfm_torch.linear import linear_features, linear_grad, linear_predict, linear_weights
 from xrfm_torch.selection import Candidate, select_kernel, squared_errors
 from xrfm_torch.solvers import krr_workspace, solve_krr
 from xrfm_torch.validation import fit_data
@@ -75,6 +76,10 @@ class LeafRFM(ResizableBuffers):
             iterations' own kernel only if it is lower by at least this many paired standard
             errors of the per-row squared errors (:func:`xrfm_torch.selection.beats`): a kernel
             chosen on a few outlying validation rows does not carry over. ``0``: any improvement.
+        linear_mix: Weight ``c`` of a constant + linear part in the leaf kernel,
+            ``k(x, z) + c (1 + <S x, S z> / d)`` (:mod:`xrfm_torch.linear`), used in every solve,
+            prediction and gradient of the leaf. Away from the training rows the leaf then follows
+            the linear trend instead of falling back to the mean. ``0``: the kernel alone.
 
     Buffers (after ``fit``):
         ``support_`` (n, d), ``alpha_`` (n, c), ``sqrt_m_`` (d,) or (d, d), ``best_iter_`` (),
@@ -109,6 +114,7 @@ class LeafRFM(ResizableBuffers):
         kernel_exponents: Sequence[float] | None = None,
         reg_factors: Sequence[float] | None = None,
         kernel_margin: float = 2.0,
+        linear_mix: float = 0.0,
     ) -> None:
         super().__init__()
         if int(n_iters) != n_iters or n_iters < 0:
@@ -164,6 +170,7 @@ class LeafRFM(ResizableBuffers):
             else tuple(check_positive(f, "reg_factors entry") for f in reg_factors)
         )
         self.kernel_margin = check_positive(kernel_margin, "kernel_margin", allow_zero=True)
+        self.linear_mix = check_positive(linear_mix, "linear_mix", allow_zero=True)
         self.register_buffer("support_", torch.empty(0, 0))
         self.register_buffer("alpha_", torch.empty(0, 0))
         self.register_buffer("sqrt_m_", torch.empty(0))
@@ -266,8 +273,9 @@ class LeafRFM(ResizableBuffers):
                     kernel.bandwidth.fill_(self.adaptive_bandwidth * med)
             kernel.distance(xs, xs, out=R)  # (n, n)
             kernel.from_distance(R, out=K)  # (n, n)
-            alpha = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, workspace=F)
-            pred = kernel.predict(transform(X_val, sqrt_m), xs, alpha)  # (n_val, c)
+            U = self._features(xs)
+            alpha = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, workspace=F, features=U)
+            pred = self._predict(transform(X_val, sqrt_m), xs, alpha)  # (n_val, c)
             err, sq = squared_errors(pred, y_val)
             cand = Candidate(
                 err, -1, alpha, sqrt_m, float(kernel.bandwidth), kernel.q, self.reg, sq
@@ -276,9 +284,13 @@ class LeafRFM(ResizableBuffers):
                 return cand, None
             if kernel.p == 2.0:  # reuse the Gram matrix: gradient weights overwrite the distances
                 w = kernel.grad_weights(R, K, out=R)
-                g = chain_rule(kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0), sqrt_m)
+                gs = kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0)
+                g = chain_rule(gs + self._linear_grad(xs, alpha), sqrt_m)
             else:
                 g = kernel.function_grads(X, X, alpha, sqrt_m, exclude_self=True)
+                lin = self._linear_grad(xs, alpha)
+                if isinstance(lin, Tensor):
+                    g = g + chain_rule(lin, sqrt_m)
             G = agop_from_grads(g, diag=diag)
             top = float(G.max())
             if not math.isfinite(top) or top <= 0.0:
@@ -347,6 +359,7 @@ class LeafRFM(ResizableBuffers):
                 reg_factors=self.reg_factors,
                 solve_dtype=self.solve_dtype,
                 margin=self.kernel_margin,
+                linear_mix=self.linear_mix,
             )
         return best
 
@@ -379,9 +392,36 @@ class LeafRFM(ResizableBuffers):
         xs = transform(X, self.sqrt_m_)
         R = self.kernel.distance(xs, xs)  # (n, n); the kernel values overwrite it: one buffer
         K = self.kernel.from_distance(R, out=R)
-        self.alpha_ = solve_krr(K, y, float(self.reg_), solve_dtype=self.solve_dtype)
+        self.alpha_ = solve_krr(
+            K, y, float(self.reg_), solve_dtype=self.solve_dtype, features=self._features(xs)
+        )
         self.support_ = X.detach().clone()
         return self
+
+    # ---- the constant + linear part (linear_mix) -------------------------------------------------
+    def _features(self, xs: Tensor) -> Tensor | None:
+        """Low-rank features of the linear part at transformed rows (``None`` when off)."""
+        return linear_features(xs, self.linear_mix) if self.linear_mix > 0 else None
+
+    def _predict(self, xs: Tensor, zs: Tensor, alpha: Tensor) -> Tensor:
+        """``K_total(xs, zs) alpha`` for transformed inputs (n, d) and centres (m, d)."""
+        pred = self.kernel.predict(xs, zs, alpha)
+        if self.linear_mix > 0:
+            c = self.linear_mix
+            pred = pred + linear_predict(xs, linear_weights(zs, alpha, c), c)
+        return pred
+
+    def _linear_grad(self, zs: Tensor, alpha: Tensor) -> Tensor | float:
+        """The linear part's gradient w.r.t. the transformed input, shape (1, c, d) (or 0)."""
+        if self.linear_mix <= 0:
+            return 0.0
+        c = self.linear_mix
+        return linear_grad(linear_weights(zs, alpha, c), c)[None]
+
+    def _support_linear_grad(self) -> Tensor | float:
+        """:meth:`_linear_grad` of the fitted leaf, mapped back to the input space (1, c, d)."""
+        g = self._linear_grad(transform(self.support_, self.sqrt_m_), self.alpha_)
+        return g if isinstance(g, float) else chain_rule(g, self.sqrt_m_)
 
     # ---- prediction and interpretation ---------------------------------------------------------
     def _check_input(self, x: Tensor) -> None:
@@ -406,12 +446,14 @@ class LeafRFM(ResizableBuffers):
             Predictions, shape (n, c).
         """
         self._check_input(x)
-        return self.kernel.predict(x, self.support_, self.alpha_, self.sqrt_m_)
+        s = self.sqrt_m_
+        return self._predict(transform(x, s), transform(self.support_, s), self.alpha_)
 
     def get_grads(self, x: Tensor) -> Tensor:
         """Input gradients of the leaf predictor, shape (n, c, d) (no autograd needed)."""
         self._check_input(x)
-        return self.kernel.function_grads(x, self.support_, self.alpha_, self.sqrt_m_)
+        g = self.kernel.function_grads(x, self.support_, self.alpha_, self.sqrt_m_)
+        return g + self._support_linear_grad()
 
     def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
         """AGOP of the fitted predictor at ``x`` (default: its support points, self-terms excluded).
@@ -424,6 +466,7 @@ class LeafRFM(ResizableBuffers):
             g = self.kernel.function_grads(
                 self.support_, self.support_, self.alpha_, self.sqrt_m_, exclude_self=True
             )
+            g = g + self._support_linear_grad()
         else:
             g = self.get_grads(x)
         return agop_from_grads(g, diag=diag)

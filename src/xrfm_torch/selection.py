@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, transform
+from xrfm_torch.linear import linear_features, linear_predict, linear_weights
 from xrfm_torch.solvers import solve_krr
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ def select_kernel(
     reg_factors: Sequence[float] | None,
     solve_dtype: torch.dtype | None,
     margin: float,
+    linear_mix: float = 0.0,
 ) -> Candidate:
     """Re-solve ``best``'s ``M`` for each (exponent, bandwidth factor), then search the ridge.
 
@@ -100,11 +102,13 @@ def select_kernel(
         margin: The grid's lowest-MSE (exponent, bandwidth) replaces ``best``'s only if it beats
             ``best`` by this many paired standard errors (:func:`beats`); the ridge walk then
             takes any improvement.
+        linear_mix: Weight of the leaf kernel's constant + linear part (:mod:`xrfm_torch.linear`).
     """
     R, K, F = buffers
     base, q0 = best.bandwidth, best.q
     xs, xv = transform(X, best.sqrt_m), transform(X_val, best.sqrt_m)
     kernel.distance(xs, xs, out=R)  # (n, n), shared by every candidate
+    U = linear_features(xs, linear_mix) if linear_mix > 0 else None  # (n, d + 1)
     qs = {q0, *(q for q in exponents or () if q <= kernel.p)}
     factors = sorted({1.0, *(bandwidth_factors or ())})
     grid = [(q, base * f) for q in sorted(qs) for f in factors if (q, f) != (q0, 1.0)]
@@ -121,8 +125,11 @@ def select_kernel(
         built = (kernel.q, float(kernel.bandwidth))
 
     def consider(lam: float, best: Candidate) -> Candidate:
-        alpha = solve_krr(K, y, lam, solve_dtype=solve_dtype, workspace=F)
-        err, sq = squared_errors(kernel.predict(xv, xs, alpha), y_val)
+        alpha = solve_krr(K, y, lam, solve_dtype=solve_dtype, workspace=F, features=U)
+        pred = kernel.predict(xv, xs, alpha)
+        if U is not None:
+            pred = pred + linear_predict(xv, linear_weights(xs, alpha, linear_mix), linear_mix)
+        err, sq = squared_errors(pred, y_val)
         q, bandwidth = kernel.q, float(kernel.bandwidth)
         log.debug(
             "leaf n=%d q %.3g bandwidth %.4g reg %.3g: val mse %.6g (best %.6g)",

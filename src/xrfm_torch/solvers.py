@@ -39,12 +39,17 @@ def krr_workspace(
     return torch.empty(m, m, dtype=dtype, device=device).mT
 
 
-def _residual_too_large(K: Tensor, alpha: Tensor, b: Tensor) -> bool:
-    """Whether ``||K alpha - b||^2 > ||b||^2`` (accumulated in float64, row chunks of ``K``)."""
+def _residual_too_large(K: Tensor, alpha: Tensor, b: Tensor, U: Tensor | None = None) -> bool:
+    """Whether ``||(K + U U^T) alpha - b||^2 > ||b||^2`` (float64 sums, row chunks of ``K``)."""
     a = alpha.to(K.dtype)
+    U = None if U is None else U.to(K.dtype)
+    ua = None if U is None else U.mT @ a  # (r, c)
     res = 0.0
     for i in range(0, K.shape[0], 4096):
-        r = (K[i : i + 4096] @ a).double() - b[i : i + 4096].double()
+        ka = K[i : i + 4096] @ a
+        if U is not None and ua is not None:
+            ka = ka + U[i : i + 4096] @ ua
+        r = ka.double() - b[i : i + 4096].double()
         res += float((r * r).sum())
     return not res <= float((b.double() ** 2).sum())  # also True for NaN
 
@@ -57,8 +62,9 @@ def solve_krr(
     solve_dtype: torch.dtype | None = None,
     max_tries: int = 4,
     workspace: Tensor | None = None,
+    features: Tensor | None = None,
 ) -> Tensor:
-    """Solve ``(K + reg I) alpha = y`` by Cholesky.
+    """Solve ``(K + U U^T + reg I) alpha = y`` by Cholesky (``U = features``, default none).
 
     ``K + reg I`` is copied into a padded buffer ``[[K + reg I, 0], [0, I]]`` (see :data:`PAD_TO`)
     and factored there in place, so ``K`` is never modified and the solve allocates at most that
@@ -82,6 +88,8 @@ def solve_krr(
         max_tries: Number of factorization attempts (>= 1).
         workspace: Optional buffer from :func:`krr_workspace` ``(n)`` in the solve dtype, reused
             across calls (a fresh matrix of this size costs as much as an elementwise pass).
+        features: Optional low-rank part ``U``, shape (n, r), added to ``K`` in the factored copy
+            only (e.g. :func:`xrfm_torch.linear.linear_features`), so ``K`` stays as it was.
 
     Returns:
         Coefficients ``alpha`` with the shape and dtype of ``y``.
@@ -97,7 +105,12 @@ def solve_krr(
     if max_tries < 1:
         raise ValueError(f"max_tries must be >= 1, got {max_tries}")
     n, dtype = K.shape[0], solve_dtype or K.dtype
-    differentiable = torch.is_grad_enabled() and (K.requires_grad or y.requires_grad)
+    if features is not None and (features.ndim != 2 or features.shape[0] != n):
+        raise ValueError(f"features must have shape ({n}, r), got {tuple(features.shape)}")
+    U = None if features is None else features.to(dtype)
+    differentiable = torch.is_grad_enabled() and (
+        K.requires_grad or y.requires_grad or (U is not None and U.requires_grad)
+    )
     m = n if differentiable else padded_size(n)
     W = workspace
     if not differentiable and (
@@ -114,11 +127,15 @@ def solve_krr(
         ridge = float(reg) if attempt == 0 else base * 10.0**attempt
         if differentiable:
             A = K.to(dtype) + ridge * torch.eye(n, dtype=dtype, device=K.device)
+            if U is not None:
+                A = A + U @ U.mT
             L, info = torch.linalg.cholesky_ex(A)
         else:
             assert W is not None  # for mypy: allocated above
             # K is symmetric: writing it through W.mT (row-major) is a contiguous copy
             W.mT[:n, :n].copy_(K)
+            if U is not None:
+                W[:n, :n].addmm_(U, U.mT)
             if m > n:
                 W[n:].zero_()
                 W[:, n:].zero_()
@@ -133,14 +150,20 @@ def solve_krr(
             # two triangular solves: much faster than cholesky_solve for few right-hand sides
             z = torch.linalg.solve_triangular(L, rhs, upper=False)
             alpha = torch.linalg.solve_triangular(L.mT, z, upper=True)[:n]
-            if not differentiable and dtype != torch.float64 and _residual_too_large(K, alpha, b):
+            if (
+                not differentiable
+                and dtype != torch.float64
+                and _residual_too_large(K, alpha, b, U)
+            ):
                 log.warning(
                     "KRR solve in %s is numerically useless for n=%d (residual above ||y||); "
                     "repeating it in float64",
                     dtype,
                     n,
                 )
-                alpha = solve_krr(K, b, ridge, solve_dtype=torch.float64, max_tries=1)
+                alpha = solve_krr(
+                    K, b, ridge, solve_dtype=torch.float64, max_tries=1, features=features
+                )
             return (alpha if y.ndim == 2 else alpha[:, 0]).to(y.dtype)
     raise KRRSolveError(
         f"Cholesky of K + reg*I failed for n={n} after {max_tries} tries "

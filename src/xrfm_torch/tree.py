@@ -73,6 +73,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         kernel_margin: A leaf's exponent (or bandwidth) choice must beat the iterations' own
             kernel by this many paired standard errors of the per-row validation errors, else the
             leaf keeps its kernel (the ridge walk takes any improvement).
+        linear_mix: Weight ``c`` of a constant + linear part in every leaf kernel,
+            ``k(x, z) + c (1 + <S x, S z> / d)``: leaves extrapolate along their linear trend.
         split_rule: Split strategy (default :class:`~xrfm_torch.splits.AGOPSplit`).
         overlap_fraction: At each split into two leaves, each leaf's final solve also gets this
             share of the node's rows from the other side, those nearest the threshold; capped so
@@ -124,6 +126,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         kernel_exponents: Sequence[float] | None = (0.7, 1.0, 1.5),
         reg_factors: Sequence[float] | None = (0.1, 10.0, 100.0),
         kernel_margin: float = 2.0,
+        linear_mix: float = 0.0,
         split_rule: SplitRule | None = None,
         overlap_fraction: float = 0.1,
         n_trees: int = 1,
@@ -174,6 +177,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             "kernel_exponents": kernel_exponents,
             "reg_factors": reg_factors,
             "kernel_margin": kernel_margin,
+            "linear_mix": linear_mix,
         }
         self.new_leaf()  # validates the leaf arguments now, not at fit time
         self.split_rule: SplitRule = AGOPSplit() if split_rule is None else split_rule
