@@ -140,8 +140,10 @@ def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_
         else:  # the borrowed rows are left out of the final solve
             assert len(src) < int((ids == lf).sum())
         # the stored alpha solves (K + reg_ I) alpha = y on the stored rows, with the leaf's ridge
+        # (K: the Laplace kernel plus the constant + linear part of weight linear_mix)
         xs = leaf.support_ * leaf.sqrt_m_
         K = leaf.kernel.from_distance(leaf.kernel.distance(xs, xs))
+        K = K + leaf.linear_mix * (1.0 + xs @ xs.T / xs.shape[1])
         rhs = K @ leaf.alpha_ + float(leaf.reg_) * leaf.alpha_
         torch.testing.assert_close(rhs[:, 0], y[src], rtol=0, atol=1e-6)
 

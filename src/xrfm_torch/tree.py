@@ -74,7 +74,10 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             kernel by this many paired standard errors of the per-row validation errors, else the
             leaf keeps its kernel (the ridge walk takes any improvement).
         linear_mix: Weight ``c`` of a constant + linear part in every leaf kernel,
-            ``k(x, z) + c (1 + <S x, S z> / d)``: leaves extrapolate along their linear trend.
+            ``k(x, z) + c (1 + <S x, S z> / d)``: leaves extrapolate along their linear trend
+            instead of falling back to the mean. With 0.1 (seed 0, CPU) Brazilian_houses' test
+            RMSE falls 26 % (its error is decided by rows outside the training range),
+            house_16H 2.0 %, houses 0.5 %; Ailerons rises 0.6 % (see the README benchmarks).
         split_rule: Split strategy (default :class:`~xrfm_torch.splits.AGOPSplit`).
         overlap_fraction: At each split into two leaves, each leaf's final solve also gets this
             share of the node's rows from the other side, those nearest the threshold; capped so
@@ -126,7 +129,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         kernel_exponents: Sequence[float] | None = (0.7, 1.0, 1.5),
         reg_factors: Sequence[float] | None = (0.1, 10.0, 100.0),
         kernel_margin: float = 2.0,
-        linear_mix: float = 0.0,
+        linear_mix: float = 0.1,
         split_rule: SplitRule | None = None,
         overlap_fraction: float = 0.1,
         n_trees: int = 1,
