@@ -20,7 +20,7 @@ from xrfm_torch._state import ResizableBuffers, as_dtype
 from xrfm_torch.agop import agop_from_grads, normalize_agop, sqrt_psd
 from xrfm_torch.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
-from xrfm_torch.linear import linear_features, linear_grad, linear_predict, linear_weights
+from xrfm_torch.linear import features_or_none, linear_grad, summed_predict
 from xrfm_torch.selection import Candidate, select_kernel, squared_errors
 from xrfm_torch.solvers import krr_workspace, solve_krr
 from xrfm_torch.validation import fit_data
@@ -273,23 +273,23 @@ class LeafRFM(ResizableBuffers):
                     kernel.bandwidth.fill_(self.adaptive_bandwidth * med)
             kernel.distance(xs, xs, out=R)  # (n, n)
             kernel.from_distance(R, out=K)  # (n, n)
-            U = self._features(xs)
+            U = features_or_none(xs, self.linear_mix)
             alpha = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, workspace=F, features=U)
-            pred = self._predict(transform(X_val, sqrt_m), xs, alpha)  # (n_val, c)
+            pred = summed_predict(kernel, transform(X_val, sqrt_m), xs, alpha, self.linear_mix)
             err, sq = squared_errors(pred, y_val)
             cand = Candidate(
                 err, -1, alpha, sqrt_m, float(kernel.bandwidth), kernel.q, self.reg, sq
             )
             if not (agop and math.isfinite(cand.err)):
                 return cand, None
+            lin = linear_grad(xs, alpha, self.linear_mix)  # (1, c, d) w.r.t. S x, or None
             if kernel.p == 2.0:  # reuse the Gram matrix: gradient weights overwrite the distances
                 w = kernel.grad_weights(R, K, out=R)
                 gs = kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0)
-                g = chain_rule(gs + self._linear_grad(xs, alpha), sqrt_m)
+                g = chain_rule(gs if lin is None else gs + lin, sqrt_m)
             else:
                 g = kernel.function_grads(X, X, alpha, sqrt_m, exclude_self=True)
-                lin = self._linear_grad(xs, alpha)
-                if isinstance(lin, Tensor):
+                if lin is not None:
                     g = g + chain_rule(lin, sqrt_m)
             G = agop_from_grads(g, diag=diag)
             top = float(G.max())
@@ -393,35 +393,20 @@ class LeafRFM(ResizableBuffers):
         R = self.kernel.distance(xs, xs)  # (n, n); the kernel values overwrite it: one buffer
         K = self.kernel.from_distance(R, out=R)
         self.alpha_ = solve_krr(
-            K, y, float(self.reg_), solve_dtype=self.solve_dtype, features=self._features(xs)
+            K,
+            y,
+            float(self.reg_),
+            solve_dtype=self.solve_dtype,
+            features=features_or_none(xs, self.linear_mix),
         )
         self.support_ = X.detach().clone()
         return self
 
-    # ---- the constant + linear part (linear_mix) -------------------------------------------------
-    def _features(self, xs: Tensor) -> Tensor | None:
-        """Low-rank features of the linear part at transformed rows (``None`` when off)."""
-        return linear_features(xs, self.linear_mix) if self.linear_mix > 0 else None
-
-    def _predict(self, xs: Tensor, zs: Tensor, alpha: Tensor) -> Tensor:
-        """``K_total(xs, zs) alpha`` for transformed inputs (n, d) and centres (m, d)."""
-        pred = self.kernel.predict(xs, zs, alpha)
-        if self.linear_mix > 0:
-            c = self.linear_mix
-            pred = pred + linear_predict(xs, linear_weights(zs, alpha, c), c)
-        return pred
-
-    def _linear_grad(self, zs: Tensor, alpha: Tensor) -> Tensor | float:
-        """The linear part's gradient w.r.t. the transformed input, shape (1, c, d) (or 0)."""
-        if self.linear_mix <= 0:
-            return 0.0
-        c = self.linear_mix
-        return linear_grad(linear_weights(zs, alpha, c), c)[None]
-
     def _support_linear_grad(self) -> Tensor | float:
-        """:meth:`_linear_grad` of the fitted leaf, mapped back to the input space (1, c, d)."""
-        g = self._linear_grad(transform(self.support_, self.sqrt_m_), self.alpha_)
-        return g if isinstance(g, float) else chain_rule(g, self.sqrt_m_)
+        """Input gradient of the fitted leaf's linear part, (1, c, d), or 0 when it is off."""
+        s = self.sqrt_m_
+        g = linear_grad(transform(self.support_, s), self.alpha_, self.linear_mix)
+        return 0.0 if g is None else chain_rule(g, s)
 
     # ---- prediction and interpretation ---------------------------------------------------------
     def _check_input(self, x: Tensor) -> None:
@@ -447,7 +432,8 @@ class LeafRFM(ResizableBuffers):
         """
         self._check_input(x)
         s = self.sqrt_m_
-        return self._predict(transform(x, s), transform(self.support_, s), self.alpha_)
+        xs, zs = transform(x, s), transform(self.support_, s)
+        return summed_predict(self.kernel, xs, zs, self.alpha_, self.linear_mix)
 
     def get_grads(self, x: Tensor) -> Tensor:
         """Input gradients of the leaf predictor, shape (n, c, d) (no autograd needed)."""

@@ -15,6 +15,8 @@ import math
 import torch
 from torch import Tensor
 
+from xrfm_torch.kernels import Kernel
+
 
 def linear_features(xs: Tensor, c: float) -> Tensor:
     """``U = sqrt(c) [1, xs / sqrt(d)]`` of transformed inputs ``xs`` (n, d): shape (n, d + 1)."""
@@ -23,17 +25,30 @@ def linear_features(xs: Tensor, c: float) -> Tensor:
     return math.sqrt(c) * torch.cat([ones, xs / math.sqrt(d)], dim=1)
 
 
-def linear_weights(zs: Tensor, alpha: Tensor, c: float) -> Tensor:
-    """``v = U(zs)^T alpha``, shape (d + 1, c_out): the linear part of ``f`` in feature form."""
-    return linear_features(zs, c).mT @ alpha
+def features_or_none(xs: Tensor, c: float) -> Tensor | None:
+    """:func:`linear_features`, or ``None`` when the part is off (``c == 0``): ``solve_krr``'s input."""
+    return linear_features(xs, c) if c > 0 else None
 
 
-def linear_predict(xs: Tensor, v: Tensor, c: float) -> Tensor:
-    """``U(xs) v``, shape (n, c_out): the linear part's prediction at transformed inputs."""
-    return linear_features(xs, c) @ v
+def summed_predict(kernel: Kernel, xs: Tensor, zs: Tensor, alpha: Tensor, c: float) -> Tensor:
+    """``(K(xs, zs) + U(xs) U(zs)^T) alpha`` for transformed inputs (n, d) and centres (m, d).
+
+    The linear part is applied as ``U(xs) (U(zs)^T alpha)`` (rank ``d + 1``), not as a matrix.
+    """
+    pred = kernel.predict(xs, zs, alpha)  # (n, c_out)
+    if c > 0:
+        pred = pred + linear_features(xs, c) @ (linear_features(zs, c).mT @ alpha)
+    return pred
 
 
-def linear_grad(v: Tensor, c: float) -> Tensor:
-    """Gradient of ``U(xs) v`` with respect to ``xs`` (the same at every row), shape (c_out, d)."""
-    d = v.shape[0] - 1
-    return math.sqrt(c / d) * v[1:].mT
+def linear_grad(zs: Tensor, alpha: Tensor, c: float) -> Tensor | None:
+    """Gradient of the linear part of ``f`` with respect to the transformed input ``S x``.
+
+    ``f_lin(x) = U(S x) v`` with ``v = U(zs)^T alpha``, so the gradient is ``sqrt(c / d) v[1:]``:
+    the same at every row, shape (1, c_out, d) (broadcasts over rows); ``None`` when ``c == 0``.
+    :func:`~xrfm_torch.kernels.chain_rule` maps it to the input space.
+    """
+    if c <= 0:
+        return None
+    v = linear_features(zs, c).mT @ alpha  # (d + 1, c_out)
+    return (math.sqrt(c / zs.shape[1]) * v[1:].mT)[None]

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, transform
-from xrfm_torch.linear import linear_features, linear_predict, linear_weights
+from xrfm_torch.linear import features_or_none, summed_predict
 from xrfm_torch.solvers import solve_krr
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def select_kernel(
     base, q0 = best.bandwidth, best.q
     xs, xv = transform(X, best.sqrt_m), transform(X_val, best.sqrt_m)
     kernel.distance(xs, xs, out=R)  # (n, n), shared by every candidate
-    U = linear_features(xs, linear_mix) if linear_mix > 0 else None  # (n, d + 1)
+    U = features_or_none(xs, linear_mix)  # (n, d + 1) or None
     qs = {q0, *(q for q in exponents or () if q <= kernel.p)}
     factors = sorted({1.0, *(bandwidth_factors or ())})
     grid = [(q, base * f) for q in sorted(qs) for f in factors if (q, f) != (q0, 1.0)]
@@ -126,10 +126,7 @@ def select_kernel(
 
     def consider(lam: float, best: Candidate) -> Candidate:
         alpha = solve_krr(K, y, lam, solve_dtype=solve_dtype, workspace=F, features=U)
-        pred = kernel.predict(xv, xs, alpha)
-        if U is not None:
-            pred = pred + linear_predict(xv, linear_weights(xs, alpha, linear_mix), linear_mix)
-        err, sq = squared_errors(pred, y_val)
+        err, sq = squared_errors(summed_predict(kernel, xv, xs, alpha, linear_mix), y_val)
         q, bandwidth = kernel.q, float(kernel.bandwidth)
         log.debug(
             "leaf n=%d q %.3g bandwidth %.4g reg %.3g: val mse %.6g (best %.6g)",

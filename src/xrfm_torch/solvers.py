@@ -42,13 +42,13 @@ def krr_workspace(
 def _residual_too_large(K: Tensor, alpha: Tensor, b: Tensor, U: Tensor | None = None) -> bool:
     """Whether ``||(K + U U^T) alpha - b||^2 > ||b||^2`` (float64 sums, row chunks of ``K``)."""
     a = alpha.to(K.dtype)
-    U = None if U is None else U.to(K.dtype)
-    ua = None if U is None else U.mT @ a  # (r, c)
+    Uk = None if U is None else U.to(K.dtype)
+    ua = None if Uk is None else Uk.mT @ a  # (r, c): U^T alpha once, not per chunk
     res = 0.0
     for i in range(0, K.shape[0], 4096):
         ka = K[i : i + 4096] @ a
-        if U is not None and ua is not None:
-            ka = ka + U[i : i + 4096] @ ua
+        if Uk is not None and ua is not None:
+            ka = ka + Uk[i : i + 4096] @ ua
         r = ka.double() - b[i : i + 4096].double()
         res += float((r * r).sum())
     return not res <= float((b.double() ** 2).sum())  # also True for NaN
