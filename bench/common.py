@@ -37,8 +37,12 @@ XRFM_D_PARAMS = {  # pytabkit XRFM_D (the authors' recommended single configurat
 
 def fit_predict(
     model: str, d: Any, seed: int, threads: int, options: dict[str, Any], device: str = "cpu"
-) -> tuple[np.ndarray, float, float]:
-    """Fit ``model`` on the protocol data ``d``; return (test predictions in original units, fit s, predict s)."""
+) -> tuple[np.ndarray, float, float, dict[str, Any]]:
+    """Fit ``model`` on the protocol data ``d``.
+
+    Returns (test predictions in original units, fit s, predict s, :func:`leaf_summary` of our
+    tree or ``{}``).
+    """
     import torch
 
     torch.set_num_threads(threads)
@@ -60,7 +64,7 @@ def fit_predict(
         s = time.perf_counter()
         with torch.no_grad():
             pred = m(t(d.X_test)).numpy()[:, 0]
-        return inv(pred), fit_s, time.perf_counter() - s
+        return inv(pred), fit_s, time.perf_counter() - s, leaf_summary(m)
     if model in ("xrfm_default", "xrfm_d"):
         from xrfm import xRFM
 
@@ -77,7 +81,7 @@ def fit_predict(
         s = time.perf_counter()
         out = m.predict(t(d.X_test))
         pred = (out.cpu().numpy() if torch.is_tensor(out) else np.asarray(out)).ravel()
-        return inv(pred), fit_s, time.perf_counter() - s
+        return inv(pred), fit_s, time.perf_counter() - s, {}
     # GBDTs: raw target, 2000 trees (3000 CatBoost), lr 0.05, early stopping 100 on validation
     ytr, yva = inv(d.y_train), inv(d.y_val)
     s = time.perf_counter()
@@ -122,7 +126,22 @@ def fit_predict(
     fit_s = time.perf_counter() - s
     s = time.perf_counter()
     pred = np.asarray(m.predict(d.X_test)).ravel()
-    return pred, fit_s, time.perf_counter() - s
+    return pred, fit_s, time.perf_counter() - s, {}
+
+
+def leaf_summary(m: Any) -> dict[str, Any]:
+    """Per-leaf figures of a fitted xRFMTree: t*, iterations run, rows and the chosen kernel."""
+    leaves = list(m.leaves())
+    return {
+        "leaves": m.n_leaves,
+        "t_star": [int(leaf.best_iter_) for leaf in leaves],
+        "iters": [int(leaf.val_errors_.isfinite().sum()) for leaf in leaves],
+        "rows": [leaf.support_.shape[0] for leaf in leaves],
+        "q": [leaf.kernel.q for leaf in leaves],
+        "bandwidth": [round(leaf.bandwidth, 3) for leaf in leaves],
+        "reg": [float(leaf.reg_) for leaf in leaves],
+        "temperature": float(m.temperature_),
+    }
 
 
 def peak_rss_mb() -> float:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DEFAULT_DATA, fit_predict
+from common import DEFAULT_DATA, fit_predict, leaf_summary
 
 from xrfm_torch import xRFMTree
 from xrfm_torch.data import prepare, read_csv
@@ -68,7 +68,7 @@ def main() -> None:
 
         y_test = d.y_scaler.inverse(d.y_test)
         for ref in a.references:
-            pred, fit_s, _ = fit_predict(ref, d, a.seed, torch.get_num_threads(), {}, a.device)
+            pred, fit_s, _, _ = fit_predict(ref, d, a.seed, torch.get_num_threads(), {}, a.device)
             rmse = float(np.sqrt(np.mean((pred - y_test) ** 2)))
             record({"dataset": name, "seed": a.seed, "model": ref, "rmse": rmse, "fit_s": fit_s})
         for cname, opts in configs.items():
@@ -92,14 +92,7 @@ def main() -> None:
                 "model": cname,
                 "rmse": rmse,
                 "fit_s": fit_s,
-                "leaves": m.n_leaves,
-                "t_star": [int(leaf.best_iter_) for leaf in m.leaves()],
-                "iters": [int(leaf.val_errors_.isfinite().sum()) for leaf in m.leaves()],
-                "rows": [leaf.support_.shape[0] for leaf in m.leaves()],
-                "q": [leaf.kernel.q for leaf in m.leaves()],
-                "bandwidth": [round(leaf.bandwidth, 3) for leaf in m.leaves()],
-                "reg": [float(leaf.reg_) for leaf in m.leaves()],
-                "temperature": float(m.temperature_),
+                **leaf_summary(m),
             }
             record(row)
     names_c = list(configs) + list(a.references)

@@ -40,7 +40,7 @@ def main() -> None:
     else:
         X, y, names = read_csv(a.csv, "target")
         d = prepare(X, y, a.seed, feature_names=names)
-    pred, fit_s, pred_s = fit_predict(a.model, d, a.seed, a.threads, json.loads(a.options))
+    pred, fit_s, pred_s, info = fit_predict(a.model, d, a.seed, a.threads, json.loads(a.options))
     y_test = d.y_scaler.inverse(d.y_test)
     rmse = float(np.sqrt(np.mean((pred - y_test) ** 2)))
     r2 = float(1 - np.mean((pred - y_test) ** 2) / np.var(y_test))
@@ -52,6 +52,7 @@ def main() -> None:
                 "fit_s": fit_s,
                 "predict_s": pred_s,
                 "peak_rss_mb": peak_rss_mb(),
+                **info,
             }
         )
     )
