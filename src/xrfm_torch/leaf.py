@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import logging
-import math
 from collections.abc import Sequence
 
 import torch
@@ -17,15 +15,13 @@ from xrfm_torch._checks import (
     check_positive,
 )
 from xrfm_torch._state import ResizableBuffers, as_dtype
-from xrfm_torch.agop import agop_from_grads, normalize_agop, sqrt_psd
-from xrfm_torch.bandwidth import median_pairwise_distance
+from xrfm_torch.agop import agop_from_grads
+from xrfm_torch.iteration import run_iterations
 from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
 from xrfm_torch.linear import features_or_none, linear_grad, summed_predict
-from xrfm_torch.selection import Candidate, select_kernel, squared_errors
-from xrfm_torch.solvers import krr_workspace, solve_krr
+from xrfm_torch.selection import Candidate
+from xrfm_torch.solvers import solve_krr
 from xrfm_torch.validation import fit_data
-
-log = logging.getLogger(__name__)
 
 
 class LeafRFM(ResizableBuffers):
@@ -237,131 +233,13 @@ class LeafRFM(ResizableBuffers):
         if self.iter_rows is not None and X.shape[0] > self.iter_rows:
             keep = torch.randperm(X.shape[0], generator=generator)[: self.iter_rows].to(X.device)
             X, y = X[keep], y[keep]
-        best = self._iterate(X, y, data.X_val, data.y_val, generator)
+        best, self.val_errors_, self._chosen_diag = run_iterations(
+            self, X, y, data.X_val, data.y_val, generator
+        )
         self._store(X, best)
         if final_solve and X.shape[0] < X_all.shape[0]:
             self.refit(X_all, y_all)
         return self
-
-    @torch.no_grad()
-    def _iterate(
-        self,
-        X: Tensor,
-        y: Tensor,
-        X_val: Tensor,
-        y_val: Tensor,
-        generator: torch.Generator | None,
-    ) -> Candidate:
-        kernel = self.kernel
-        kernel.q = self._kernel_start[0]
-        kernel.bandwidth.fill_(self._kernel_start[1])
-        n, tau = X.shape[0], self.n_iters
-        errors = torch.full((tau + 1,), float("nan"), dtype=torch.float64)
-        # (n, n) work buffers reused by every fit: distances / gradient weights, kernel matrix,
-        # Cholesky factor (a fresh allocation of this size costs as much as an exp pass)
-        R, K = X.new_empty(n, n), X.new_empty(n, n)
-        F = krr_workspace(n, self.solve_dtype or X.dtype, X.device)
-
-        def fit_at(
-            sqrt_m: Tensor | None, agop: bool, diag: bool
-        ) -> tuple[Candidate, Tensor | None]:
-            """One KRR fit in the M-space of ``sqrt_m`` (+ its AGOP, computed while K is at hand)."""
-            xs = transform(X, sqrt_m)
-            if self.adaptive_bandwidth is not None:
-                med = median_pairwise_distance(xs, kernel.p, generator=generator)
-                if med > 1e-14:
-                    kernel.bandwidth.fill_(self.adaptive_bandwidth * med)
-            kernel.distance(xs, xs, out=R)  # (n, n)
-            kernel.from_distance(R, out=K)  # (n, n)
-            U = features_or_none(xs, self.linear_mix)
-            alpha = solve_krr(K, y, self.reg, solve_dtype=self.solve_dtype, workspace=F, features=U)
-            pred = summed_predict(kernel, transform(X_val, sqrt_m), xs, alpha, self.linear_mix)
-            err, sq = squared_errors(pred, y_val)
-            cand = Candidate(
-                err, -1, alpha, sqrt_m, float(kernel.bandwidth), kernel.q, self.reg, sq
-            )
-            if not (agop and math.isfinite(cand.err)):
-                return cand, None
-            lin = linear_grad(xs, alpha, self.linear_mix)  # (1, c, d) w.r.t. S x, or None
-            if kernel.p == 2.0:  # reuse the Gram matrix: gradient weights overwrite the distances
-                w = kernel.grad_weights(R, K, out=R)
-                gs = kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0)
-                g = chain_rule(gs if lin is None else gs + lin, sqrt_m)
-            else:
-                g = kernel.function_grads(X, X, alpha, sqrt_m, exclude_self=True)
-                if lin is not None:
-                    g = g + chain_rule(lin, sqrt_m)
-            G = agop_from_grads(g, diag=diag)
-            top = float(G.max())
-            if not math.isfinite(top) or top <= 0.0:
-                log.warning("leaf n=%d: degenerate AGOP (max %g); stopping", n, top)
-                return cand, None
-            return cand, G
-
-        # "auto" decides diag vs full at t = 1 (both are fitted from the full G_0; the one with the
-        # lower validation error continues), so it costs one extra solve, not twice the iterations.
-        mode: bool | None = None if self.diag == "auto" else bool(self.diag)
-        best: Candidate | None = None
-        t_gain = 0  # last iteration that improved the best error by more than tol
-        G: Tensor | None = None
-        for t in range(tau + 1):
-            agop = t < tau
-            if t == 0:
-                cands = [fit_at(None, agop, diag=mode is True)]
-            elif G is None:
-                break
-            elif mode is None:
-                cands = [
-                    fit_at(sqrt_psd(normalize_agop(Gm, self.eps)), agop, diag=dg)
-                    for dg, Gm in ((True, G.diagonal()), (False, G))
-                ]
-            else:
-                cands = [fit_at(sqrt_psd(normalize_agop(G, self.eps)), agop, diag=mode)]
-            for c, _ in cands:
-                c.t = t
-                if math.isfinite(c.err) and (best is None or c.err < best.err):
-                    if best is None or c.err < (1.0 - self.tol) * best.err:
-                        t_gain = t
-                    best = c
-            cand, G = min(cands, key=lambda cg: cg[0].err if math.isfinite(cg[0].err) else math.inf)
-            if mode is None and t > 0:
-                mode = cand.sqrt_m is not None and cand.sqrt_m.ndim == 1
-                log.debug("leaf n=%d: auto chose %s M", n, "diagonal" if mode else "full")
-            errors[t] = cand.err
-            log.debug("leaf n=%d iter %d: val mse %.6g", n, t, cand.err)
-            if not math.isfinite(cand.err):
-                log.warning("leaf n=%d iter %d: non-finite validation error; stopping", n, t)
-                break
-            mult = self.early_stop_multiplier
-            if best is not None and mult is not None and cand.err > best.err * float(mult):
-                break
-            if self.patience is not None and t >= self.min_iters and t - t_gain >= self.patience:
-                log.debug("leaf n=%d: no new best for %d iterations; stopping", n, self.patience)
-                break
-        if best is None:
-            raise RuntimeError(
-                f"LeafRFM produced no finite validation error (errors: {errors.tolist()})"
-            )
-        self.val_errors_ = errors.to(X.device)
-        self._chosen_diag = mode if mode is not None else True
-        if self.bandwidth_factors or self.kernel_exponents or self.reg_factors:
-            best = select_kernel(
-                kernel,
-                X,
-                y,
-                X_val,
-                y_val,
-                best,
-                (R, K, F),
-                exponents=self.kernel_exponents,
-                bandwidth_factors=self.bandwidth_factors,
-                reg=self.reg,
-                reg_factors=self.reg_factors,
-                solve_dtype=self.solve_dtype,
-                margin=self.kernel_margin,
-                linear_mix=self.linear_mix,
-            )
-        return best
 
     def _store(self, X: Tensor, best: Candidate) -> None:
         d = X.shape[1]

@@ -1,0 +1,229 @@
+"""The RFM iterations of one leaf: solve, validate, AGOP, repeat (the body of ``LeafRFM.fit``).
+
+:func:`rfm_step` is one kernel ridge regression fit in the M-space of ``sqrt(M)`` with its
+validation error and (optionally) the AGOP of the fitted predictor; :func:`run_iterations` drives
+the steps for ``t = 0 .. tau`` with the leaf's stopping rules and hands the best one to the
+post-hoc selection (:func:`xrfm_torch.selection.select_kernel`). Kept apart from ``leaf.py`` so
+that the module holds what a fitted leaf *is* (buffers, prediction, gradients) and this one how its
+``M`` is learned, as ``fitting.py`` does for the tree.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from xrfm_torch.agop import agop_from_grads, normalize_agop, sqrt_psd
+from xrfm_torch.bandwidth import median_pairwise_distance
+from xrfm_torch.kernels import Kernel, chain_rule, transform
+from xrfm_torch.linear import features_or_none, linear_grad, summed_predict
+from xrfm_torch.selection import Candidate, select_kernel, squared_errors
+from xrfm_torch.solvers import krr_workspace, solve_krr
+
+if TYPE_CHECKING:
+    from xrfm_torch.leaf import LeafRFM
+
+log = logging.getLogger(__name__)
+
+
+def rfm_step(
+    kernel: Kernel,
+    X: Tensor,
+    y: Tensor,
+    X_val: Tensor,
+    y_val: Tensor,
+    sqrt_m: Tensor | None,
+    buffers: tuple[Tensor, Tensor, Tensor],
+    *,
+    reg: float,
+    linear_mix: float,
+    solve_dtype: torch.dtype | None,
+    adaptive_bandwidth: float | None,
+    agop: bool,
+    diag: bool,
+    generator: torch.Generator | None,
+) -> tuple[Candidate, Tensor | None]:
+    """One KRR fit in the M-space of ``sqrt_m`` (+ the AGOP of its predictor, while K is at hand).
+
+    Solves ``(K(S X, S X) + c U U^T + reg I) alpha = y`` with ``S = sqrt_m`` (``None``: identity)
+    and the linear part ``U`` of weight ``c = linear_mix``, and measures the validation MSE. With
+    ``agop``, also returns ``G = sum_i J(x_i)^T J(x_i)`` of the fitted predictor at the training
+    rows (self-terms excluded), (d,) if ``diag`` else (d, d), or ``None`` when it is degenerate.
+
+    Args:
+        kernel: The leaf's kernel (its bandwidth is reset here under ``adaptive_bandwidth``).
+        X: Training inputs, shape (n, d).
+        y: Targets, shape (n, c).
+        X_val: Validation inputs, shape (n_val, d).
+        y_val: Validation targets, shape (n_val, c).
+        sqrt_m: ``sqrt(M)``, shape (d,) or (d, d), or ``None``.
+        buffers: ``(R, K, F)``: (n, n) distance and kernel buffers and the solver workspace,
+            reused by every step (a fresh allocation of this size costs as much as an exp pass).
+        reg: Ridge.
+        linear_mix: Weight of the constant + linear part (:mod:`xrfm_torch.linear`).
+        solve_dtype: Dtype of the Cholesky solve.
+        adaptive_bandwidth: If set, the bandwidth becomes this multiple of the median pairwise
+            distance in the M-space first.
+        agop: Whether to compute the AGOP.
+        diag: Whether the AGOP is wanted as its diagonal.
+        generator: For the median subsample.
+
+    Returns:
+        ``(candidate, G or None)``; the candidate's ``t`` is left at -1 for the caller to set.
+    """
+    R, K, F = buffers
+    xs = transform(X, sqrt_m)
+    if adaptive_bandwidth is not None:
+        med = median_pairwise_distance(xs, kernel.p, generator=generator)
+        if med > 1e-14:
+            kernel.bandwidth.fill_(adaptive_bandwidth * med)
+    kernel.distance(xs, xs, out=R)  # (n, n)
+    kernel.from_distance(R, out=K)  # (n, n)
+    U = features_or_none(xs, linear_mix)
+    alpha = solve_krr(K, y, reg, solve_dtype=solve_dtype, workspace=F, features=U)
+    pred = summed_predict(kernel, transform(X_val, sqrt_m), xs, alpha, linear_mix)
+    err, sq = squared_errors(pred, y_val)
+    cand = Candidate(err, -1, alpha, sqrt_m, float(kernel.bandwidth), kernel.q, reg, sq)
+    if not (agop and math.isfinite(cand.err)):
+        return cand, None
+    lin = linear_grad(xs, alpha, linear_mix)  # (1, c, d) w.r.t. S x, or None
+    if kernel.p == 2.0:  # reuse the Gram matrix: gradient weights overwrite the distances
+        w = kernel.grad_weights(R, K, out=R)
+        gs = kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0)
+        g = chain_rule(gs if lin is None else gs + lin, sqrt_m)
+    else:
+        g = kernel.function_grads(X, X, alpha, sqrt_m, exclude_self=True)
+        if lin is not None:
+            g = g + chain_rule(lin, sqrt_m)
+    G = agop_from_grads(g, diag=diag)
+    top = float(G.max())
+    if not math.isfinite(top) or top <= 0.0:
+        log.warning("leaf n=%d: degenerate AGOP (max %g); stopping", X.shape[0], top)
+        return cand, None
+    return cand, G
+
+
+@torch.no_grad()
+def run_iterations(
+    leaf: LeafRFM,
+    X: Tensor,
+    y: Tensor,
+    X_val: Tensor,
+    y_val: Tensor,
+    generator: torch.Generator | None,
+) -> tuple[Candidate, Tensor, bool]:
+    """Fit ``t = 0 .. tau`` with ``M_{t+1} = G_t / (eps + max G_t)`` and keep the best validation MSE.
+
+    The leaf's settings drive the loop: ``n_iters`` (``tau``), ``diag`` (``"auto"`` fits both
+    the diagonal and the full ``M`` from ``G_0`` at ``t = 1`` and continues with the better),
+    ``early_stop_multiplier``, ``patience`` / ``tol`` / ``min_iters``, then the post-hoc exponent,
+    bandwidth and ridge selection. The leaf's kernel is reset to its prototype's exponent and
+    bandwidth first and left at the chosen ones.
+
+    Args:
+        leaf: The leaf being fitted (its settings and kernel; no buffers are written here).
+        X: Training inputs, shape (n, d).
+        y: Targets, shape (n, c).
+        X_val: Validation inputs, shape (n_val, d).
+        y_val: Validation targets, shape (n_val, c).
+        generator: For the adaptive-bandwidth subsamples.
+
+    Returns:
+        ``(best candidate, validation MSE per iteration (tau + 1,) with NaN where not run,
+        whether M is diagonal)``.
+    """
+    kernel = leaf.kernel
+    kernel.q = leaf._kernel_start[0]
+    kernel.bandwidth.fill_(leaf._kernel_start[1])
+    n, tau = X.shape[0], leaf.n_iters
+    errors = torch.full((tau + 1,), float("nan"), dtype=torch.float64)
+    buffers = (
+        X.new_empty(n, n),
+        X.new_empty(n, n),
+        krr_workspace(n, leaf.solve_dtype or X.dtype, X.device),
+    )
+
+    def step(sqrt_m: Tensor | None, agop: bool, diag: bool) -> tuple[Candidate, Tensor | None]:
+        return rfm_step(
+            kernel,
+            X,
+            y,
+            X_val,
+            y_val,
+            sqrt_m,
+            buffers,
+            reg=leaf.reg,
+            linear_mix=leaf.linear_mix,
+            solve_dtype=leaf.solve_dtype,
+            adaptive_bandwidth=leaf.adaptive_bandwidth,
+            agop=agop,
+            diag=diag,
+            generator=generator,
+        )
+
+    # "auto" decides diag vs full at t = 1 (both are fitted from the full G_0; the one with the
+    # lower validation error continues), so it costs one extra solve, not twice the iterations.
+    mode: bool | None = None if leaf.diag == "auto" else bool(leaf.diag)
+    best: Candidate | None = None
+    t_gain = 0  # last iteration that improved the best error by more than tol
+    G: Tensor | None = None
+    for t in range(tau + 1):
+        agop = t < tau
+        if t == 0:
+            cands = [step(None, agop, diag=mode is True)]
+        elif G is None:
+            break
+        elif mode is None:
+            cands = [
+                step(sqrt_psd(normalize_agop(Gm, leaf.eps)), agop, diag=dg)
+                for dg, Gm in ((True, G.diagonal()), (False, G))
+            ]
+        else:
+            cands = [step(sqrt_psd(normalize_agop(G, leaf.eps)), agop, diag=mode)]
+        for c, _ in cands:
+            c.t = t
+            if math.isfinite(c.err) and (best is None or c.err < best.err):
+                if best is None or c.err < (1.0 - leaf.tol) * best.err:
+                    t_gain = t
+                best = c
+        cand, G = min(cands, key=lambda cg: cg[0].err if math.isfinite(cg[0].err) else math.inf)
+        if mode is None and t > 0:
+            mode = cand.sqrt_m is not None and cand.sqrt_m.ndim == 1
+            log.debug("leaf n=%d: auto chose %s M", n, "diagonal" if mode else "full")
+        errors[t] = cand.err
+        log.debug("leaf n=%d iter %d: val mse %.6g", n, t, cand.err)
+        if not math.isfinite(cand.err):
+            log.warning("leaf n=%d iter %d: non-finite validation error; stopping", n, t)
+            break
+        mult = leaf.early_stop_multiplier
+        if best is not None and mult is not None and cand.err > best.err * float(mult):
+            break
+        if leaf.patience is not None and t >= leaf.min_iters and t - t_gain >= leaf.patience:
+            log.debug("leaf n=%d: no new best for %d iterations; stopping", n, leaf.patience)
+            break
+    if best is None:
+        raise RuntimeError(
+            f"LeafRFM produced no finite validation error (errors: {errors.tolist()})"
+        )
+    if leaf.bandwidth_factors or leaf.kernel_exponents or leaf.reg_factors:
+        best = select_kernel(
+            kernel,
+            X,
+            y,
+            X_val,
+            y_val,
+            best,
+            buffers,
+            exponents=leaf.kernel_exponents,
+            bandwidth_factors=leaf.bandwidth_factors,
+            reg=leaf.reg,
+            reg_factors=leaf.reg_factors,
+            solve_dtype=leaf.solve_dtype,
+            margin=leaf.kernel_margin,
+            linear_mix=leaf.linear_mix,
+        )
+    return best, errors.to(X.device), mode if mode is not None else True
