@@ -8,7 +8,7 @@ from xrfm_torch import CARTSplit, PCASplit, RandomSplit, xRFMTree
 from xrfm_torch.builder import borrow_validation_rows, grow_tree
 from xrfm_torch.kernels import LaplaceKernel
 from xrfm_torch.splits import Split
-from xrfm_torch.temperature import DEFAULT_TEMPERATURE_GRID
+from xrfm_torch.temperature import DEFAULT_TEMPERATURE_GRID, temperature_errors
 
 
 def seeded(seed=0):
@@ -34,6 +34,40 @@ def test_beats_mean_predictor(fitted):
     Xt, yt = planted(800, d=6, seed=2)
     rmse = float(((model(Xt)[:, 0] - yt) ** 2).mean().sqrt())
     assert rmse < 0.5 * float(yt.std())
+
+
+@pytest.mark.parametrize("max_soft_leaves", [2, 12])
+def test_temperature_errors_match_forward(fitted, max_soft_leaves):
+    # the tuning evaluates each leaf only where some temperature of the grid gives it weight;
+    # each error must equal the MSE of the model's own soft-routed forward at that temperature
+    model, _, _ = fitted
+    Xv, yv = planted(300, d=6, seed=1)
+    grid = [0.0, 0.05, 0.3, 2.0]
+    old = (model.max_soft_leaves, float(model.temperature_))
+    model.max_soft_leaves = max_soft_leaves
+    try:
+        errs = temperature_errors(model, Xv, yv, grid)
+        for temp, err in zip(grid, errs):
+            model._set_temperature(temp)
+            ref = float(((model(Xv)[:, 0] - yv) ** 2).mean())
+            assert err == pytest.approx(ref, rel=1e-5)
+        tree = model.partition_trees()[0]
+        w = tree.weights(Xv, 2.0, keep_mass=model.keep_mass, max_leaves=max_soft_leaves)
+        assert int((w > 0).sum(1).max()) <= max_soft_leaves  # the truncation the mask relies on
+    finally:
+        model.max_soft_leaves = old[0]
+        model._set_temperature(old[1])
+
+
+def test_masked_leaf_predictions_are_the_leaves_on_their_rows(fitted):
+    model, _, _ = fitted
+    tree = model.partition_trees()[0]
+    Xv, _ = planted(200, d=6, seed=3)
+    mask = torch.rand(200, tree.n_leaves, generator=seeded(4)) < 0.3
+    full, part = tree.leaf_predictions(Xv), tree.leaf_predictions(Xv, mask)
+    # float32 kernel sums over a different row batch may round differently (~1e-5 here)
+    torch.testing.assert_close(part, torch.where(mask[:, :, None], full, 0.0), rtol=1e-4, atol=1e-4)
+    assert bool((part[~mask] == 0).all())
 
 
 def test_temperature_is_tuned_on_the_grid(fitted):

@@ -135,9 +135,29 @@ class PartitionTree(ResizableBuffers):
             raise RuntimeError("no leaf received any weight")
         return out
 
-    def leaf_predictions(self, x: Tensor) -> Tensor:
-        """Every leaf's prediction at every row, shape (n, L, c) (for temperature tuning)."""
-        return torch.stack([leaf(x) for leaf in self.leaves], dim=1)
+    def leaf_predictions(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Each leaf's prediction at each row, shape (n, L, c) (for temperature tuning).
+
+        Args:
+            x: Inputs, shape (n, d).
+            mask: Optional (n, L) bool: leaf ``l`` runs only on the rows with ``mask[:, l]`` and
+                the other entries are 0. With soft weights truncated to a few leaves per row this
+                keeps the cost linear in the number of leaves instead of ``n * L * leaf size``.
+        """
+        if mask is None:
+            return torch.stack([leaf(x) for leaf in self.leaves], dim=1)
+        out: Tensor | None = None
+        for leaf_id, leaf in enumerate(self.leaves):
+            rows = mask[:, leaf_id].nonzero().squeeze(1)
+            if rows.numel() == 0:
+                continue
+            pred = leaf(x[rows])  # (r, c)
+            if out is None:
+                out = x.new_zeros(x.shape[0], self.n_leaves, pred.shape[1])
+            out[rows, leaf_id] = pred
+        if out is None:
+            raise ValueError("mask selects no (row, leaf) pair")
+        return out
 
     def forward(
         self,

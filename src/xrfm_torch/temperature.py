@@ -11,6 +11,7 @@ from torch import Tensor
 from xrfm_torch._checks import as_float_targets
 
 if TYPE_CHECKING:
+    from xrfm_torch.partition import PartitionTree
     from xrfm_torch.tree import xRFMTree
 
 #: 0 (hard routing) plus 20 geometrically spaced values from 0.025 to 4.5 (the reference's grid).
@@ -26,8 +27,11 @@ def temperature_errors(
 ) -> list[float]:
     """Validation MSE of ``model`` for each temperature in ``grid``.
 
-    Every leaf is evaluated once on the validation rows, shape (n_val, L, c); each temperature then
-    only recomputes the mixture weights.
+    Each leaf is evaluated once on the validation rows where some temperature of the grid gives
+    it weight (shape (n_val, L, c), zero elsewhere); each temperature then only recomputes the
+    mixture weights. With weights truncated to ``max_soft_leaves`` per row this costs
+    ``O(n_val * max_soft_leaves * leaf size)``, not ``O(n_val * L * leaf size)``: quadratic in
+    ``n`` when the validation rows and the leaves both grow with it.
 
     Args:
         model: A fitted tree (its leaves are used as they are).
@@ -37,18 +41,21 @@ def temperature_errors(
     """
     y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X_val.dtype)
     trees = model.partition_trees()
-    leaf_preds = [tree.leaf_predictions(X_val) for tree in trees]  # each (n_val, L, c)
+
+    def weights(tree: PartitionTree, temp: float) -> Tensor:  # (n_val, L)
+        return tree.weights(
+            X_val, temp, keep_mass=model.keep_mass, max_leaves=model.max_soft_leaves
+        )
+
+    leaf_preds = []
+    for tree in trees:
+        used = torch.zeros(X_val.shape[0], tree.n_leaves, dtype=torch.bool, device=X_val.device)
+        for temp in grid:  # the weights are recomputed below: (n_val, L) per temperature is cheap
+            used |= weights(tree, temp) > 0
+        leaf_preds.append(tree.leaf_predictions(X_val, used))  # (n_val, L, c)
     errors = []
     for temp in grid:
-        preds = [
-            (
-                tree.weights(
-                    X_val, temp, keep_mass=model.keep_mass, max_leaves=model.max_soft_leaves
-                )[:, :, None]
-                * P
-            ).sum(1)
-            for tree, P in zip(trees, leaf_preds)
-        ]
+        preds = [(weights(tree, temp)[:, :, None] * P).sum(1) for tree, P in zip(trees, leaf_preds)]
         pred = torch.stack(preds).mean(0)
         errors.append(float(((pred - y_val) ** 2).mean()))
     return errors
