@@ -1,4 +1,4 @@
-"""Interpretation helpers: input gradients of a whole tree and leaf-size-weighted averages."""
+"""Interpretation of a fitted tree: input gradients, AGOP, feature importance (size-weighted)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from xrfm_torch.agop import agop_from_grads
 from xrfm_torch.leaf import LeafRFM
 
 if TYPE_CHECKING:
@@ -47,3 +48,22 @@ def size_weighted(leaves: Sequence[LeafRFM], value: Callable[[LeafRFM], Tensor])
     if total is None:
         raise ValueError("no leaves to average over")
     return total / weight
+
+
+def model_agop(model: xRFMTree, x: Tensor | None, *, diag: bool) -> Tensor:
+    """The tree's AGOP at ``x`` (routing included) or the size-weighted mean of the leaves' AGOPs."""
+    if x is not None:
+        return agop_from_grads(input_grads(model, x), diag=diag)
+    return size_weighted(model.leaves(), lambda leaf: leaf.agop(diag=diag))
+
+
+def feature_importance(model: xRFMTree, source: str) -> Tensor:
+    """Size-weighted ``diag(M)`` (``"M"``) or the AGOP diagonal (``"agop"``), summing to 1, (d,)."""
+    if source == "M":
+        imp = size_weighted(model.leaves(), lambda leaf: m_diagonal(leaf.M))
+    elif source == "agop":
+        imp = model_agop(model, None, diag=True)
+    else:
+        raise ValueError(f"source must be 'M' or 'agop', got {source!r}")
+    imp = imp.detach().double()
+    return (imp / imp.sum().clamp_min(1e-300)).to(model.temperature_.device)

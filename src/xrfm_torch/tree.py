@@ -17,9 +17,8 @@ from xrfm_torch._checks import (
 )
 from xrfm_torch._config import objects_from_config, plain_config
 from xrfm_torch._state import as_dtype
-from xrfm_torch.agop import agop_from_grads
 from xrfm_torch.fitting import fit_model, refit_model_leaves
-from xrfm_torch.interpret import input_grads, m_diagonal, size_weighted
+from xrfm_torch.interpret import feature_importance, input_grads, model_agop
 from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.partition import PartitionTree, leaves_per_tree
@@ -353,9 +352,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             Shape (d, d), or (d,) when ``diag``.
         """
         self._check_fitted()
-        if x is not None:
-            return agop_from_grads(self.get_grads(x), diag=diag)
-        return size_weighted(self.leaves(), lambda leaf: leaf.agop(diag=diag))
+        return model_agop(self, x, diag=diag)
 
     def feature_importance(self, source: str = "M") -> Tensor:
         """Per-feature importance, normalized to sum to 1, shape (d,).
@@ -365,14 +362,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
                 ``"agop"``: diagonal of :meth:`agop` (what the fitted predictors are sensitive to).
         """
         self._check_fitted()
-        if source == "M":
-            imp = size_weighted(self.leaves(), lambda leaf: m_diagonal(leaf.M))
-        elif source == "agop":
-            imp = self.agop(diag=True)
-        else:
-            raise ValueError(f"source must be 'M' or 'agop', got {source!r}")
-        imp = imp.detach().double()
-        return (imp / imp.sum().clamp_min(1e-300)).to(self.temperature_.device)
+        return feature_importance(self, source)
 
     # ---- prediction ----------------------------------------------------------------------------
     def forward(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
