@@ -79,7 +79,7 @@ def main() -> None:
         prev = None
         for n, r in pts:
             growth = f"{r['fit_s'] / prev[1]['fit_s']:.2f}x" if prev and prev[0] * 2 == n else "—"
-            # RFM iterations run per leaf (each one kernel solve): the data-dependent part of the time
+            # RFM iterations run per leaf (each one or two kernel solves): the data-dependent time
             fits = "+".join(map(str, r["iters"])) if "iters" in r else "—"
             lines.append(
                 f"| {m} | {n} | {r['fit_s']:.1f} | {growth} | {r['rmse']:.4f} "

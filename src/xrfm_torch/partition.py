@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
@@ -120,14 +121,18 @@ class PartitionTree(ResizableBuffers):
         inverse[order] = torch.arange(order.numel(), device=order.device)
         return preds[inverse]
 
+    def _on_rows(self, x: Tensor, mask: Tensor) -> Iterator[tuple[int, Tensor, Tensor]]:
+        """``(leaf id, rows, leaf(x[rows]))`` for each leaf with rows in ``mask[:, leaf id]``, (n, L)."""
+        for leaf_id, leaf in enumerate(self.leaves):
+            rows = mask[:, leaf_id].nonzero().squeeze(1)
+            if rows.numel():
+                yield leaf_id, rows, leaf(x[rows])
+
     def predict_weighted(self, x: Tensor, w: Tensor) -> Tensor:
         """``sum_l w[:, l] * leaf_l(x)``, evaluating each leaf only on rows where its weight > 0."""
         out: Tensor | None = None
-        for leaf_id, leaf in enumerate(self.leaves):
-            rows = (w[:, leaf_id] > 0).nonzero().squeeze(1)
-            if rows.numel() == 0:
-                continue
-            contrib = w[rows, leaf_id, None] * leaf(x[rows])
+        for leaf_id, rows, pred in self._on_rows(x, w > 0):
+            contrib = w[rows, leaf_id, None] * pred
             if out is None:
                 out = torch.zeros(x.shape[0], contrib.shape[1], dtype=x.dtype, device=x.device)
             out = out.index_add(0, rows, contrib)
@@ -147,11 +152,7 @@ class PartitionTree(ResizableBuffers):
         if mask is None:
             return torch.stack([leaf(x) for leaf in self.leaves], dim=1)
         out: Tensor | None = None
-        for leaf_id, leaf in enumerate(self.leaves):
-            rows = mask[:, leaf_id].nonzero().squeeze(1)
-            if rows.numel() == 0:
-                continue
-            pred = leaf(x[rows])  # (r, c)
+        for leaf_id, rows, pred in self._on_rows(x, mask):
             if out is None:
                 out = x.new_zeros(x.shape[0], self.n_leaves, pred.shape[1])
             out[rows, leaf_id] = pred
