@@ -109,7 +109,7 @@ def xrfm_head(
     dm: Data, epochs: int, seed: int, lr: float, refit_every: int, sgd_loss: str = "head"
 ) -> float:
     pl.seed_everything(seed, verbose=False)
-    tree = xRFMTree(diag=False, temperature=0.0)
+    tree = xRFMTree(diag=False, input_transform="identity", temperature=0.0)
     d = dm.splits["train"][0].shape[1]
     module = XRFMHeadModule(
         tree, hidden=(64, 64), in_features=d, lr=lr, seed=seed, sgd_loss=sgd_loss

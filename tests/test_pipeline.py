@@ -92,7 +92,7 @@ def test_leaf_metrics_files(synthetic_run):
     # the model's soft prediction, so use the system's own predictions)
     system = result["objects"]["system"]
     x = torch.from_numpy(dm.data.X_test)
-    ids = tree.partition_trees()[0].route(x)
+    ids = tree.leaf_ids(x)
     pred = system.predict_step((x,), 0)
     y = torch.from_numpy(dm.data.y_scaler.inverse(dm.data.y_test))
     for r in rows:

@@ -154,6 +154,7 @@ def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_
     X, y = planted(1200, d=5, dtype=torch.float64)
     Xv, yv = planted(60, d=5, seed=1, dtype=torch.float64)
     kw = {"max_leaf_size": 600, "n_iters": 1, "min_leaf_val": 100, "temperature": 0.0}
+    kw["input_transform"] = "identity"  # the leaves store the raw rows
     model = xRFMTree(iter_rows=250, refit_borrowed=refit_borrowed, **kw)
     model.fit(X, y, Xv, yv, generator=seeded())
     assert any(float(leaf.reg_) != 1e-3 for leaf in model.leaves())  # the ridge search moved
@@ -163,7 +164,7 @@ def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_
     assert sizes == [leaf.support_.shape[0] for leaf in plain.leaves()]
     borrowed = sum(100 - c for c in _val_counts(model, Xv))
     assert sum(sizes) == (1200 if refit_borrowed else 1200 - borrowed)
-    ids = model.partition_trees()[0].route(X)
+    ids = model.leaf_ids(X)
     for lf, leaf in enumerate(model.leaves()):
         # which training rows the leaf stores, in its order
         src = torch.cdist(leaf.support_, X).argmin(1)
@@ -183,7 +184,7 @@ def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_
 
 
 def _val_counts(model, Xv):
-    ids = model.partition_trees()[0].route(Xv)
+    ids = model.leaf_ids(Xv)
     return [int((ids == lf).sum()) for lf in range(model.n_leaves)]
 
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from xrfm_torch.builder import TreeLayout, fit_leaves, grow_tree
+from xrfm_torch.input_choice import encode_fit_data
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.partition import PartitionTree
 from xrfm_torch.temperature import tune_temperature
@@ -40,6 +42,8 @@ def fit_model(
 ) -> None:
     """Grow ``model.n_trees`` trees, fit their leaves, tune the temperature (see ``xRFMTree.fit``)."""
     data = fit_data(X, y, X_val, y_val, val_fraction=model.val_fraction, generator=generator)
+    raw_X_val = data.X_val  # the temperature search maps it itself, like forward
+    data = encode_fit_data(model, data, generator)  # the trees see the mapped inputs from here on
     X, y, X_val, y_val, holdout = data.X, data.y, data.X_val, data.y_val, data.holdout
     model.kernel.to(device=X.device, dtype=X.dtype)
     trees: list[PartitionTree] = []
@@ -67,7 +71,7 @@ def fit_model(
     if model.temperature is not None:
         model._set_temperature(model.temperature)
     elif any(tree.n_leaves > 1 for tree in trees):
-        best_t, errs = tune_temperature(model, X_val, y_val, model.temperature_grid)
+        best_t, errs = tune_temperature(model, raw_X_val, y_val, model.temperature_grid)
         model._set_temperature(best_t)
         log.info("tuned temperature %.4g (val mse %s)", best_t, ", ".join(f"{e:.4g}" for e in errs))
     if holdout is not None:
@@ -92,6 +96,8 @@ def refit_model_leaves(
         generator=generator,
         n_features=model.n_features_in_,
     )
+    # The input map keeps its fitted knots: the routing was learned on them.
+    data = replace(data, X=model.input_map(data.X), X_val=model.input_map(data.X_val))
     X, y = data.X, data.y
     for tree in model.partition_trees():
         ids, vids = tree.route(X), tree.route(data.X_val)

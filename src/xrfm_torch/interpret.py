@@ -65,5 +65,5 @@ def feature_importance(model: xRFMTree, source: str) -> Tensor:
         imp = model_agop(model, None, diag=True)
     else:
         raise ValueError(f"source must be 'M' or 'agop', got {source!r}")
-    imp = imp.detach().double()
+    imp = model.input_map.fold(imp.detach().double())  # a feature's columns add up
     return (imp / imp.sum().clamp_min(1e-300)).to(model.temperature_.device)

@@ -57,9 +57,19 @@ def beats(challenger: Candidate, incumbent: Candidate, margin: float) -> bool:
     """
     if not math.isfinite(challenger.err) or challenger.err >= incumbent.err:
         return False
-    if margin <= 0.0 or incumbent.sq_err.shape[0] < 2:
+    return paired_win(challenger.sq_err, incumbent.sq_err, margin)
+
+
+def paired_win(challenger: Tensor, incumbent: Tensor, margin: float) -> bool:
+    """``mean(d) > margin * std(d) / sqrt(n)`` for ``d = incumbent - challenger``, shapes (n,).
+
+    The per-row squared validation errors of two models on the same rows (see :func:`beats`).
+    """
+    d = (incumbent - challenger).double()
+    if not bool(torch.isfinite(d).all()) or float(d.mean()) <= 0.0:
+        return False
+    if margin <= 0.0 or d.shape[0] < 2:
         return True
-    d = (incumbent.sq_err - challenger.sq_err).double()
     return float(d.mean()) > margin * float(d.std()) / math.sqrt(d.shape[0])
 
 

@@ -35,11 +35,12 @@ def temperature_errors(
 
     Args:
         model: A fitted tree (its leaves are used as they are).
-        X_val: Validation inputs, shape (n_val, d).
+        X_val: Validation inputs, shape (n_val, d) (mapped by ``model.input_map`` here).
         y_val: Validation targets, shape (n_val,) or (n_val, c).
         grid: Temperatures (0 = hard routing).
     """
     y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X_val.dtype)
+    X_val = model.input_map(X_val)
     trees = model.partition_trees()
 
     def weights(tree: PartitionTree, temp: float) -> Tensor:  # (n_val, L)

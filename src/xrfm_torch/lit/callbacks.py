@@ -120,7 +120,7 @@ class LeafMetrics(_FileCallback):
         if not isinstance(outputs, dict):
             return
         x, y, pred = outputs["x"], outputs["y"], outputs["pred"]
-        ids = module.tree.partition_trees()[0].route(module.tree_inputs(x))
+        ids = module.tree.leaf_ids(module.tree_inputs(x))
         if module.hparams["task"] == "classification":
             err = (pred.argmax(1) == y.long()).double()
         else:

@@ -135,6 +135,16 @@ class XRFMHeadModule(XRFMLitModule):
         seed: int = 0,
         feature_names: Sequence[str] | None = None,
     ) -> None:
+        # Quantile knots fitted on the first features would not follow the encoder, and the batch
+        # KRR loss sees the features themselves: a head's tree maps nothing ("auto" resolves so).
+        tree = tree if tree is not None else xRFMTree()
+        if tree.input_transform == "auto":
+            tree.set_input_transform("identity")
+        if tree.input_transform != "identity":
+            raise ValueError(
+                "a head's tree must see the encoder features as they are: use "
+                f"xRFMTree(input_transform='identity'), got {tree.input_transform!r}"
+            )
         super().__init__(
             tree,
             task=task,

@@ -1,0 +1,122 @@
+"""xRFMTree's input map: the auto choice on planted structure, plumbing, state, gradients, head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xrfm_torch import xRFMTree
+from xrfm_torch.transforms import QuantileNormal
+
+
+def seeded(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def lognormal_task(n: int, seed: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Four lognormal features ``exp(2 g)``; ``kind="rank"``: the target is smooth in ``g``
+    (a heavy-tailed feature's ranks carry the signal); ``"sum"``: it is the sum of two raw
+    features (the raw scale carries it, as in Brazilian_houses)."""
+    g = torch.randn(n, 4, generator=seeded(seed), dtype=torch.float64)
+    X = torch.exp(2.0 * g)
+    y = torch.sin(2 * g[:, 0]) + g[:, 1] ** 2 if kind == "rank" else X[:, 0] + X[:, 1]
+    return X, y
+
+
+def standardized(kind: str) -> list[torch.Tensor]:
+    X, y = lognormal_task(1500, 0, kind)
+    Xv, yv = lognormal_task(500, 1, kind)
+    Xt, yt = lognormal_task(1000, 2, kind)
+    mu, sd = X.mean(0), X.std(0)
+    return [((a - mu) / sd).float() for a in (X, Xv, Xt)] + [b.float() for b in (y, yv, yt)]
+
+
+def fit(transform: str, X, y, Xv, yv, **kw) -> xRFMTree:
+    kw = {"max_leaf_size": 2000, "n_iters": 2, **kw}
+    return xRFMTree(input_transform=transform, **kw).fit(X, y, Xv, yv, generator=seeded())
+
+
+def rmse(model: xRFMTree, X: torch.Tensor, y: torch.Tensor) -> float:
+    return float(((model(X)[:, 0] - y) ** 2).mean().sqrt())
+
+
+def test_auto_maps_heavy_tailed_inputs_when_their_ranks_carry_the_signal() -> None:
+    X, Xv, Xt, y, yv, yt = standardized("rank")
+    auto, raw = fit("auto", X, y, Xv, yv), fit("identity", X, y, Xv, yv)
+    assert auto.input_map.name != "identity"
+    assert rmse(auto, Xt, yt) < 0.5 * rmse(raw, Xt, yt)  # 0.13 vs 0.69
+
+
+def test_auto_keeps_the_raw_inputs_when_the_raw_scale_carries_the_signal() -> None:
+    X, Xv, Xt, y, yv, yt = standardized("sum")
+    auto, mapped = fit("auto", X, y, Xv, yv), fit("quantile", X, y, Xv, yv)
+    assert auto.input_map.name == "identity"
+    assert rmse(auto, Xt, yt) < 0.5 * rmse(mapped, Xt, yt)
+
+
+@pytest.mark.parametrize("transform", ["quantile", "quantile+raw"])
+def test_a_map_is_the_same_as_fitting_on_mapped_inputs(transform: str) -> None:
+    # Fit, temperature tuning, prediction and refit all see the mapped rows, nothing else.
+    X, Xv, Xt, y, yv, _ = standardized("rank")
+    kw = {"max_leaf_size": 500, "n_iters": 1}
+    model = fit(transform, X, y, Xv, yv, **kw)
+    qn = QuantileNormal().fit(X)
+
+    def mapped(a: torch.Tensor) -> torch.Tensor:
+        return qn(a) if transform == "quantile" else torch.cat([a, qn(a)], 1)
+
+    plain = fit("identity", mapped(X), y, mapped(Xv), yv, **kw)
+    assert model.n_leaves == plain.n_leaves > 1
+    assert float(model.temperature_) == float(plain.temperature_)
+    torch.testing.assert_close(model(Xt), plain(mapped(Xt)), rtol=0, atol=0)
+    assert model.n_features_in_ == 4
+    torch.testing.assert_close(model.leaf_ids(Xt), plain.leaf_ids(mapped(Xt)), rtol=0, atol=0)
+    model.refit_leaves(Xv, yv, generator=seeded(3))
+    plain.refit_leaves(mapped(Xv), yv, generator=seeded(3))
+    torch.testing.assert_close(model(Xt), plain(mapped(Xt)), rtol=0, atol=0)
+    # importance: per input feature, the two columns of quantile+raw added
+    imp, imp_plain = model.feature_importance(), plain.feature_importance()
+    folded = imp_plain if transform == "quantile" else imp_plain[:4] + imp_plain[4:]
+    torch.testing.assert_close(imp, folded)
+
+
+def test_state_dict_restores_the_chosen_map_and_its_knots() -> None:
+    X, Xv, Xt, y, yv, _ = standardized("rank")
+    model = fit("auto", X, y, Xv, yv)
+    fresh = xRFMTree.from_config(model.get_config())
+    fresh.load_state_dict(model.state_dict())
+    assert fresh.input_map.name == model.input_map.name != "identity"
+    torch.testing.assert_close(fresh(Xt), model(Xt), rtol=0, atol=0)
+
+
+def test_gradients_are_taken_through_the_map() -> None:
+    X, Xv, Xt, y, yv, _ = standardized("rank")
+    model = fit("quantile", X.double(), y.double(), Xv.double(), yv.double(), temperature=0.0)
+    x = Xt[:10].double()
+    grads = model.get_grads(x)[:, 0]  # (10, 4), by autograd through the map
+    jac = torch.func.jacrev(lambda r: model(r[None])[0, 0])
+    expected = torch.stack([jac(row) for row in x])
+    torch.testing.assert_close(grads, expected)
+    # and they are not the leaves' gradients in the mapped space (the map's slope enters)
+    h = 1e-6
+    e0 = torch.zeros(4, dtype=torch.float64)
+    e0[0] = h
+    fd = (model(x + e0) - model(x - e0))[:, 0] / (2 * h)
+    torch.testing.assert_close(grads[:, 0], fd, rtol=1e-4, atol=1e-6)
+
+
+def test_bad_input_transform_is_named() -> None:
+    with pytest.raises(ValueError, match="input_transform.*'log'"):
+        xRFMTree(input_transform="log")
+    with pytest.raises(ValueError, match="input_margin"):
+        xRFMTree(input_margin=-1.0)
+
+
+def test_a_head_refuses_a_tree_that_maps_its_inputs() -> None:
+    from xrfm_torch.lit import XRFMHeadModule
+
+    with pytest.raises(ValueError, match="input_transform='identity'"):
+        XRFMHeadModule(xRFMTree(input_transform="quantile"), in_features=3)
+    for head in (XRFMHeadModule(in_features=3), XRFMHeadModule(xRFMTree(), in_features=3)):
+        assert head.tree.input_transform == "identity"  # "auto" resolves to identity for a head
+        assert head.tree.get_config()["input_transform"] == "identity"
