@@ -48,9 +48,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         adaptive_bandwidth: Leaf bandwidth = this x median pairwise distance (``None``: constant).
         early_stop_multiplier: Leaf iterations stop once validation error exceeds best x this.
         patience: Leaf iterations stop after this many iterations that did not lower the best
-            validation error by more than the relative ``tol``. With ``n_iters=30`` a leaf iterates
-            while its error still falls (houses: t* = 20+) and stops a few iterations after it
-            levels off (most leaves: t* <= 4).
+            validation error by more than the relative ``tol``: with ``n_iters=30`` a leaf
+            iterates while its error still falls and stops a few iterations after it levels off.
         tol: Relative improvement that counts for ``patience``.
         min_iters: Patience applies from this iteration on: every leaf gets at least the reference's
             5 updates (unless the error multiplier stops it), so ``n_iters=30`` never selects from
@@ -61,24 +60,16 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         bandwidth_factors: Each leaf re-solves its selected ``M`` at these multiples of the
             bandwidth and keeps the one of lowest validation error (``None``: fixed bandwidth).
         kernel_exponents: Likewise for the kernel exponent ``q`` (the kernel's own ``q`` always
-            competes; ``None``: fixed). Two extra solves per leaf with the default; on the 10
-            benchmark datasets it lowers test RMSE by 1-2 % on wine, Ailerons, Bike and house_sales
-            (each of 3 seeds) and by 0-1.2 % on elevators; Brazilian_houses lost on 2 of 3 before
-            ``kernel_margin``.
+            competes; ``None``: fixed). Two extra solves per leaf (README: Design notes).
         reg_factors: Then each leaf searches these multiples of ``reg`` for the chosen kernel,
             from ``reg`` outwards while its validation error falls (usually two solves; ``None``:
-            fixed ridge). With the default (ridge 1e-4 .. 1e-1) test RMSE on the 10 benchmark
-            datasets (CPU, seeds 0-2) fell by up to 2.3 % (pol), 1.1 % (Ailerons), 1.2 %
-            (house_sales); worst cases houses +0.5 % (seed 0), cpu_act +0.4 % (seed 2) and
-            Brazilian_houses +2.2 % / -10 % (seeds 1 / 2).
+            fixed ridge; the default spans 1e-4 .. 1e-1).
         kernel_margin: A leaf's exponent (or bandwidth) choice must beat the iterations' own
             kernel by this many paired standard errors of the per-row validation errors, else the
             leaf keeps its kernel (the ridge walk takes any improvement).
         linear_mix: Weight ``c`` of a constant + linear part in every leaf kernel,
             ``k(x, z) + c (1 + <S x, S z> / d)``: leaves extrapolate along their linear trend
-            instead of falling back to the mean. With 0.1 (seed 0, CPU) Brazilian_houses' test
-            RMSE falls 26 % (its error is decided by rows outside the training range),
-            house_16H 2.0 %, houses 0.5 %; Ailerons rises 0.6 % (see the README benchmarks).
+            instead of falling back to the mean (README: Design notes, Benchmarks).
         split_rule: Split strategy (default :class:`~xrfm_torch.splits.AGOPSplit`).
         overlap_fraction: At each split into two leaves, each leaf's final solve also gets this
             share of the node's rows from the other side, those nearest the threshold; capped so
