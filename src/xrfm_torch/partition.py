@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import torch
@@ -187,3 +187,19 @@ def leaves_per_tree(state_dict: dict[str, Any], prefix: str) -> dict[int, int]:
             t, leaf = int(m.group(1)), int(m.group(2))
             counts[t] = max(counts.get(t, 0), leaf + 1)
     return counts
+
+
+def empty_trees(
+    state_dict: dict[str, Any], prefix: str, new_leaf: Callable[[], LeafRFM], trainable: bool
+) -> nn.ModuleList | None:
+    """Unfitted trees with as many leaves as the state dict holds (``None`` if it holds none).
+
+    ``xRFMTree`` builds them before loading, so that a fresh model takes a fitted one's state.
+    """
+    counts = leaves_per_tree(state_dict, prefix)
+    if not counts:
+        return None
+    return nn.ModuleList(
+        PartitionTree([new_leaf() for _ in range(counts[t])], trainable=trainable)
+        for t in sorted(counts)
+    )

@@ -22,7 +22,7 @@ from xrfm_torch.input_choice import INPUT_TRANSFORMS
 from xrfm_torch.interpret import feature_importance, input_grads, model_agop
 from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM
-from xrfm_torch.partition import PartitionTree, leaves_per_tree
+from xrfm_torch.partition import PartitionTree, empty_trees
 from xrfm_torch.splits import AGOPSplit, SplitRule
 from xrfm_torch.temperature import DEFAULT_TEMPERATURE_GRID
 from xrfm_torch.transforms import InputMap
@@ -422,15 +422,9 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         error_msgs: list[str],
     ) -> None:
         # Rebuild the tree/leaf module structure from the keys; children then load themselves.
-        counts = leaves_per_tree(state_dict, prefix)
-        if counts:
-            device = self.temperature_.device
-            self.trees = nn.ModuleList(
-                PartitionTree(
-                    [self.new_leaf() for _ in range(counts[t])], trainable=self.trainable_routing
-                ).to(device)
-                for t in sorted(counts)
-            )
+        trees = empty_trees(state_dict, prefix, self.new_leaf, self.trainable_routing)
+        if trees is not None:
+            self.trees = trees.to(self.temperature_.device)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
