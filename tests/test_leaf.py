@@ -12,7 +12,7 @@ from conftest import planted
 from xrfm_torch import LaplaceKernel, LeafRFM, ProductLaplaceKernel
 from xrfm_torch.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels import transform
-from xrfm_torch.selection import Candidate, beats
+from xrfm_torch.selection import Candidate, beats, paired_win
 
 
 def mse(model, X, y):
@@ -305,6 +305,12 @@ def test_beats_is_a_paired_one_sided_t_test():
     # never when the challenger's MSE is not lower, or not finite
     assert not beats(cand(a), cand(a), 0.0)
     assert not beats(cand([math.inf] * n), cand(a), 0.0)
+    # margin 0 takes any finite improvement, over an infinite MSE too
+    assert beats(cand(a), cand([math.inf] * n), 0.0)
+    # the input probe's paired_win is the same test on the per-row errors alone
+    ta, tb = torch.as_tensor(a), torch.as_tensor(b)
+    assert paired_win(tb, ta, t - 1e-6) and not paired_win(tb, ta, t + 1e-6)
+    assert not paired_win(ta, ta, 0.0) and not paired_win(torch.full((n,), math.nan), ta, 0.0)
 
 
 def test_kernel_margin_keeps_the_iterations_kernel_unless_the_best_is_significant():

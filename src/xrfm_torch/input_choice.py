@@ -46,8 +46,6 @@ def encode_fit_data(model: xRFMTree, data: FitData, generator: torch.Generator |
     if choice == "auto":
         choice = probe_input_maps(model, imap, data, generator)
     imap.set_map(choice)
-    if choice == "identity":
-        return data
     return replace(data, X=imap(data.X), X_val=imap(data.X_val))
 
 
@@ -75,11 +73,12 @@ def probe_input_maps(
     X_val, y_val = data.X_val[vrows], data.y_val[vrows]
     errors: dict[str, Tensor] = {}
     for name in INPUT_MAPS:
+        Xm, Xm_val = imap.encode(X, name), imap.encode(X_val, name)
         leaf = probe_leaf(model)
         g.manual_seed(seed)  # every map's leaf starts from the same draws
-        leaf.fit(imap.encode(X, name), y, imap.encode(X_val, name), y_val, generator=g)
+        leaf.fit(Xm, y, Xm_val, y_val, generator=g)
         with torch.no_grad():
-            pred = leaf(imap.encode(X_val, name))
+            pred = leaf(Xm_val)
         errors[name] = ((pred - y_val) ** 2).sum(1)
     # Simplest first: a richer map must beat the one chosen so far by the margin.
     chosen = "identity"

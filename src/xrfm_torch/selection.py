@@ -56,20 +56,22 @@ def beats(challenger: Candidate, incumbent: Candidate, margin: float) -> bool:
     (Brazilian_houses); the paired standard error is large exactly then.
     """
     if not math.isfinite(challenger.err) or challenger.err >= incumbent.err:
-        return False
+        return False  # on the recorded MSE, by which the selection ranks candidates
     return paired_win(challenger.sq_err, incumbent.sq_err, margin)
 
 
 def paired_win(challenger: Tensor, incumbent: Tensor, margin: float) -> bool:
-    """``mean(d) > margin * std(d) / sqrt(n)`` for ``d = incumbent - challenger``, shapes (n,).
+    """:func:`beats` on per-row squared validation errors of two models, shapes (n,).
 
-    The per-row squared validation errors of two models on the same rows (see :func:`beats`).
+    The challenger needs a finite and lower mean; then, for ``d = incumbent - challenger``,
+    ``mean(d) > margin * std(d) / sqrt(n)`` (any lower mean when ``margin <= 0`` or ``n < 2``).
     """
-    d = (incumbent - challenger).double()
-    if not bool(torch.isfinite(d).all()) or float(d.mean()) <= 0.0:
+    c_mean = float(challenger.mean())
+    if not math.isfinite(c_mean) or c_mean >= float(incumbent.mean()):
         return False
-    if margin <= 0.0 or d.shape[0] < 2:
+    if margin <= 0.0 or incumbent.shape[0] < 2:
         return True
+    d = (incumbent - challenger).double()
     return float(d.mean()) > margin * float(d.std()) / math.sqrt(d.shape[0])
 
 

@@ -94,14 +94,14 @@ class QuantileNormal(ResizableBuffers):
         k = q.shape[1]
         # Right interpolation: hi = number of knots <= x; inside a tie run it gives its last level.
         hi = torch.searchsorted(q, xt, right=True)
-        up = self._interpolate(q, xt, hi, right=True)
+        up = self._interpolate(q, xt, hi)
         # Left interpolation: lo = number of knots < x; inside a tie run it gives its first level.
         lo = torch.searchsorted(q, xt, right=False)
-        down = self._interpolate(q, xt, lo, right=False)
+        down = self._interpolate(q, xt, lo)
         return ((up + down) / (2 * (k - 1))).T
 
     @staticmethod
-    def _interpolate(q: Tensor, x: Tensor, idx: Tensor, *, right: bool) -> Tensor:
+    def _interpolate(q: Tensor, x: Tensor, idx: Tensor) -> Tensor:
         """Fractional knot index of ``x`` between knots ``idx - 1`` and ``idx`` (0 .. K - 1)."""
         k = q.shape[1]
         i1 = idx.clamp(1, k - 1)
