@@ -133,7 +133,7 @@ def leaf_summary(m: Any) -> dict[str, Any]:
     """Per-leaf figures of a fitted xRFMTree: t*, iterations run, rows and the chosen kernel."""
     leaves = list(m.leaves())
     return {
-        "input_map": m.input_map.name,
+        "input_maps": m.input_map.names,
         "leaves": m.n_leaves,
         "t_star": [int(leaf.best_iter_) for leaf in leaves],
         "iters": [int(leaf.val_errors_.isfinite().sum()) for leaf in leaves],

@@ -1,4 +1,4 @@
-"""xRFMTree's input map: the auto choice on planted structure, plumbing, state, gradients, head."""
+"""xRFMTree's input maps: the auto choice on planted structure, map sets, plumbing, state, head."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from xrfm_torch import xRFMTree
-from xrfm_torch.transforms import QuantileNormal
+from xrfm_torch.input_choice import choose_map_set
+from xrfm_torch.transforms import INPUT_MAPS, QuantileNormal
 
 
 def seeded(seed: int = 0) -> torch.Generator:
@@ -43,14 +44,14 @@ def rmse(model: xRFMTree, X: torch.Tensor, y: torch.Tensor) -> float:
 def test_auto_maps_heavy_tailed_inputs_when_their_ranks_carry_the_signal() -> None:
     X, Xv, Xt, y, yv, yt = standardized("rank")
     auto, raw = fit("auto", X, y, Xv, yv), fit("identity", X, y, Xv, yv)
-    assert auto.input_map.name != "identity"
+    assert "identity" not in auto.input_map.names
     assert rmse(auto, Xt, yt) < 0.5 * rmse(raw, Xt, yt)  # 0.13 vs 0.69
 
 
 def test_auto_keeps_the_raw_inputs_when_the_raw_scale_carries_the_signal() -> None:
     X, Xv, Xt, y, yv, yt = standardized("sum")
     auto, mapped = fit("auto", X, y, Xv, yv), fit("quantile", X, y, Xv, yv)
-    assert auto.input_map.name == "identity"
+    assert auto.input_map.names == ["identity"]
     assert rmse(auto, Xt, yt) < 0.5 * rmse(mapped, Xt, yt)
 
 
@@ -85,7 +86,7 @@ def test_state_dict_restores_the_chosen_map_and_its_knots() -> None:
     model = fit("auto", X, y, Xv, yv)
     fresh = xRFMTree.from_config(model.get_config())
     fresh.load_state_dict(model.state_dict())
-    assert fresh.input_map.name == model.input_map.name != "identity"
+    assert fresh.input_map.names == model.input_map.names != ["identity"]
     torch.testing.assert_close(fresh(Xt), model(Xt), rtol=0, atol=0)
 
 
@@ -120,3 +121,55 @@ def test_a_head_refuses_a_tree_that_maps_its_inputs() -> None:
     for head in (XRFMHeadModule(in_features=3), XRFMHeadModule(xRFMTree(), in_features=3)):
         assert head.tree.input_transform == "identity"  # "auto" resolves to identity for a head
         assert head.tree.get_config()["input_transform"] == "identity"
+
+
+def test_the_set_rule_averages_maps_whose_errors_are_independent() -> None:
+    g = seeded(5)
+    y = torch.randn(4000, 1, generator=g)
+
+    def noisy(scale: float) -> torch.Tensor:
+        return y + scale * torch.randn(4000, 1, generator=g)
+
+    preds = {"identity": noisy(1.0), "quantile": noisy(1.0), "quantile+raw": noisy(1.0)}
+    # equal, independent errors: a pair halves the error variance, the triple thirds it
+    assert choose_map_set(preds, y, 1, 2.0) == ["identity"]  # no single map wins
+    assert choose_map_set(preds, y, 2, 2.0) == ["identity", "quantile"]
+    assert choose_map_set(preds, y, 3, 2.0) == list(INPUT_MAPS)
+    # one map much better: averaging it with a noisier one (MSE (1 + 0.09) / 4) loses to it alone
+    preds["quantile"] = noisy(0.3)
+    assert choose_map_set(preds, y, 3, 2.0) == ["quantile"]
+
+
+def test_a_list_of_maps_averages_one_tree_per_map() -> None:
+    # The trees are those of single-map models fitted one after the other with one generator.
+    X, Xv, Xt, y, yv, _ = standardized("rank")
+    kw = {"max_leaf_size": 500, "n_iters": 1, "temperature": 0.0}
+    both = xRFMTree(input_transform=["identity", "quantile"], **kw).fit(
+        X, y, Xv, yv, generator=seeded(4)
+    )
+    g = seeded(4)
+    raw = xRFMTree(input_transform="identity", **kw).fit(X, y, Xv, yv, generator=g)
+    mapped = xRFMTree(input_transform="quantile", **kw).fit(X, y, Xv, yv, generator=g)
+    assert both.input_map.names == ["identity", "quantile"]
+    assert both.n_leaves == raw.n_leaves + mapped.n_leaves
+    torch.testing.assert_close(both(Xt), (raw(Xt) + mapped(Xt)) / 2)
+    torch.testing.assert_close(both.leaf_ids(Xt, tree=1), mapped.leaf_ids(Xt), rtol=0, atol=0)
+    # importance: the trees' importances weighted by their leaves' support rows
+    n_raw, n_mapped = (sum(lf.support_.shape[0] for lf in m.leaves()) for m in (raw, mapped))
+    mix = raw.feature_importance() * n_raw + mapped.feature_importance() * n_mapped
+    torch.testing.assert_close(both.feature_importance(), mix / mix.sum())
+    with pytest.raises(ValueError, match="different input maps"):
+        both.agop()  # leaves see raw inputs in one tree and scores in the other
+    fresh = xRFMTree.from_config(both.get_config())
+    assert fresh.get_config()["input_transform"] == ["identity", "quantile"]
+    fresh.load_state_dict(both.state_dict())
+    assert fresh.input_map.names == ["identity", "quantile"]
+    torch.testing.assert_close(fresh(Xt), both(Xt), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad", [[], ["identity", "identity"], ["identity", "log"], 3])
+def test_bad_map_lists_are_named(bad) -> None:
+    with pytest.raises(ValueError, match="input_transform"):
+        xRFMTree(input_transform=bad)
+    with pytest.raises(ValueError, match="max_input_maps"):
+        xRFMTree(max_input_maps=4)

@@ -44,14 +44,15 @@ def from_config(cfg: dict[str, Any]) -> Any:
 def plain_config(args: dict[str, Any], **objects: Any) -> dict[str, Any]:
     """Constructor arguments as plain data.
 
-    Objects become :func:`to_config` dicts, dtypes their names, sequences lists of floats.
+    Objects become :func:`to_config` dicts, dtypes their names, sequences lists (of floats, unless
+    strings).
     """
     cfg = dict(args)
     for key, value in cfg.items():
         if isinstance(value, torch.dtype):
             cfg[key] = str(value).removeprefix("torch.")
         elif isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
-            cfg[key] = [float(v) for v in value]
+            cfg[key] = [v if isinstance(v, str) else float(v) for v in value]
     cfg.update({key: to_config(obj) for key, obj in objects.items()})
     return cfg
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from xrfm_torch.builder import TreeLayout, fit_leaves, grow_tree
-from xrfm_torch.input_choice import encode_fit_data
+from xrfm_torch.input_choice import choose_maps, encode_fit_data
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.partition import PartitionTree
 from xrfm_torch.temperature import tune_temperature
@@ -43,26 +42,33 @@ def fit_model(
     """Grow ``model.n_trees`` trees, fit their leaves, tune the temperature (see ``xRFMTree.fit``)."""
     data = fit_data(X, y, X_val, y_val, val_fraction=model.val_fraction, generator=generator)
     raw_X_val = data.X_val  # the temperature search maps it itself, like forward
-    data = encode_fit_data(model, data, generator)  # the trees see the mapped inputs from here on
-    X, y, X_val, y_val, holdout = data.X, data.y, data.X_val, data.y_val, data.holdout
-    model.kernel.to(device=X.device, dtype=X.dtype)
+    maps = choose_maps(model, data, generator)
+    model.kernel.to(device=data.X.device, dtype=data.X.dtype)
     trees: list[PartitionTree] = []
+    tree_maps: list[str] = []
+    tree_data: list[FitData] = []
     refit_rows: list[list[Tensor | None]] = []
-    for t in range(model.n_trees):
-        tree, rows = _fit_one(model, data, generator, progress, t)
-        trees.append(tree)
-        refit_rows.append(rows)
-        if tree.n_leaves == 1 and model.n_trees > 1:
-            log.info("tree %d has no split; further trees would be identical, stopping", t)
-            break
+    for name in maps:
+        mapped = encode_fit_data(model.input_map, data, name)  # what this map's trees see
+        for t in range(model.n_trees):
+            tree, rows = _fit_one(model, mapped, generator, progress, len(trees))
+            trees.append(tree)
+            tree_maps.append(name)
+            tree_data.append(mapped)
+            refit_rows.append(rows)
+            if tree.n_leaves == 1 and model.n_trees > 1:
+                log.info("tree %d has no split; more trees on %r would be identical", t, name)
+                break
     model.trees = nn.ModuleList(trees)
-    model.temperature_ = torch.tensor(0.0, dtype=X.dtype, device=X.device)
+    model.input_map.set_maps(tree_maps)
+    model.temperature_ = torch.tensor(0.0, dtype=data.X.dtype, device=data.X.device)
+    y_val, holdout = data.y_val, data.holdout
 
     def refit() -> None:
-        for tree, tree_rows in zip(trees, refit_rows):
+        for tree, mapped, tree_rows in zip(trees, tree_data, refit_rows):
             for leaf, idx in zip(tree.leaf_list(), tree_rows):
                 if idx is not None:
-                    leaf.refit(X[idx], y[idx])
+                    leaf.refit(mapped.X[idx], mapped.y[idx])
 
     # With user validation data, the final (refit) leaves are tuned on it. Held-out training
     # rows join the leaf fits, so then the temperature is tuned before the refit.
@@ -97,10 +103,10 @@ def refit_model_leaves(
         n_features=model.n_features_in_,
     )
     # The input map keeps its fitted knots: the routing was learned on them.
-    data = replace(data, X=model.input_map(data.X), X_val=model.input_map(data.X_val))
-    X, y = data.X, data.y
-    for tree in model.partition_trees():
-        ids, vids = tree.route(X), tree.route(data.X_val)
+    for tree, name in zip(model.partition_trees(), model.input_map.names):
+        mapped = encode_fit_data(model.input_map, data, name)
+        X, y = mapped.X, mapped.y
+        ids, vids = tree.route(X), tree.route(mapped.X_val)
         keep = [lf for lf in range(tree.n_leaves) if int((ids == lf).sum()) >= 4]
         layout = TreeLayout(
             tree.split_vectors_.detach(),
@@ -110,7 +116,7 @@ def refit_model_leaves(
             leaf_train=[(ids == lf).nonzero().squeeze(1) for lf in keep],
             leaf_val=[(vids == lf).nonzero().squeeze(1) for lf in keep],
         )
-        leaves, refit = _fit_leaves(model, layout, data, generator)
+        leaves, refit = _fit_leaves(model, layout, mapped, generator)
         for lf, leaf, rows in zip(keep, leaves, refit):
             if rows is not None:
                 leaf.refit(X[rows], y[rows])

@@ -50,20 +50,53 @@ def size_weighted(leaves: Sequence[LeafRFM], value: Callable[[LeafRFM], Tensor])
     return total / weight
 
 
+def leaves_by_map(model: xRFMTree) -> dict[str, list[LeafRFM]]:
+    """The model's leaves grouped by the input map their tree sees."""
+    groups: dict[str, list[LeafRFM]] = {}
+    for tree, name in zip(model.partition_trees(), model.input_map.names):
+        groups.setdefault(name, []).extend(tree.leaf_list())
+    return groups
+
+
 def model_agop(model: xRFMTree, x: Tensor | None, *, diag: bool) -> Tensor:
-    """The tree's AGOP at ``x`` (routing included) or the size-weighted mean of the leaves' AGOPs."""
+    """The tree's AGOP at ``x`` (routing included) or the size-weighted mean of the leaves' AGOPs.
+
+    The leaf mean is over the columns the leaves see, so all trees must see the same map.
+    """
     if x is not None:
         return agop_from_grads(input_grads(model, x), diag=diag)
+    groups = leaves_by_map(model)
+    if len(groups) > 1:
+        raise ValueError(
+            f"the trees see different input maps {sorted(groups)}: their leaves' AGOPs are over "
+            "different columns; use agop(x) (the AGOP in the inputs, by autograd) instead"
+        )
     return size_weighted(model.leaves(), lambda leaf: leaf.agop(diag=diag))
 
 
 def feature_importance(model: xRFMTree, source: str) -> Tensor:
-    """Size-weighted ``diag(M)`` (``"M"``) or the AGOP diagonal (``"agop"``), summing to 1, (d,)."""
-    if source == "M":
-        imp = size_weighted(model.leaves(), lambda leaf: m_diagonal(leaf.M))
-    elif source == "agop":
-        imp = model_agop(model, None, diag=True)
-    else:
+    """Size-weighted ``diag(M)`` (``"M"``) or the AGOP diagonal (``"agop"``), summing to 1, (d,).
+
+    Under ``"quantile+raw"`` a feature's two columns add up. Trees on different input maps (whose
+    ``M`` differ in scale) each give importances summing to 1, averaged with their leaves' support
+    rows as weights.
+    """
+    if source not in ("M", "agop"):
         raise ValueError(f"source must be 'M' or 'agop', got {source!r}")
-    imp = model.input_map.fold(imp.detach().double())  # a feature's columns add up
-    return (imp / imp.sum().clamp_min(1e-300)).to(model.temperature_.device)
+
+    def value(leaf: LeafRFM) -> Tensor:
+        return m_diagonal(leaf.M) if source == "M" else leaf.agop(diag=True)
+
+    imp = torch.zeros((), dtype=torch.float64)
+    for name, leaves in leaves_by_map(model).items():
+        part = model.input_map.fold(size_weighted(leaves, value), name)
+        imp = imp + _normalized(part) * _rows(leaves)
+    return _normalized(imp).to(model.temperature_.device)
+
+
+def _normalized(v: Tensor) -> Tensor:
+    return v / v.sum().clamp_min(1e-300)
+
+
+def _rows(leaves: Sequence[LeafRFM]) -> int:
+    return sum(int(leaf.support_.shape[0]) for leaf in leaves)

@@ -35,28 +35,28 @@ def temperature_errors(
 
     Args:
         model: A fitted tree (its leaves are used as they are).
-        X_val: Validation inputs, shape (n_val, d) (mapped by ``model.input_map`` here).
+        X_val: Validation inputs, shape (n_val, d) (mapped for each tree here).
         y_val: Validation targets, shape (n_val,) or (n_val, c).
         grid: Temperatures (0 = hard routing).
     """
     y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X_val.dtype)
-    X_val = model.input_map(X_val)
-    trees = model.partition_trees()
+    trees = list(zip(model.partition_trees(), model.input_map(X_val)))  # (tree, its inputs)
 
-    def weights(tree: PartitionTree, temp: float) -> Tensor:  # (n_val, L)
-        return tree.weights(
-            X_val, temp, keep_mass=model.keep_mass, max_leaves=model.max_soft_leaves
-        )
+    def weights(tree: PartitionTree, x: Tensor, temp: float) -> Tensor:  # (n_val, L)
+        return tree.weights(x, temp, keep_mass=model.keep_mass, max_leaves=model.max_soft_leaves)
 
     leaf_preds = []
-    for tree in trees:
-        used = torch.zeros(X_val.shape[0], tree.n_leaves, dtype=torch.bool, device=X_val.device)
+    for tree, x in trees:
+        used = torch.zeros(x.shape[0], tree.n_leaves, dtype=torch.bool, device=x.device)
         for temp in grid:  # the weights are recomputed below: (n_val, L) per temperature is cheap
-            used |= weights(tree, temp) > 0
-        leaf_preds.append(tree.leaf_predictions(X_val, used))  # (n_val, L, c)
+            used |= weights(tree, x, temp) > 0
+        leaf_preds.append(tree.leaf_predictions(x, used))  # (n_val, L, c)
     errors = []
     for temp in grid:
-        preds = [(weights(tree, temp)[:, :, None] * P).sum(1) for tree, P in zip(trees, leaf_preds)]
+        preds = [
+            (weights(tree, x, temp)[:, :, None] * P).sum(1)
+            for (tree, x), P in zip(trees, leaf_preds)
+        ]
         pred = torch.stack(preds).mean(0)
         errors.append(float(((pred - y_val) ** 2).mean()))
     return errors

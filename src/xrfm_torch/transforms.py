@@ -138,60 +138,66 @@ INPUT_MAPS = ("identity", "quantile", "quantile+raw")
 
 
 class InputMap(ResizableBuffers):
-    """What the trees see of an input row: the row, its normal scores, or both side by side.
+    """What each tree sees of an input row: the row, its normal scores, or both side by side.
 
     ``"identity"``: ``x`` (d columns); ``"quantile"``: :class:`QuantileNormal` scores ``z``
     (d columns); ``"quantile+raw"``: ``[x, z]`` (2d columns), so each leaf's ``M`` can weigh the
-    raw scale (linear trends, extrapolation) and the rank scale (heavy tails) per feature. The map in
-    use is a buffer (``map_``, an index into :data:`INPUT_MAPS`), so a checkpoint restores it; the
-    tree's fit sets it (``xRFMTree(input_transform="auto")`` chooses it by validation error).
+    raw scale (linear trends, extrapolation) and the rank scale (heavy tails) per feature. Trees of
+    one model may see different maps (an ensemble over maps); the map of each tree is a buffer
+    (``maps_``, indices into :data:`INPUT_MAPS`), so a checkpoint restores it. The knots are shared.
 
     Args:
         n_quantiles: Knots per feature of the quantile scores.
     """
 
-    map_: Tensor
+    maps_: Tensor
 
     def __init__(self, n_quantiles: int = 1000) -> None:
         super().__init__()
         self.quantile = QuantileNormal(n_quantiles)
-        self.register_buffer("map_", torch.tensor(0))
+        self.register_buffer("maps_", torch.zeros(0, dtype=torch.long))
 
     @property
-    def name(self) -> str:
-        """The map in use, one of :data:`INPUT_MAPS`."""
-        return INPUT_MAPS[int(self.map_)]
+    def names(self) -> list[str]:
+        """The map of each tree, names from :data:`INPUT_MAPS`."""
+        return [INPUT_MAPS[int(i)] for i in self.maps_]
 
-    def set_map(self, name: str) -> None:
-        """Use map ``name`` (the quantile maps need :meth:`fit` first)."""
-        if name not in INPUT_MAPS:
-            raise ValueError(f"input map must be one of {INPUT_MAPS}, got {name!r}")
-        self.map_.fill_(INPUT_MAPS.index(name))
+    def set_maps(self, names: list[str]) -> None:
+        """Give tree ``t`` map ``names[t]`` (the quantile maps need :meth:`fit` first)."""
+        for name in names:
+            if name not in INPUT_MAPS:
+                raise ValueError(f"input map must be one of {INPUT_MAPS}, got {name!r}")
+        index = [INPUT_MAPS.index(name) for name in names]
+        self.maps_ = torch.tensor(index, dtype=torch.long, device=self.maps_.device)
 
     def fit(self, X: Tensor) -> InputMap:
         """Fit the quantile knots on the training inputs ``X``, shape (n, d)."""
         self.quantile.fit(X)
         return self
 
-    def encode(self, x: Tensor, name: str | None = None) -> Tensor:
-        """Map ``x`` (n, d) with map ``name`` (default: the one in use)."""
-        name = self.name if name is None else name
+    def encode(self, x: Tensor, name: str) -> Tensor:
+        """Map ``x`` (n, d) with map ``name``."""
         if name == "identity":
             return x
         z = self.quantile(x)
         return z if name == "quantile" else torch.cat([x, z], dim=1)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``encode(x)`` with the map in use."""
-        return self.encode(x)
+    def forward(self, x: Tensor) -> list[Tensor]:
+        """``x`` (n, d) as each tree sees it (each distinct map computed once)."""
+        mapped: dict[str, Tensor] = {}
+        for name in self.names:
+            if name not in mapped:
+                mapped[name] = self.encode(x, name)
+        return [mapped[name] for name in self.names]
 
-    def fold(self, values: Tensor) -> Tensor:
-        """Per-feature values over the mapped columns (..., d') back to the inputs (..., d).
+    @staticmethod
+    def fold(values: Tensor, name: str) -> Tensor:
+        """Per-column values of map ``name`` (..., d') back to the inputs (..., d).
 
         ``"quantile+raw"`` adds each feature's two columns (importance of a feature in either
         form); the other maps are one column per feature.
         """
-        if self.name != "quantile+raw":
+        if name != "quantile+raw":
             return values
         d = values.shape[-1] // 2
         return values[..., :d] + values[..., d:]

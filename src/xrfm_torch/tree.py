@@ -18,16 +18,23 @@ from xrfm_torch._checks import (
 from xrfm_torch._config import objects_from_config, plain_config
 from xrfm_torch._state import as_dtype
 from xrfm_torch.fitting import fit_model, refit_model_leaves
-from xrfm_torch.input_choice import INPUT_TRANSFORMS
+from xrfm_torch.input_choice import check_input_transform
 from xrfm_torch.interpret import feature_importance, input_grads, model_agop
 from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.partition import PartitionTree, empty_trees
 from xrfm_torch.splits import AGOPSplit, SplitRule
 from xrfm_torch.temperature import DEFAULT_TEMPERATURE_GRID
-from xrfm_torch.transforms import InputMap
+from xrfm_torch.transforms import INPUT_MAPS, InputMap
 
 log = logging.getLogger(__name__)
+
+#: The constructor arguments passed on to every leaf's :class:`LeafRFM`.
+LEAF_ARGS = (
+    "n_iters", "reg", "diag", "eps", "adaptive_bandwidth", "early_stop_multiplier", "patience",
+    "tol", "min_iters", "solve_dtype", "iter_rows", "bandwidth_factors", "kernel_exponents",
+    "reg_factors", "kernel_margin", "linear_mix",
+)  # fmt: skip
 
 
 class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
@@ -41,35 +48,15 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
     Args:
         kernel: Kernel prototype (each leaf gets a copy), a name from ``KERNELS``, or a factory.
         max_leaf_size: ``L_max``; a node with more training rows is split.
-        n_iters: ``tau``, AGOP updates per leaf.
-        reg: Leaf ridge ``lambda``.
-        diag: Diagonal (``True``), full (``False``) or per-leaf ``"auto"`` feature matrix ``M``.
-        eps: AGOP normalization constant.
-        adaptive_bandwidth: Leaf bandwidth = this x median pairwise distance (``None``: constant).
-        early_stop_multiplier: Leaf iterations stop once validation error exceeds best x this.
-        patience: Leaf iterations stop after this many iterations that did not lower the best
-            validation error by more than the relative ``tol``: with ``n_iters=30`` a leaf
-            iterates while its error still falls and stops a few iterations after it levels off.
-        tol: Relative improvement that counts for ``patience``.
-        min_iters: Patience applies from this iteration on: every leaf gets at least the reference's
-            5 updates (unless the error multiplier stops it), so ``n_iters=30`` never selects from
-            fewer iterations than ``n_iters=5`` would (house_16H, one 16k leaf: 0.635 without it).
-        solve_dtype: Dtype of the leaf Cholesky solves (``None``: input dtype).
-        iter_rows: Leaves learn ``M`` (iterations, ``t*``) on a subsample of at most this many rows,
-            then solve once on all their rows (``None``: iterate on all rows).
-        bandwidth_factors: Each leaf re-solves its selected ``M`` at these multiples of the
-            bandwidth and keeps the one of lowest validation error (``None``: fixed bandwidth).
-        kernel_exponents: Likewise for the kernel exponent ``q`` (the kernel's own ``q`` always
-            competes; ``None``: fixed). Two extra solves per leaf (README: Design notes).
-        reg_factors: Then each leaf searches these multiples of ``reg`` for the chosen kernel,
-            from ``reg`` outwards while its validation error falls (usually two solves; ``None``:
-            fixed ridge; the default spans 1e-4 .. 1e-1).
-        kernel_margin: A leaf's exponent (or bandwidth) choice must beat the iterations' own
-            kernel by this many paired standard errors of the per-row validation errors, else the
-            leaf keeps its kernel (the ridge walk takes any improvement).
-        linear_mix: Weight ``c`` of a constant + linear part in every leaf kernel,
-            ``k(x, z) + c (1 + <S x, S z> / d)``: leaves extrapolate along their linear trend
-            instead of falling back to the mean (README: Design notes, Benchmarks).
+        n_iters, reg, diag, eps, adaptive_bandwidth, early_stop_multiplier, patience, tol,
+        min_iters, solve_dtype, iter_rows, bandwidth_factors, kernel_exponents, reg_factors,
+        kernel_margin, linear_mix: Every leaf's :class:`~xrfm_torch.leaf.LeafRFM` arguments (see
+            there): ``n_iters`` is ``tau``, at most this many AGOP updates, stopping ``patience``
+            iterations after the best validation error (from iteration ``min_iters`` on); the
+            leaf then searches ``kernel_exponents`` (a new ``q`` must win by ``kernel_margin``
+            paired standard errors) and ``reg_factors`` (multiples of ``reg``); ``diag="auto"``
+            picks a diagonal or full ``M`` per leaf; ``linear_mix`` adds a constant + linear part
+            to the leaf kernel, so leaves extrapolate along their trend (README: Design notes).
         split_rule: Split strategy (default :class:`~xrfm_torch.splits.AGOPSplit`).
         overlap_fraction: At each split into two leaves, each leaf's final solve also gets this
             share of the node's rows from the other side, those nearest the threshold; capped so
@@ -92,12 +79,14 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             grid value. Leaf coefficients always stay buffers.
         input_transform: What the trees see of each input (:class:`~xrfm_torch.transforms.InputMap`,
             fitted on the training rows): ``"identity"``, ``"quantile"`` (each feature's normal
-            scores through its training quantiles), ``"quantile+raw"`` (both, 2d columns) or
-            ``"auto"``: a small probe leaf per map on 2000 training rows, the raw inputs kept
-            unless another map's validation errors beat them by ``input_margin`` paired standard
-            errors (about a second on 2 CPU cores; see :mod:`xrfm_torch.input_choice`). Use
-            ``"identity"`` for a head on learned features (the knots would not follow them).
+            scores through its training quantiles), ``"quantile+raw"`` (both, 2d columns), a list
+            of these (``n_trees`` trees on each, all averaged) or ``"auto"``: small probe leaves
+            on 2000 training rows pick a set of at most ``max_input_maps`` maps, the raw inputs
+            kept unless another set's averaged predictions beat them by ``input_margin`` paired
+            standard errors (about a second on 2 CPU cores; see :mod:`xrfm_torch.input_choice`).
+            Use ``"identity"`` for a head on learned features (the knots would not follow them).
         input_margin: Significance margin of the ``"auto"`` choice.
+        max_input_maps: Most maps ``"auto"`` may average (1: one map; each map costs a fit).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -142,8 +131,9 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         max_borrow_fraction: float = 0.2,
         refit_borrowed: bool = True,
         trainable_routing: bool = False,
-        input_transform: str = "auto",
+        input_transform: str | Sequence[str] = "auto",
         input_margin: float = 2.0,
+        max_input_maps: int = 2,
     ) -> None:
         super().__init__()
         self._init_args = {
@@ -166,24 +156,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             raise ValueError(f"min_leaf_val must be >= 0, got {min_leaf_val!r}")
         self.kernel = make_kernel(kernel)
         self.max_leaf_size = int(max_leaf_size)
-        self.leaf_kwargs: dict[str, Any] = {
-            "n_iters": n_iters,
-            "reg": reg,
-            "diag": diag,
-            "eps": eps,
-            "adaptive_bandwidth": adaptive_bandwidth,
-            "early_stop_multiplier": early_stop_multiplier,
-            "patience": patience,
-            "tol": tol,
-            "min_iters": min_iters,
-            "solve_dtype": as_dtype(solve_dtype, "solve_dtype"),
-            "iter_rows": iter_rows,
-            "bandwidth_factors": bandwidth_factors,
-            "kernel_exponents": kernel_exponents,
-            "reg_factors": reg_factors,
-            "kernel_margin": kernel_margin,
-            "linear_mix": linear_mix,
-        }
+        self.leaf_kwargs: dict[str, Any] = {k: self._init_args[k] for k in LEAF_ARGS}
+        self.leaf_kwargs["solve_dtype"] = as_dtype(solve_dtype, "solve_dtype")
         self.new_leaf()  # validates the leaf arguments now, not at fit time
         self.split_rule: SplitRule = AGOPSplit() if split_rule is None else split_rule
         # <= 0.4 keeps a leaf's own rows the majority, which is how fit_leaves tells them apart
@@ -202,6 +176,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self.trainable_routing = bool(trainable_routing)
         self.set_input_transform(input_transform)
         self.input_margin = check_positive(input_margin, "input_margin", allow_zero=True)
+        if int(max_input_maps) != max_input_maps or not 1 <= max_input_maps <= len(INPUT_MAPS):
+            raise ValueError(
+                f"max_input_maps must be an integer in [1, {len(INPUT_MAPS)}], got {max_input_maps!r}"
+            )
+        self.max_input_maps = int(max_input_maps)
         self.input_map = InputMap()
         self.trees = nn.ModuleList()
         self.register_buffer("temperature_", torch.tensor(0.0))
@@ -217,12 +196,14 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         """
         return plain_config(self._init_args, kernel=self.kernel, split_rule=self.split_rule)
 
-    def set_input_transform(self, name: str) -> None:
+    def set_input_transform(self, value: str | Sequence[str]) -> None:
         """Set the ``input_transform`` argument (and the config that rebuilds this model)."""
-        if name not in INPUT_TRANSFORMS:
-            raise ValueError(f"input_transform must be one of {INPUT_TRANSFORMS}, got {name!r}")
-        self.input_transform = name
-        self._init_args["input_transform"] = name
+        self.input_transform = check_input_transform(value)
+        self._init_args["input_transform"] = (
+            self.input_transform
+            if isinstance(self.input_transform, str)
+            else list(self.input_transform)
+        )
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> xRFMTree:
@@ -355,7 +336,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
     def leaf_ids(self, x: Tensor, tree: int = 0) -> Tensor:
         """Index of the leaf each row of ``x`` (n, d) is routed to by tree ``tree`` (hard), (n,)."""
         self._check_fitted()
-        return self.partition_trees()[tree].route(self.input_map(x))
+        name = self.input_map.names[tree]
+        return self.partition_trees()[tree].route(self.input_map.encode(x, name))
 
     def get_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
         """Input gradients of the whole model (routing included), shape (n, c, d)."""
@@ -403,10 +385,9 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
                 f"expected input of shape (n, {self.n_features_in_}), got {tuple(x.shape)}"
             )
         temp = self.current_temperature if temperature is None else temperature
-        x = self.input_map(x)
         outs = [
-            tree(x, temp, keep_mass=self.keep_mass, max_leaves=self.max_soft_leaves)
-            for tree in self.partition_trees()
+            tree(xt, temp, keep_mass=self.keep_mass, max_leaves=self.max_soft_leaves)
+            for tree, xt in zip(self.partition_trees(), self.input_map(x))
         ]
         return outs[0] if len(outs) == 1 else torch.stack(outs).mean(0)
 
