@@ -64,6 +64,7 @@ def test_tree_summary_file(synthetic_run):
     tree = result["objects"]["system"].tree
     summary = json.loads((out / "tree_summary.json").read_text())
     assert summary["n_leaves"] == tree.n_leaves >= 4
+    assert summary["input_maps"] == tree.input_map.names and len(summary["input_maps"]) >= 1
     assert [leaf["n_support"] for leaf in summary["leaves"]] == [
         int(lf.support_.shape[0]) for lf in tree.leaves()
     ]

@@ -56,11 +56,12 @@ class _FileCallback(Callback):
 
 
 def tree_summary(module: XRFMLitModule) -> dict[str, Any]:
-    """Depth, leaves, leaf sizes, fit seconds, chosen t* and bandwidth per leaf."""
+    """Trees and their input maps, depth, leaves, fit seconds, t*, bandwidth and sizes per leaf."""
     tree = module.tree
     trees = tree.partition_trees()
     return {
         "n_trees": len(trees),
+        "input_maps": tree.input_map.names,
         "n_leaves": tree.n_leaves,
         "depth": [t.depth for t in trees],
         "fit_seconds": tree.fit_seconds_,
@@ -89,9 +90,10 @@ class TreeSummary(_FileCallback):
         (self.out_dir(trainer) / "tree_summary.json").write_text(json.dumps(summary, indent=1))
         sizes = [leaf["n_support"] for leaf in summary["leaves"]]
         log.info(
-            "xRFM tree: %d tree(s), %d leaves, depth %s, leaf sizes %d..%d, t* %s, temperature %.3g, "
-            "fit %.2fs",
+            "xRFM tree: %d tree(s) on %s, %d leaves, depth %s, leaf sizes %d..%d, t* %s, "
+            "temperature %.3g, fit %.2fs",
             summary["n_trees"],
+            " & ".join(summary["input_maps"]),
             summary["n_leaves"],
             summary["depth"],
             min(sizes),
