@@ -7,6 +7,7 @@ import torch
 
 from xrfm_torch import xRFMTree
 from xrfm_torch.input_choice import choose_map_set
+from xrfm_torch.temperature import temperature_errors
 from xrfm_torch.transforms import INPUT_MAPS, QuantileNormal
 
 
@@ -142,7 +143,7 @@ def test_the_set_rule_averages_maps_whose_errors_are_independent() -> None:
 
 def test_a_list_of_maps_averages_one_tree_per_map() -> None:
     # The trees are those of single-map models fitted one after the other with one generator.
-    X, Xv, Xt, y, yv, _ = standardized("rank")
+    X, Xv, Xt, y, yv, yt = standardized("rank")
     kw = {"max_leaf_size": 500, "n_iters": 1, "temperature": 0.0}
     both = xRFMTree(input_transform=["identity", "quantile"], **kw).fit(
         X, y, Xv, yv, generator=seeded(4)
@@ -160,6 +161,18 @@ def test_a_list_of_maps_averages_one_tree_per_map() -> None:
     torch.testing.assert_close(both.feature_importance(), mix / mix.sum())
     with pytest.raises(ValueError, match="different input maps"):
         both.agop()  # leaves see raw inputs in one tree and scores in the other
+    # the temperature search scores the averaged soft predictions, each tree on its own map
+    grid = [0.0, 0.1, 1.0]
+    errs = temperature_errors(both, Xv, yv, grid)
+    direct = [float(((both(Xv, temperature=t)[:, 0] - yv) ** 2).mean()) for t in grid]
+    assert errs == pytest.approx(direct, rel=1e-5)
+    assert len(set(errs)) == 3  # soft routing changes the predictions
+    # refit: each tree re-solved on its own map of the new rows
+    both.refit_leaves(Xv, yv, Xt, yt, generator=seeded(6))
+    g = seeded(6)
+    raw.refit_leaves(Xv, yv, Xt, yt, generator=g)
+    mapped.refit_leaves(Xv, yv, Xt, yt, generator=g)
+    torch.testing.assert_close(both(Xt), (raw(Xt) + mapped(Xt)) / 2)
     fresh = xRFMTree.from_config(both.get_config())
     assert fresh.get_config()["input_transform"] == ["identity", "quantile"]
     fresh.load_state_dict(both.state_dict())
