@@ -142,15 +142,14 @@ def test_the_set_rule_averages_maps_whose_errors_are_independent() -> None:
 
 
 def test_a_list_of_maps_averages_one_tree_per_map() -> None:
-    # The trees are those of single-map models fitted one after the other with one generator.
+    # The trees are those of the single-map models fitted with the same seed.
     X, Xv, Xt, y, yv, yt = standardized("rank")
     kw = {"max_leaf_size": 500, "n_iters": 1, "temperature": 0.0}
     both = xRFMTree(input_transform=["identity", "quantile"], **kw).fit(
         X, y, Xv, yv, generator=seeded(4)
     )
-    g = seeded(4)
-    raw = xRFMTree(input_transform="identity", **kw).fit(X, y, Xv, yv, generator=g)
-    mapped = xRFMTree(input_transform="quantile", **kw).fit(X, y, Xv, yv, generator=g)
+    raw = xRFMTree(input_transform="identity", **kw).fit(X, y, Xv, yv, generator=seeded(4))
+    mapped = xRFMTree(input_transform="quantile", **kw).fit(X, y, Xv, yv, generator=seeded(4))
     assert both.input_map.names == ["identity", "quantile"]
     assert both.n_leaves == raw.n_leaves + mapped.n_leaves
     torch.testing.assert_close(both(Xt), (raw(Xt) + mapped(Xt)) / 2)
@@ -169,9 +168,8 @@ def test_a_list_of_maps_averages_one_tree_per_map() -> None:
     assert len(set(errs)) == 3  # soft routing changes the predictions
     # refit: each tree re-solved on its own map of the new rows
     both.refit_leaves(Xv, yv, Xt, yt, generator=seeded(6))
-    g = seeded(6)
-    raw.refit_leaves(Xv, yv, Xt, yt, generator=g)
-    mapped.refit_leaves(Xv, yv, Xt, yt, generator=g)
+    raw.refit_leaves(Xv, yv, Xt, yt, generator=seeded(6))
+    mapped.refit_leaves(Xv, yv, Xt, yt, generator=seeded(6))
     torch.testing.assert_close(both(Xt), (raw(Xt) + mapped(Xt)) / 2)
     fresh = xRFMTree.from_config(both.get_config())
     assert fresh.get_config()["input_transform"] == ["identity", "quantile"]

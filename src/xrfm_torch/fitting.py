@@ -48,7 +48,10 @@ def fit_model(
     tree_maps: list[str] = []
     tree_data: list[FitData] = []
     refit_rows: list[list[Tensor | None]] = []
-    for name in maps:
+    start = _rng_state(generator)
+    for i, name in enumerate(maps):
+        if i > 0:  # each map's trees draw what a model on that map alone would: a set of maps
+            _set_rng_state(generator, start)  # is the mean of the single-map models
         mapped = encode_fit_data(model.input_map, data, name)  # what this map's trees see
         for t in range(model.n_trees):
             tree, rows = _fit_one(model, mapped, generator, progress, len(trees))
@@ -103,7 +106,11 @@ def refit_model_leaves(
         n_features=model.n_features_in_,
     )
     # The input map keeps its fitted knots: the routing was learned on them.
-    for tree, name in zip(model.partition_trees(), model.input_map.names):
+    names = model.input_map.names
+    start = _rng_state(generator)
+    for t, (tree, name) in enumerate(zip(model.partition_trees(), names)):
+        if t > 0 and name != names[t - 1]:  # a map's trees start from the same draws, as in fit
+            _set_rng_state(generator, start)
         mapped = encode_fit_data(model.input_map, data, name)
         X, y = mapped.X, mapped.y
         ids, vids = tree.route(X), tree.route(mapped.X_val)
@@ -177,3 +184,14 @@ def _fit_leaves(
         progress=progress,
         tree_index=tree_index,
     )
+
+
+def _rng_state(generator: torch.Generator | None) -> Tensor:
+    return torch.random.get_rng_state() if generator is None else generator.get_state()
+
+
+def _set_rng_state(generator: torch.Generator | None, state: Tensor) -> None:
+    if generator is None:
+        torch.random.set_rng_state(state)
+    else:
+        generator.set_state(state)
