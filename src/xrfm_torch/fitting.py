@@ -39,7 +39,7 @@ def fit_model(
     generator: torch.Generator | None,
     progress: Progress | None,
 ) -> None:
-    """Grow ``model.n_trees`` trees, fit their leaves, tune the temperature (see ``xRFMTree.fit``)."""
+    """Grow ``model.n_trees`` trees per input map, fit their leaves, tune the temperature (``fit``)."""
     data = fit_data(X, y, X_val, y_val, val_fraction=model.val_fraction, generator=generator)
     raw_X_val = data.X_val  # the temperature search maps it itself, like forward
     maps = choose_maps(model, data, generator)

@@ -62,7 +62,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             share of the node's rows from the other side, those nearest the threshold; capped so
             leaves stay within ``max_leaf_size`` (routing is unchanged; the reference's
             ``overlap_fraction``, 0.1 in its recommended configuration, applied at every node).
-        n_trees: Number of trees averaged (trees differ through the split-model subsamples).
+        n_trees: Trees per input map, all averaged (they differ through the split-model subsamples).
         temperature: Soft-routing temperature; ``None`` tunes it on validation data over
             ``temperature_grid`` (0 = hard routing is always a candidate), ``0`` forces hard routing.
         temperature_grid: Candidate temperatures for tuning (default: 0 and 20 values 0.025..4.5).
