@@ -184,3 +184,13 @@ def test_bad_map_lists_are_named(bad) -> None:
         xRFMTree(input_transform=bad)
     with pytest.raises(ValueError, match="max_input_maps"):
         xRFMTree(max_input_maps=4)
+
+
+def test_n_features_in_follows_the_last_fit_not_stale_knots() -> None:
+    X, Xv, Xt, y, yv, _ = standardized("rank")
+    model = fit("quantile+raw", X, y, Xv, yv)
+    assert model.n_features_in_ == 4
+    model.set_input_transform("identity")  # the knots of the first fit stay in the buffers
+    model.fit(X[:, :3], y, Xv[:, :3], yv, generator=seeded())
+    assert model.n_features_in_ == 3
+    assert model(Xt[:, :3]).shape == (Xt.shape[0], 1)

@@ -241,9 +241,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
     def n_features_in_(self) -> int:
         """Number of input features seen in ``fit``."""
         self._check_fitted()
-        if self.input_map.quantile.is_fitted:
-            return int(self.input_map.quantile.knots_.shape[1])
-        return int(self.leaves()[0].support_.shape[1])
+        cols = int(self.leaves()[0].support_.shape[1])  # the columns tree 0's map gives
+        return cols // 2 if self.input_map.names[0] == "quantile+raw" else cols
 
     @property
     def n_outputs_(self) -> int:
