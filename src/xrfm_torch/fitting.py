@@ -107,11 +107,12 @@ def refit_model_leaves(
     )
     # The input map keeps its fitted knots: the routing was learned on them.
     names = model.input_map.names
+    by_map = {name: encode_fit_data(model.input_map, data, name) for name in set(names)}
     start = _rng_state(generator)
     for t, (tree, name) in enumerate(zip(model.partition_trees(), names)):
         if t > 0 and name != names[t - 1]:  # a map's trees start from the same draws, as in fit
             _set_rng_state(generator, start)
-        mapped = encode_fit_data(model.input_map, data, name)
+        mapped = by_map[name]
         X, y = mapped.X, mapped.y
         ids, vids = tree.route(X), tree.route(mapped.X_val)
         keep = [lf for lf in range(tree.n_leaves) if int((ids == lf).sum()) >= 4]

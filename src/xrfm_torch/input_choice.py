@@ -59,7 +59,7 @@ def choose_maps(model: xRFMTree, data: FitData, generator: torch.Generator | Non
         return ["identity"]
     model.input_map.fit(data.X)
     if spec == "auto":
-        return probe_input_maps(model, model.input_map, data, generator)
+        return probe_input_maps(model, data, generator)
     return [spec] if isinstance(spec, str) else list(spec)
 
 
@@ -71,7 +71,7 @@ def encode_fit_data(imap: InputMap, data: FitData, name: str) -> FitData:
 
 
 def probe_input_maps(
-    model: xRFMTree, imap: InputMap, data: FitData, generator: torch.Generator | None
+    model: xRFMTree, data: FitData, generator: torch.Generator | None
 ) -> list[str]:
     """The simplest set of maps whose averaged probe predictions no richer set beats significantly.
 
@@ -96,7 +96,7 @@ def probe_input_maps(
     X_val, y_val = data.X_val[vrows], data.y_val[vrows]
     preds: dict[str, Tensor] = {}
     for name in INPUT_MAPS:
-        Xm, Xm_val = imap.encode(X, name), imap.encode(X_val, name)
+        Xm, Xm_val = model.input_map.encode(X, name), model.input_map.encode(X_val, name)
         leaf = probe_leaf(model)
         g.manual_seed(seed)  # every map's leaf starts from the same draws
         leaf.fit(Xm, y, Xm_val, y_val, generator=g)
