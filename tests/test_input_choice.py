@@ -142,16 +142,19 @@ def test_the_set_rule_averages_maps_whose_errors_are_independent() -> None:
 
 
 def test_a_list_of_maps_averages_one_tree_per_map() -> None:
-    # The trees are those of the single-map models fitted with the same seed.
+    # The trees are those of the single-map models fitted with the same seed, with leaves of
+    # at most set_leaf_fraction * max_leaf_size rows.
     X, Xv, Xt, y, yv, yt = standardized("rank")
     kw = {"max_leaf_size": 500, "n_iters": 1, "temperature": 0.0}
-    both = xRFMTree(input_transform=["identity", "quantile"], **kw).fit(
+    both = xRFMTree(input_transform=["identity", "quantile"], **{**kw, "max_leaf_size": 1000}).fit(
         X, y, Xv, yv, generator=seeded(4)
     )
     raw = xRFMTree(input_transform="identity", **kw).fit(X, y, Xv, yv, generator=seeded(4))
     mapped = xRFMTree(input_transform="quantile", **kw).fit(X, y, Xv, yv, generator=seeded(4))
     assert both.input_map.names == ["identity", "quantile"]
     assert both.n_leaves == raw.n_leaves + mapped.n_leaves
+    wide = xRFMTree(input_transform="identity", **{**kw, "max_leaf_size": 1000})
+    assert raw.n_leaves > wide.fit(X, y, Xv, yv, generator=seeded(4)).n_leaves
     torch.testing.assert_close(both(Xt), (raw(Xt) + mapped(Xt)) / 2)
     torch.testing.assert_close(both.leaf_ids(Xt, tree=1), mapped.leaf_ids(Xt), rtol=0, atol=0)
     # importance: the trees' importances weighted by their leaves' support rows
@@ -184,6 +187,8 @@ def test_bad_map_lists_are_named(bad) -> None:
         xRFMTree(input_transform=bad)
     with pytest.raises(ValueError, match="max_input_maps"):
         xRFMTree(max_input_maps=4)
+    with pytest.raises(ValueError, match="set_leaf_fraction"):
+        xRFMTree(set_leaf_fraction=0.0)
 
 
 def test_n_features_in_follows_the_last_fit_not_stale_knots() -> None:

@@ -48,13 +48,16 @@ def fit_model(
     tree_maps: list[str] = []
     tree_data: list[FitData] = []
     refit_rows: list[list[Tensor | None]] = []
+    leaf_size = model.max_leaf_size  # a set's trees are cheaper members: smaller leaves
+    if len(maps) > 1:
+        leaf_size = max(4, round(model.set_leaf_fraction * leaf_size))
     start = _rng_state(generator)
     for i, name in enumerate(maps):
         if i > 0:  # each map's trees draw what a model on that map alone would: a set of maps
             _set_rng_state(generator, start)  # is the mean of the single-map models
         mapped = encode_fit_data(model.input_map, data, name)  # what this map's trees see
         for t in range(model.n_trees):
-            tree, rows = _fit_one(model, mapped, generator, progress, len(trees))
+            tree, rows = _fit_one(model, mapped, leaf_size, generator, progress, len(trees))
             trees.append(tree)
             tree_maps.append(name)
             tree_data.append(mapped)
@@ -134,11 +137,12 @@ def refit_model_leaves(
 def _fit_one(
     model: xRFMTree,
     data: FitData,
+    max_leaf_size: int,
     generator: torch.Generator | None,
     progress: Progress | None,
     tree_index: int,
 ) -> tuple[PartitionTree, list[Tensor | None]]:
-    """Grow one tree and fit its leaves.
+    """Grow one tree (leaves of at most ``max_leaf_size`` rows) and fit its leaves.
 
     With a hold-out (no user validation data) the tree is grown on all training rows and each
     leaf validates on its held-out share, so a leaf's rows never exceed ``max_leaf_size``, even
@@ -150,7 +154,7 @@ def _fit_one(
         data.y,
         data.X_val[:0] if held else data.X_val,
         data.y_val[:0] if held else data.y_val,
-        max_leaf_size=model.max_leaf_size,
+        max_leaf_size=max_leaf_size,
         split_rule=model.split_rule,
         kernel=model.kernel,
         generator=generator,

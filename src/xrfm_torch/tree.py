@@ -86,7 +86,9 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             standard errors (about a second on 2 CPU cores; see :mod:`xrfm_torch.input_choice`).
             Use ``"identity"`` for a head on learned features (the knots would not follow them).
         input_margin: Significance margin of the ``"auto"`` choice.
-        max_input_maps: Most maps ``"auto"`` may average (1: one map; each map costs a fit).
+        max_input_maps: Most maps ``"auto"`` may average (1: one map).
+        set_leaf_fraction: With several maps, their trees' leaves hold at most this share of
+            ``max_leaf_size`` rows (a leaf costs ``O(L^3)``: at 0.5 a pair costs half a fit).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -134,6 +136,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         input_transform: str | Sequence[str] = "auto",
         input_margin: float = 2.0,
         max_input_maps: int = 2,
+        set_leaf_fraction: float = 0.5,
     ) -> None:
         super().__init__()
         self._init_args = {
@@ -181,6 +184,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
                 f"max_input_maps must be an integer in [1, {len(INPUT_MAPS)}], got {max_input_maps!r}"
             )
         self.max_input_maps = int(max_input_maps)
+        self.set_leaf_fraction = check_fraction(set_leaf_fraction, "set_leaf_fraction")
         self.input_map = InputMap()
         self.trees = nn.ModuleList()
         self.register_buffer("temperature_", torch.tensor(0.0))
