@@ -221,6 +221,8 @@ def test_bad_input(call, exc, match):
         ({"kernel_exponents": [1.0, 0.0]}, "kernel_exponents"),
         ({"bandwidth_factors": [-2.0]}, "bandwidth_factors"),
         ({"reg_factors": [10.0, 0.0]}, "reg_factors"),
+        ({"pcg_tol": 0.0}, "pcg_tol"),
+        ({"pcg_tol": 1.5}, "pcg_tol"),
     ],
 )
 def test_bad_arguments(kwargs, match):
@@ -408,3 +410,33 @@ def test_kernel_exponents_above_p_are_skipped(caplog):
     tried = [m for m in caplog.messages if " q " in m]
     assert len(tried) == 1 and " q 0.5 " in tried[0]  # only 0.5 competes with the kernel's q = 1
     assert leaf.kernel.q in (0.5, 1.0)
+
+
+def test_warm_cg_iterations_give_the_factored_leaf(monkeypatch):
+    """Later iterations solved by CG from the previous factor: same curve and model as factoring.
+
+    1600 rows is the smallest leaf that tries CG (5 iterations at 300 rows each); a spy counts the
+    warm solves that were accepted, so the test fails if the warm path never runs.
+    """
+    import xrfm_torch.iteration as iteration
+
+    accepted = []
+    real = iteration.pcg_krr
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        accepted.append(out is not None)
+        return out
+
+    monkeypatch.setattr(iteration, "pcg_krr", spy)
+    X, y = planted(2000, d=6, seed=3)
+    Xv, yv = planted(400, d=6, seed=4)
+    kw = {"n_iters": 6, "diag": False, "early_stop_multiplier": None, "reg": 1e-3}
+    warm = LeafRFM(pcg_tol=1e-3, **kw).fit(X[:1600], y[:1600], Xv, yv)
+    assert sum(accepted) >= 3  # t = 2 .. 6 may warm-start from t = 1's factor onwards
+    accepted.clear()
+    cold = LeafRFM(pcg_tol=None, **kw).fit(X[:1600], y[:1600], Xv, yv)
+    assert not accepted
+    torch.testing.assert_close(warm.val_errors_, cold.val_errors_, rtol=2e-3, atol=0)
+    assert int(warm.best_iter_) == int(cold.best_iter_)
+    torch.testing.assert_close(warm(X[1600:]), cold(X[1600:]), rtol=0, atol=2e-3 * float(y.std()))

@@ -12,6 +12,7 @@ from xrfm_torch.solvers import (
     _residual_too_large,
     krr_workspace,
     padded_size,
+    pcg_krr,
     solve_krr,
 )
 
@@ -119,3 +120,41 @@ def test_float32_solve_failing_the_residual_bound_is_repeated_in_float64(monkeyp
     assert calls == [torch.float32]  # the float64 repeat is not checked again
     assert "repeating it in float64" in caplog.text and alpha.dtype == torch.float32
     torch.testing.assert_close(alpha.double(), solve_krr(K, Y, 1e-3), rtol=0, atol=1e-5)
+
+
+def factor_of(K, reg, U=None):
+    """The workspace a Cholesky solve of ``K + U U^T + reg I`` leaves behind (padded factor)."""
+    W = krr_workspace(K.shape[0], K.dtype)
+    solve_krr(K, torch.ones(K.shape[0], 1, dtype=K.dtype), reg, workspace=W, features=U)
+    return W
+
+
+@pytest.mark.parametrize("with_features", [False, True])
+def test_pcg_from_a_nearby_factor_matches_the_direct_solve(with_features):
+    _, Y = gram(83)
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(83, 4, generator=g, dtype=torch.float64)
+    K0 = LaplaceKernel(bandwidth=2.0).double()(X, X)  # padded factor: 88 x 88
+    K1 = LaplaceKernel(bandwidth=2.1).double()(X, X)  # the next iteration's, nearby
+    U = 0.3 * X if with_features else None
+    A = K1 + 1e-2 * torch.eye(83) + (U @ U.mT if U is not None else 0)
+    alpha = pcg_krr(K1, Y, 1e-2, factor_of(K0, 1e-2, U), features=U, tol=1e-8, max_iters=40)
+    assert alpha is not None
+    res = (Y - A @ alpha).norm(dim=0) / Y.norm(dim=0)
+    assert float(res.max()) <= 1e-8
+    torch.testing.assert_close(alpha, torch.linalg.solve(A, Y), rtol=0, atol=1e-6)
+
+
+def test_pcg_gives_up_with_a_poor_preconditioner_or_mismatched_dtype():
+    g = torch.Generator().manual_seed(2)
+    X = torch.randn(200, 4, generator=g, dtype=torch.float64)
+    K = LaplaceKernel(bandwidth=2.0).double()(X, X)
+    y = torch.randn(200, 1, generator=g, dtype=torch.float64)
+    far = factor_of(torch.zeros_like(K), 1.0)  # the identity: plain CG on a system of cond ~1e3
+    assert pcg_krr(K, y, 1e-3, far, tol=1e-6, max_iters=5) is None
+    own = factor_of(K, 1e-3)
+    assert pcg_krr(K.float(), y.float(), 1e-3, own) is None  # factor in another dtype
+    # with its own factor the preconditioned start is the solution already
+    torch.testing.assert_close(
+        pcg_krr(K, y, 1e-3, own, tol=1e-8), torch.linalg.solve(K + 1e-3 * torch.eye(200), y)
+    )

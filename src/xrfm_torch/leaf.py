@@ -76,6 +76,13 @@ class LeafRFM(ResizableBuffers):
             ``k(x, z) + c (1 + <S x, S z> / d)`` (:mod:`xrfm_torch.linear`), used in every solve,
             prediction and gradient of the leaf. Away from the training rows the leaf then follows
             the linear trend instead of falling back to the mean. ``0``: the kernel alone.
+        pcg_tol: Relative residual to which an iteration's solve is refined by conjugate
+            gradients preconditioned with the previous iteration's Cholesky factor
+            (:func:`xrfm_torch.solvers.pcg_krr`), falling back to a fresh factorization when
+            they do not get there quickly. Once ``M`` settles this replaces an ``O(n^3)``
+            factorization by a few ``O(n^2)`` passes; the solution differs from the factored
+            one at the level of float32 rounding. Leaves below 1500 rows always factor.
+            ``None``: factor every iteration.
 
     Buffers (after ``fit``):
         ``support_`` (n, d), ``alpha_`` (n, c), ``sqrt_m_`` (d,) or (d, d), ``best_iter_`` (),
@@ -111,6 +118,7 @@ class LeafRFM(ResizableBuffers):
         reg_factors: Sequence[float] | None = None,
         kernel_margin: float = 2.0,
         linear_mix: float = 0.0,
+        pcg_tol: float | None = 1e-3,
     ) -> None:
         super().__init__()
         if int(n_iters) != n_iters or n_iters < 0:
@@ -167,6 +175,9 @@ class LeafRFM(ResizableBuffers):
         )
         self.kernel_margin = check_positive(kernel_margin, "kernel_margin", allow_zero=True)
         self.linear_mix = check_positive(linear_mix, "linear_mix", allow_zero=True)
+        if pcg_tol is not None and not 0.0 < float(pcg_tol) < 1.0:
+            raise ValueError(f"pcg_tol must be in (0, 1) or None, got {pcg_tol!r}")
+        self.pcg_tol = None if pcg_tol is None else float(pcg_tol)
         self.register_buffer("support_", torch.empty(0, 0))
         self.register_buffer("alpha_", torch.empty(0, 0))
         self.register_buffer("sqrt_m_", torch.empty(0))

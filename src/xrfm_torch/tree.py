@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 LEAF_ARGS = (
     "n_iters", "reg", "diag", "eps", "adaptive_bandwidth", "early_stop_multiplier", "patience",
     "tol", "min_iters", "solve_dtype", "iter_rows", "bandwidth_factors", "kernel_exponents",
-    "reg_factors", "kernel_margin", "linear_mix",
+    "reg_factors", "kernel_margin", "linear_mix", "pcg_tol",
 )  # fmt: skip
 
 
@@ -50,8 +50,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         max_leaf_size: ``L_max``; a node with more training rows is split.
         n_iters, reg, diag, eps, adaptive_bandwidth, early_stop_multiplier, patience, tol,
         min_iters, solve_dtype, iter_rows, bandwidth_factors, kernel_exponents, reg_factors,
-        kernel_margin, linear_mix: Every leaf's :class:`~xrfm_torch.leaf.LeafRFM` arguments (see
-            there): ``n_iters`` is ``tau``, at most this many AGOP updates, stopping ``patience``
+        kernel_margin, linear_mix, pcg_tol: Every leaf's :class:`~xrfm_torch.leaf.LeafRFM`
+            arguments (see there): ``n_iters`` is ``tau``, at most this many AGOP updates, stopping ``patience``
             iterations after the best validation error (from iteration ``min_iters`` on); the
             leaf then searches ``kernel_exponents`` (a new ``q`` must win by ``kernel_margin``
             paired standard errors) and ``reg_factors`` (multiples of ``reg``); ``diag="auto"``
@@ -121,6 +121,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         reg_factors: Sequence[float] | None = (0.1, 10.0, 100.0),
         kernel_margin: float = 2.0,
         linear_mix: float = 0.1,
+        pcg_tol: float | None = 1e-3,
         split_rule: SplitRule | None = None,
         overlap_fraction: float = 0.1,
         n_trees: int = 1,
