@@ -256,5 +256,6 @@ def run_iterations(
             solve_dtype=leaf.solve_dtype,
             margin=leaf.kernel_margin,
             linear_mix=leaf.linear_mix,
+            warm=(leaf.pcg_tol, cg_iters) if leaf.pcg_tol is not None and cg_iters >= 5 else None,
         )
     return best, errors.to(X.device), mode if mode is not None else True

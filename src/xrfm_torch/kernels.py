@@ -38,6 +38,21 @@ from xrfm_torch._checks import check_positive
 #: Default bound on the temporaries of one chunk (kernel rows, gradient weights), in bytes.
 DEFAULT_CHUNK_BYTES = 256 * 2**20
 
+#: Elementwise passes over an (n, n) buffer run block by block in row blocks of about this size,
+#: so that the 4-7 passes of a distance or kernel evaluation read the block from cache, not
+#: memory (2 cores with 1 MiB L2 each; n = 9000: distances 0.28 -> 0.16 s).
+CACHE_BLOCK_BYTES = 2 * 2**20
+
+
+def cache_blocks(out: Tensor | None, *inputs: Tensor) -> list[slice]:
+    """Row blocks for in-place elementwise work on ``out``; one block when autograd must see it."""
+    if out is None or out.ndim == 0 or out.shape[0] == 0:
+        return [slice(None)]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return [slice(None)]
+    per_row = out.element_size() * (out.numel() // out.shape[0])
+    return list(row_chunks(out.shape[0], per_row, CACHE_BLOCK_BYTES))
+
 
 def transform(x: Tensor, sqrt_m: Tensor | None) -> Tensor:
     """Map inputs into the learned feature space ``x -> S x``.
@@ -85,12 +100,23 @@ def pairwise_distance(x: Tensor, z: Tensor, p: float, *, out: Tensor | None = No
     c = 16 * torch.finfo(x.dtype).eps
     xx = (x * x).sum(-1, keepdim=True)  # (n, 1)
     zz = (z * z).sum(-1)[None, :]  # (1, m)
-    # out = (1 - c)(|x|^2 + |z|^2) - 2 x.z = sq - c(|x|^2 + |z|^2): <= 0 means "snap to 0"
-    out = torch.addmm((1 - c) * zz, x, z.mT, alpha=-2.0, out=out)
-    out.add_((1 - c) * xx)
-    snap = out <= 0
-    out.add_(c * xx).add_(c * zz)
-    return out.masked_fill_(snap, 0.0).sqrt_()
+    zz_lo, zz_c = (1 - c) * zz, c * zz
+
+    def block(o: Tensor | None, xb: Tensor, xxb: Tensor) -> Tensor:
+        # o = (1 - c)(|x|^2 + |z|^2) - 2 x.z = sq - c(|x|^2 + |z|^2): <= 0 means "snap to 0"
+        o = torch.addmm(zz_lo, xb, z.mT, alpha=-2.0, out=o)
+        o.add_((1 - c) * xxb)
+        snap = o <= 0
+        o.add_(c * xxb).add_(zz_c)
+        return o.masked_fill_(snap, 0.0).sqrt_()
+
+    blocks = cache_blocks(out, x, z)
+    if len(blocks) == 1:
+        return block(out, x, xx)
+    assert out is not None  # for mypy: several blocks only with a buffer
+    for b in blocks:
+        block(out[b], x[b], xx[b])
+    return out
 
 
 class Kernel(nn.Module):
@@ -159,7 +185,14 @@ class Kernel(nn.Module):
             r: Distances, any shape.
             out: Optional buffer of ``r``'s shape to write into (may be ``r`` itself).
         """
-        scaled = torch.div(r, self.bandwidth.to(r.dtype), out=out)
+        bw = self.bandwidth.to(r.dtype)
+        blocks = cache_blocks(out, r, self.bandwidth)
+        if len(blocks) > 1:
+            assert out is not None  # for mypy: several blocks only with a buffer
+            for b in blocks:
+                self.from_distance(r[b], out=out[b])
+            return out
+        scaled = torch.div(r, bw, out=out)
         if self.q != 1.0:
             scaled.pow_(self.q)
         return scaled.neg_().exp_()
@@ -216,6 +249,12 @@ class Kernel(nn.Module):
             k: Kernel values for the same pairs, shape (n, m).
             out: Optional tensor to write into (may be ``r`` itself to save memory).
         """
+        blocks = cache_blocks(out, r, k, self.bandwidth)
+        if len(blocks) > 1:
+            assert out is not None  # for mypy: several blocks only with a buffer
+            for b in blocks:
+                self.grad_weights(r[b], k[b], out=out[b])
+            return out
         bw = self.bandwidth.to(r.dtype)
         scale = -self.q / bw.pow(self.q)
         mask = r < self.eps

@@ -118,7 +118,7 @@ class LeafRFM(ResizableBuffers):
         reg_factors: Sequence[float] | None = None,
         kernel_margin: float = 2.0,
         linear_mix: float = 0.0,
-        pcg_tol: float | None = 1e-3,
+        pcg_tol: float | None = 1e-4,
     ) -> None:
         super().__init__()
         if int(n_iters) != n_iters or n_iters < 0:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, transform
 from xrfm_torch.linear import features_or_none, summed_predict
-from xrfm_torch.solvers import solve_krr
+from xrfm_torch.solvers import pcg_krr, solve_krr
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,7 @@ def select_kernel(
     solve_dtype: torch.dtype | None,
     margin: float,
     linear_mix: float = 0.0,
+    warm: tuple[float, int] | None = None,
 ) -> Candidate:
     """Re-solve ``best``'s ``M`` for each (exponent, bandwidth factor), then search the ridge.
 
@@ -115,6 +116,10 @@ def select_kernel(
             ``best`` by this many paired standard errors (:func:`beats`); the ridge walk then
             takes any improvement.
         linear_mix: Weight of the leaf kernel's constant + linear part (:mod:`xrfm_torch.linear`).
+        warm: ``(tol, max_iters)`` of :func:`xrfm_torch.solvers.pcg_krr`: a ridge step within a
+            factor 10 of a ridge already factored for the same kernel is solved by CG from that
+            factor (``K + lam' I`` vs ``K + lam I``: condition number at most 10). ``None``:
+            factor every candidate.
     """
     R, K, F = buffers
     base, q0 = best.bandwidth, best.q
@@ -126,6 +131,7 @@ def select_kernel(
     grid = [(q, base * f) for q in sorted(qs) for f in factors if (q, f) != (q0, 1.0)]
 
     built: tuple[float, float] | None = None  # (q, bandwidth) of the values K holds for this M
+    factored: tuple[float, float, float] | None = None  # (q, bandwidth, ridge) of F's factor
 
     def set_kernel(q: float, bandwidth: float) -> None:
         nonlocal built
@@ -137,7 +143,14 @@ def select_kernel(
         built = (kernel.q, float(kernel.bandwidth))
 
     def consider(lam: float, best: Candidate) -> Candidate:
-        alpha = solve_krr(K, y, lam, solve_dtype=solve_dtype, workspace=F, features=U)
+        nonlocal factored
+        alpha = None
+        near = factored is not None and factored[:2] == built and 0.1 <= lam / factored[2] <= 10
+        if warm is not None and near:
+            alpha = pcg_krr(K, y, lam, F, features=U, tol=warm[0], max_iters=warm[1])
+        if alpha is None:
+            alpha = solve_krr(K, y, lam, solve_dtype=solve_dtype, workspace=F, features=U)
+            factored = None if built is None else (*built, lam)
         err, sq = squared_errors(summed_predict(kernel, xv, xs, alpha, linear_mix), y_val)
         q, bandwidth = kernel.q, float(kernel.bandwidth)
         log.debug(

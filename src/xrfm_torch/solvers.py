@@ -180,8 +180,9 @@ def pcg_krr(
     factor: Tensor,
     *,
     features: Tensor | None = None,
-    tol: float = 1e-3,
+    tol: float = 1e-4,
     max_iters: int = 30,
+    accept: float = 1e-2,
 ) -> Tensor | None:
     """Solve ``(K + U U^T + reg I) alpha = y`` by conjugate gradients preconditioned with ``factor``.
 
@@ -192,13 +193,16 @@ def pcg_krr(
     replace an O(n^3 / 3) factorization. Each column of ``y`` is its own CG run, started at
     ``P^{-1} y``.
 
-    CG runs until its (recursively updated) residual is below ``tol / 10``, then the true residual
-    must satisfy ``||y - A alpha|| <= tol ||y||`` per column. The margin matters: a float32
-    product with ``K`` cannot resolve residuals much below ~1e-4 (a float32 Cholesky solve of a
-    9000-row leaf ends at 2-3e-4), where the recursive residual keeps falling but the true one
-    stalls. The run gives up (``None``) when it cannot get there within ``max_iters`` iterations:
-    after three iterations the observed mean rate of decrease is extrapolated, so a poor
-    preconditioner costs a few iterations, not ``max_iters``. The caller then factors afresh.
+    CG runs until its (recursively updated) residual is below ``tol ||y||`` per column; the
+    solution is then accepted if the residual computed directly, ``||y - A alpha|| / ||y||``, is
+    at most ``accept``. The two differ: a float32 product with ``K`` cannot resolve residuals
+    below a data-dependent floor where the recursive estimate keeps falling. Factored float32
+    solves of 9000-row leaves measure 2e-4 (synthetic task) to 1-3e-3 (houses, one grid entry
+    1.4e-2) directly, and CG solutions at ``tol = 1e-4`` measure the same, so ``accept`` only
+    catches a recursion that drifted away from the truth. The run gives up (``None``) when it
+    cannot reach ``tol`` within ``max_iters`` iterations: after three iterations the observed
+    mean rate of decrease is extrapolated, so a poor preconditioner costs a few iterations, not
+    ``max_iters``. The caller then factors afresh.
 
     Args:
         K: Symmetric PSD kernel matrix, shape (n, n).
@@ -206,7 +210,8 @@ def pcg_krr(
         reg: Ridge ``lambda >= 0``.
         factor: (m, m) with the lower factor in its lower triangle (``m >= n``), dtype of ``K``.
         features: Optional low-rank part ``U``, shape (n, r).
-        tol: Relative residual the returned solution must have (true residual, each column).
+        tol: Relative residual at which CG stops (its recursive estimate, each column).
+        accept: Largest directly computed relative residual of an accepted solution.
         max_iters: Most CG iterations.
 
     Returns:
@@ -231,8 +236,7 @@ def pcg_krr(
     x = apply_p_inv(b)
     r = b - apply_a(x)
     start = (r.norm(dim=0) / b_norm).max().item()
-    target = tol / 10.0
-    if start <= target:  # the preconditioner alone solved it (r is the true residual here)
+    if start <= tol:  # the preconditioner alone solved it (r is the direct residual here)
         return x.to(y.dtype)
     if not start < float("inf"):
         return None
@@ -248,12 +252,12 @@ def pcg_krr(
         rel = (r.norm(dim=0) / b_norm).max().item()
         if not rel < float("inf"):  # NaN or inf: the preconditioner does not fit
             return None
-        if rel <= target:
+        if rel <= tol:
             true = ((b - apply_a(x)).norm(dim=0) / b_norm).max().item()
-            return x.to(y.dtype) if true <= tol else None
+            return x.to(y.dtype) if true <= accept else None
         # geometric extrapolation of the observed rate: stop early when the budget cannot suffice
         if i >= 3 and (
-            rel >= start or i * math.log(target / start) / math.log(rel / start) > max_iters
+            rel >= start or i * math.log(tol / start) / math.log(rel / start) > max_iters
         ):
             return None
         z = apply_p_inv(r)

@@ -121,7 +121,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         reg_factors: Sequence[float] | None = (0.1, 10.0, 100.0),
         kernel_margin: float = 2.0,
         linear_mix: float = 0.1,
-        pcg_tol: float | None = 1e-3,
+        pcg_tol: float | None = 1e-4,
         split_rule: SplitRule | None = None,
         overlap_fraction: float = 0.1,
         n_trees: int = 1,
