@@ -440,3 +440,65 @@ def test_warm_cg_iterations_give_the_factored_leaf(monkeypatch):
     torch.testing.assert_close(warm.val_errors_, cold.val_errors_, rtol=2e-3, atol=0)
     assert int(warm.best_iter_) == int(cold.best_iter_)
     torch.testing.assert_close(warm(X[1600:]), cold(X[1600:]), rtol=0, atol=2e-3 * float(y.std()))
+
+
+def test_warm_ridge_steps_reach_the_factored_choice(monkeypatch):
+    """Ridge steps within 10x of a factored ridge of the same kernel are solved by CG from it."""
+    import xrfm_torch.selection as selection
+
+    accepted = []
+    real = selection.pcg_krr
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        accepted.append(out is not None)
+        return out
+
+    monkeypatch.setattr(selection, "pcg_krr", spy)
+    # strong noise: the walk goes up several steps. 4800 rows: a CG budget of 16 iterations, about
+    # what a ridge 10x away needs (smaller leaves factor, which is cheap there)
+    X, y = planted(4800, d=4, seed=6, noise=1.0)
+    Xv, yv = planted(400, d=4, seed=7, noise=1.0)
+    kw = {"n_iters": 0, "reg": 1e-3, "kernel_exponents": [1.5], "reg_factors": [10.0, 100.0, 1e3]}
+    warm = LeafRFM(LaplaceKernel(bandwidth=3.0), pcg_tol=1e-4, **kw).fit(X, y, Xv, yv)
+    assert any(accepted)
+    accepted.clear()
+    cold = LeafRFM(LaplaceKernel(bandwidth=3.0), pcg_tol=None, **kw).fit(X, y, Xv, yv)
+    assert not accepted
+    assert (warm.kernel.q, float(warm.reg_)) == (cold.kernel.q, float(cold.reg_))
+    assert float(cold.reg_) >= 1e-1  # the walk took at least two steps up
+    torch.testing.assert_close(warm(Xv), cold(Xv), rtol=0, atol=1e-3 * float(yv.std()))
+
+
+def test_extra_rows_join_the_final_solve_by_continuing_the_factor(monkeypatch):
+    """``fit(..., extra=...)`` equals a fit followed by ``refit`` on all rows, without refactoring."""
+    import xrfm_torch.leaf as leaf_module
+
+    used = []
+    real = leaf_module.solve_bordered
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(leaf_module, "solve_bordered", spy)
+    X, y = planted(500, d=4, seed=8, dtype=torch.float64, noise=1.0)  # noisy: 10x the ridge wins
+    Xv, yv = planted(200, d=4, seed=9, dtype=torch.float64, noise=1.0)
+    kw = {"n_iters": 2, "reg": 1e-3, "kernel_exponents": None, "reg_factors": [10.0]}
+    ext = LeafRFM(**kw).fit(X[:420], y[:420], Xv, yv, extra=(X[420:], y[420:]))
+    assert used == [True]
+    assert float(ext.reg_) == pytest.approx(1e-2)
+    ref = LeafRFM(**kw).fit(X[:420], y[:420], Xv, yv, final_solve=False).refit(X, y)
+    torch.testing.assert_close(ext.support_, ref.support_)
+    torch.testing.assert_close(ext.alpha_, ref.alpha_, rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(ext(Xv), ref(Xv), rtol=0, atol=1e-9)
+    # no factor to continue (no post-hoc search): the same result by a fresh solve
+    plain = {**kw, "reg_factors": None}
+    used.clear()
+    a = LeafRFM(**plain).fit(X[:420], y[:420], Xv, yv, extra=(X[420:], y[420:]))
+    b = LeafRFM(**plain).fit(X[:420], y[:420], Xv, yv, final_solve=False).refit(X, y)
+    assert not used
+    torch.testing.assert_close(a(Xv), b(Xv), rtol=0, atol=1e-9)
+    with pytest.raises(ValueError, match="extra rows"):
+        LeafRFM(iter_rows=100, **kw).fit(X[:420], y[:420], Xv, yv, extra=(X[420:], y[420:]))

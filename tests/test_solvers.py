@@ -13,6 +13,7 @@ from xrfm_torch.solvers import (
     krr_workspace,
     padded_size,
     pcg_krr,
+    solve_bordered,
     solve_krr,
 )
 
@@ -158,3 +159,38 @@ def test_pcg_gives_up_with_a_poor_preconditioner_or_mismatched_dtype():
     torch.testing.assert_close(
         pcg_krr(K, y, 1e-3, own, tol=1e-8), torch.linalg.solve(K + 1e-3 * torch.eye(200), y)
     )
+
+
+@pytest.mark.parametrize("with_features", [False, True])
+def test_bordered_solve_continues_the_factor_exactly(with_features):
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(90, 4, generator=g, dtype=torch.float64)
+    y = torch.randn(90, 2, generator=g, dtype=torch.float64)
+    K = LaplaceKernel(bandwidth=2.0).double()(X, X)
+    U = 0.3 * X if with_features else None
+    n = 77  # S: the first 77 rows (factor padded to 80), B: the last 13
+    F = factor_of(K[:n, :n], 1e-2, None if U is None else U[:n])
+    alpha = solve_bordered(F, K[:n, :n], K[:n, n:], K[n:, n:], y, 1e-2, features=U)
+    A = K + 1e-2 * torch.eye(90) + (U @ U.mT if U is not None else 0)
+    torch.testing.assert_close(alpha, torch.linalg.solve(A, y), rtol=1e-6, atol=1e-7)
+
+
+def test_a_jittered_or_repeated_solve_marks_its_factor_unusable(caplog):
+    K, Y = gram(40)
+    W = krr_workspace(40, torch.float64)
+    solve_krr(K, Y, 1e-2, workspace=W)
+    assert bool(W[0, 0].isfinite())  # a clean factor of K + reg I: reusable
+    # the leading block of a Cholesky factor is the factor of the leading block
+    torch.testing.assert_close(
+        solve_bordered(W, K[:30, :30], K[:30, 30:], K[30:, 30:], Y, 1e-2),
+        torch.linalg.solve(K + 1e-2 * torch.eye(40), Y),
+    )
+    singular = torch.ones(40, 40, dtype=torch.float64)  # rank one: reg 0 fails, jitter succeeds
+    with caplog.at_level(logging.WARNING, logger="xrfm_torch.solvers"):
+        solve_krr(singular, Y, 0.0, workspace=W)
+    assert "jitter" in caplog.text
+    assert bool(W[0, 0].isnan())
+    Kb = torch.ones(40, 3, dtype=torch.float64)
+    Yb = torch.cat([Y, Y[:3]])
+    assert solve_bordered(W, singular, Kb, torch.ones(3, 3, dtype=torch.float64), Yb, 0.0) is None
+    assert pcg_krr(singular, Y, 0.0, W) is None

@@ -251,14 +251,21 @@ def fit_leaves(
             )
             Xv, yv = torch.cat([Xv, X[borrowed]]), torch.cat([yv, y[borrowed]])
         leaf = new_leaf().to(device=X.device, dtype=X.dtype)
+        final = rows if refit_borrowed else torch.cat([tr, extra])
         if Xv.shape[0] == 0:
             leaf.fit(X[tr], y[tr], generator=generator, final_solve=False)
+        elif holdout is None and leaf.iter_rows is None:
+            # the final solve's rows are known now and the temperature is tuned on the user's
+            # validation data either way, so the leaf adds them while its factor is at hand
+            joins = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
+            joins[tr] = False
+            more = final[joins[final]]
+            leaf.fit(X[tr], y[tr], Xv, yv, generator=generator, extra=(X[more], y[more]))
         else:
             leaf.fit(X[tr], y[tr], Xv, yv, generator=generator, final_solve=False)
         leaves.append(leaf)
         if progress is not None:
             progress(tree_index, len(leaves), len(layout.leaf_train))
-        final = rows if refit_borrowed else torch.cat([tr, extra])
         refit.append(final if leaf.support_.shape[0] < final.shape[0] else None)
         log.debug(
             "leaf %d: %d train / %d val rows, t*=%d, bandwidth %.4g",

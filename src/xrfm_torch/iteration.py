@@ -132,7 +132,7 @@ def run_iterations(
     X_val: Tensor,
     y_val: Tensor,
     generator: torch.Generator | None,
-) -> tuple[Candidate, Tensor, bool]:
+) -> tuple[Candidate, Tensor, bool, tuple[Tensor, Tensor] | None]:
     """Fit ``t = 0 .. tau`` with ``M_{t+1} = G_t / (eps + max G_t)`` and keep the best validation MSE.
 
     The leaf's settings drive the loop: ``n_iters`` (``tau``), ``diag`` (``"auto"`` fits both
@@ -151,7 +151,9 @@ def run_iterations(
 
     Returns:
         ``(best candidate, validation MSE per iteration (tau + 1,) with NaN where not run,
-        whether M is diagonal)``.
+        whether M is diagonal, (K, F) or None)``: the last are the (n, n) kernel matrix of the
+        chosen model and the workspace holding the Cholesky factor of its system, when the
+        post-hoc search left them so (a final solve with more rows continues from them).
     """
     kernel = leaf.kernel
     kernel.q = leaf._kernel_start[0]
@@ -240,8 +242,9 @@ def run_iterations(
         raise RuntimeError(
             f"LeafRFM produced no finite validation error (errors: {errors.tolist()})"
         )
+    factored = None
     if leaf.bandwidth_factors or leaf.kernel_exponents or leaf.reg_factors:
-        best = select_kernel(
+        best, holds = select_kernel(
             kernel,
             X,
             y,
@@ -258,4 +261,5 @@ def run_iterations(
             linear_mix=leaf.linear_mix,
             warm=(leaf.pcg_tol, cg_iters) if leaf.pcg_tol is not None and cg_iters >= 5 else None,
         )
-    return best, errors.to(X.device), mode if mode is not None else True
+        factored = (buffers[1], buffers[2]) if holds else None
+    return best, errors.to(X.device), mode if mode is not None else True, factored

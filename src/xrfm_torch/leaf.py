@@ -20,7 +20,7 @@ from xrfm_torch.iteration import run_iterations
 from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
 from xrfm_torch.linear import features_or_none, linear_grad, summed_predict
 from xrfm_torch.selection import Candidate
-from xrfm_torch.solvers import solve_krr
+from xrfm_torch.solvers import solve_bordered, solve_krr
 from xrfm_torch.validation import fit_data
 
 
@@ -217,6 +217,7 @@ class LeafRFM(ResizableBuffers):
         *,
         generator: torch.Generator | None = None,
         final_solve: bool = True,
+        extra: tuple[Tensor, Tensor] | None = None,
     ) -> LeafRFM:
         """Run the RFM iterations and keep the iteration with the lowest validation MSE.
 
@@ -230,6 +231,12 @@ class LeafRFM(ResizableBuffers):
             final_solve: Re-solve on all of ``X`` when the iterations saw fewer rows (a hold-out or
                 the ``iter_rows`` subsample). ``False`` leaves that solve to the caller (the tree
                 does one solve per leaf that also adds borrowed validation rows).
+            extra: ``(X_extra, y_extra)``: rows that join only the final solve (the tree's overlap
+                and borrowed rows); the support becomes the fitted rows followed by these. When
+                the post-hoc search leaves the chosen model's factorization at hand, that solve
+                continues it (:func:`xrfm_torch.solvers.solve_bordered`, ``O(n^2 b)`` for ``b``
+                extra rows) instead of factoring ``n + b`` rows afresh. Only without a hold-out
+                or ``iter_rows`` subsample (whose rows would need the same final solve).
 
         Returns:
             ``self``.
@@ -244,13 +251,39 @@ class LeafRFM(ResizableBuffers):
         if self.iter_rows is not None and X.shape[0] > self.iter_rows:
             keep = torch.randperm(X.shape[0], generator=generator)[: self.iter_rows].to(X.device)
             X, y = X[keep], y[keep]
-        best, self.val_errors_, self._chosen_diag = run_iterations(
+        if extra is not None and X.shape[0] < X_all.shape[0]:
+            raise ValueError("extra rows need a fit on all of X (validation data, no iter_rows)")
+        best, self.val_errors_, self._chosen_diag, factored = run_iterations(
             self, X, y, data.X_val, data.y_val, generator
         )
         self._store(X, best)
-        if final_solve and X.shape[0] < X_all.shape[0]:
+        if extra is not None and extra[0].shape[0] > 0:
+            X_b = as_float_matrix(extra[0], "extra X", n_features=X.shape[1]).to(X)
+            y_b = as_float_targets(extra[1], "extra y", n_rows=X_b.shape[0], dtype=X.dtype)
+            self._extend(X, y, X_b, y_b.reshape(X_b.shape[0], -1), factored)
+        elif final_solve and X.shape[0] < X_all.shape[0]:
             self.refit(X_all, y_all)
         return self
+
+    @torch.no_grad()
+    def _extend(
+        self, X: Tensor, y: Tensor, X_b: Tensor, y_b: Tensor, factored: tuple[Tensor, Tensor] | None
+    ) -> None:
+        """Final solve on ``X`` then ``X_b``: continue the chosen model's factor when at hand."""
+        X_all, y_all = torch.cat([X, X_b]), torch.cat([y, y_b])
+        alpha = None
+        if factored is not None:
+            K_ss, F = factored
+            xs, xb = transform(X, self.sqrt_m_), transform(X_b, self.sqrt_m_)
+            K_sb = self.kernel.from_distance(self.kernel.distance(xs, xb))  # (n, b)
+            K_bb = self.kernel.from_distance(self.kernel.distance(xb, xb))  # (b, b)
+            U = features_or_none(torch.cat([xs, xb]), self.linear_mix)
+            alpha = solve_bordered(F, K_ss, K_sb, K_bb, y_all, float(self.reg_), features=U)
+        if alpha is None:
+            self.refit(X_all, y_all)
+            return
+        self.alpha_ = alpha
+        self.support_ = X_all.detach().clone()
 
     def _store(self, X: Tensor, best: Candidate) -> None:
         d = X.shape[1]

@@ -92,7 +92,7 @@ def select_kernel(
     margin: float,
     linear_mix: float = 0.0,
     warm: tuple[float, int] | None = None,
-) -> Candidate:
+) -> tuple[Candidate, bool]:
     """Re-solve ``best``'s ``M`` for each (exponent, bandwidth factor), then search the ridge.
 
     The ridge comes second (coordinate search, :func:`search_reg`) for the chosen kernel, whose
@@ -120,6 +120,11 @@ def select_kernel(
             factor 10 of a ridge already factored for the same kernel is solved by CG from that
             factor (``K + lam' I`` vs ``K + lam I``: condition number at most 10). ``None``:
             factor every candidate.
+
+    Returns:
+        ``(chosen candidate, whether the buffers still hold its kernel matrix in K and the
+        Cholesky factor of its system in F)``, so that a final solve with more rows can continue
+        that factorization (:func:`xrfm_torch.solvers.solve_bordered`).
     """
     R, K, F = buffers
     base, q0 = best.bandwidth, best.q
@@ -181,7 +186,8 @@ def select_kernel(
         best = search_reg(best, consider, reg, reg_factors)
     kernel.bandwidth.fill_(best.bandwidth)
     kernel.q = best.q
-    return best
+    holds = built is not None and built == (best.q, best.bandwidth)
+    return best, holds and factored == (best.q, best.bandwidth, best.reg)
 
 
 def search_reg(

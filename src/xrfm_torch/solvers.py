@@ -81,6 +81,10 @@ def solve_krr(
     The in-place factorization is not differentiable; with autograd on (``K`` or ``y`` requiring
     grad) a plain ``torch.linalg`` path is taken instead.
 
+    On success the workspace holds the factor of ``K + U U^T + reg I`` for reuse
+    (:func:`pcg_krr`, :func:`solve_bordered`); after a jittered ridge or the float64 repeat it
+    holds no such factor, and its first entry is set to NaN so that no later solve reuses it.
+
     Args:
         K: Symmetric PSD kernel matrix, shape (n, n).
         y: Targets, shape (n,) or (n, c).
@@ -148,6 +152,7 @@ def solve_krr(
             if attempt > 0:
                 log.warning("KRR Cholesky needed jitter: ridge raised from %g to %g", reg, ridge)
             rhs = b if m == n else torch.cat([b, b.new_zeros(m - n, b.shape[1])])
+            reusable = attempt == 0 and not differentiable
             # two triangular solves: much faster than cholesky_solve for few right-hand sides
             z = torch.linalg.solve_triangular(L, rhs, upper=False)
             alpha = torch.linalg.solve_triangular(L.mT, z, upper=True)[:n]
@@ -165,6 +170,9 @@ def solve_krr(
                 alpha = solve_krr(
                     K, b, ridge, solve_dtype=torch.float64, max_tries=1, features=features
                 )
+                reusable = False  # the workspace holds the failed float32 factor
+            if not reusable and W is not None:
+                W[0, 0] = float("nan")  # not the factor of K + reg I: nothing may reuse it
             return (alpha if y.ndim == 2 else alpha[:, 0]).to(y.dtype)
     raise KRRSolveError(
         f"Cholesky of K + reg*I failed for n={n} after {max_tries} tries "
@@ -265,3 +273,70 @@ def pcg_krr(
         p = z + torch.where(rz > 0, rz_new / rz, 0.0) * p
         rz = rz_new
     return None
+
+
+def solve_bordered(
+    factor: Tensor,
+    K_ss: Tensor,
+    K_sb: Tensor,
+    K_bb: Tensor,
+    y: Tensor,
+    reg: float,
+    *,
+    features: Tensor | None = None,
+) -> Tensor | None:
+    """Solve the KRR system of rows ``S`` plus ``b`` new rows ``B`` from the factor of ``S``'s.
+
+    With ``A_SS = L L^T`` already factored (``factor``: the (m, m) workspace that
+    :func:`solve_krr` left, ``m >= n_S``), the system
+    ``[[A_SS, A_SB], [A_BS, A_BB]] alpha = y`` (``A = K + U U^T + reg I`` over ``S`` then ``B``)
+    is solved by block elimination: ``W = L^{-1} A_SB``, the Schur complement
+    ``A_BB - W^T W = L_B L_B^T`` and two block triangular solves. That is the factorization of
+    the bordered matrix continued, not an approximation, and costs ``O(n_S^2 b)`` instead of the
+    ``O((n_S + b)^3 / 3)`` of factoring it afresh.
+
+    Args:
+        factor: (m, m), the lower factor of ``A_SS`` in its leading (n_S, n_S) block.
+        K_ss: Kernel values among ``S``, shape (n_S, n_S) (for the residual check only).
+        K_sb: Kernel values between ``S`` and ``B``, shape (n_S, b).
+        K_bb: Kernel values among ``B``, shape (b, b).
+        y: Targets of ``S`` then ``B``, shape (n_S + b, c).
+        reg: The ridge ``A_SS`` was factored with.
+        features: Optional low-rank part ``U`` of ``S`` then ``B``, shape (n_S + b, r).
+
+    Returns:
+        ``alpha`` (n_S + b, c) in the dtype of ``y``, or ``None`` when the factor is marked
+        unusable, the Schur complement is not numerically positive definite or the solution
+        fails :func:`solve_krr`'s residual bound ``||(K + U U^T) alpha - y|| <= ||y||`` (then
+        factor afresh).
+    """
+    n, b = K_sb.shape
+    if factor.dtype != K_sb.dtype or factor.shape[0] < n or not bool(factor[0, 0].isfinite()):
+        return None
+    L = factor[:n, :n]
+    A_sb, A_bb = K_sb, K_bb + reg * torch.eye(b, dtype=K_bb.dtype, device=K_bb.device)
+    if features is not None:
+        U = features.to(K_sb.dtype)
+        A_sb = A_sb + U[:n] @ U[n:].mT
+        A_bb = A_bb + U[n:] @ U[n:].mT
+    W = torch.linalg.solve_triangular(L, A_sb, upper=False)  # (n, b)
+    L_b, info = torch.linalg.cholesky_ex(A_bb - W.mT @ W)
+    if int(info) != 0:
+        return None
+    rhs = y.to(K_sb.dtype)
+    z_s = torch.linalg.solve_triangular(L, rhs[:n], upper=False)
+    z_b = torch.linalg.solve_triangular(L_b, rhs[n:] - W.mT @ z_s, upper=False)
+    alpha_b = torch.linalg.solve_triangular(L_b.mT, z_b, upper=True)
+    alpha_s = torch.linalg.solve_triangular(L.mT, z_s - W @ alpha_b, upper=True)
+    alpha = torch.cat([alpha_s, alpha_b])
+    if not bool(alpha.isfinite().all()):
+        return None
+    # residual of the whole system, block by block: (K + U U^T) alpha - y
+    r = torch.cat([K_ss @ alpha_s + K_sb @ alpha_b, K_sb.mT @ alpha_s + K_bb @ alpha_b])
+    if features is not None:
+        U = features.to(K_sb.dtype)
+        r = r + U @ (U.mT @ alpha)
+    res = float(((r.double() - rhs.double()) ** 2).sum())
+    if not res <= float((rhs.double() ** 2).sum()):
+        return None
+    return alpha.to(y.dtype)
