@@ -412,6 +412,20 @@ def test_kernel_exponents_above_p_are_skipped(caplog):
     assert leaf.kernel.q in (0.5, 1.0)
 
 
+def spy_accepted(monkeypatch, module, name):
+    """Wrap ``module.name`` (a solver returning ``None`` when it gives up); record who returned."""
+    accepted = []
+    real = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        accepted.append(out is not None)
+        return out
+
+    monkeypatch.setattr(module, name, spy)
+    return accepted
+
+
 def test_warm_cg_iterations_give_the_factored_leaf(monkeypatch):
     """Later iterations solved by CG from the previous factor: same curve and model as factoring.
 
@@ -420,15 +434,7 @@ def test_warm_cg_iterations_give_the_factored_leaf(monkeypatch):
     """
     import xrfm_torch.iteration as iteration
 
-    accepted = []
-    real = iteration.pcg_krr
-
-    def spy(*args, **kwargs):
-        out = real(*args, **kwargs)
-        accepted.append(out is not None)
-        return out
-
-    monkeypatch.setattr(iteration, "pcg_krr", spy)
+    accepted = spy_accepted(monkeypatch, iteration, "pcg_krr")
     X, y = planted(2000, d=6, seed=3)
     Xv, yv = planted(400, d=6, seed=4)
     kw = {"n_iters": 6, "diag": False, "early_stop_multiplier": None, "reg": 1e-3}
@@ -446,15 +452,7 @@ def test_warm_ridge_steps_reach_the_factored_choice(monkeypatch):
     """Ridge steps within 10x of a factored ridge of the same kernel are solved by CG from it."""
     import xrfm_torch.selection as selection
 
-    accepted = []
-    real = selection.pcg_krr
-
-    def spy(*args, **kwargs):
-        out = real(*args, **kwargs)
-        accepted.append(out is not None)
-        return out
-
-    monkeypatch.setattr(selection, "pcg_krr", spy)
+    accepted = spy_accepted(monkeypatch, selection, "pcg_krr")
     # strong noise: the walk goes up several steps. 4800 rows: a CG budget of 16 iterations, about
     # what a ridge 10x away needs (smaller leaves factor, which is cheap there)
     X, y = planted(4800, d=4, seed=6, noise=1.0)
@@ -474,15 +472,7 @@ def test_extra_rows_join_the_final_solve_by_continuing_the_factor(monkeypatch):
     """``fit(..., extra=...)`` equals a fit followed by ``refit`` on all rows, without refactoring."""
     import xrfm_torch.leaf as leaf_module
 
-    used = []
-    real = leaf_module.solve_bordered
-
-    def spy(*args, **kwargs):
-        out = real(*args, **kwargs)
-        used.append(out is not None)
-        return out
-
-    monkeypatch.setattr(leaf_module, "solve_bordered", spy)
+    used = spy_accepted(monkeypatch, leaf_module, "solve_bordered")
     X, y = planted(500, d=4, seed=8, dtype=torch.float64, noise=1.0)  # noisy: 10x the ridge wins
     Xv, yv = planted(200, d=4, seed=9, dtype=torch.float64, noise=1.0)
     kw = {"n_iters": 2, "reg": 1e-3, "kernel_exponents": None, "reg_factors": [10.0]}
