@@ -169,14 +169,12 @@ def run_iterations(
     # Once M settles, the kernel matrix changes little between iterations: a step in the same
     # layout (diagonal or full) as the learned-M step whose Cholesky factor the workspace holds
     # refines from that factor by CG instead of factoring again. Not from t = 0's identity M.
-    cg_iters = n // PCG_ROWS_PER_ITER if leaf.pcg_tol is not None else 0
+    cg_iters = n // PCG_ROWS_PER_ITER
+    warm = (leaf.pcg_tol, cg_iters) if leaf.pcg_tol is not None and cg_iters >= 5 else None
     factor_diag: bool | None = None  # layout of the step whose factor F holds (None: no such step)
 
     def step(sqrt_m: Tensor | None, agop: bool, diag: bool) -> tuple[Candidate, Tensor | None]:
         nonlocal factor_diag
-        warm = None
-        if leaf.pcg_tol is not None and cg_iters >= 5 and factor_diag is diag:
-            warm = (leaf.pcg_tol, cg_iters)
         cand, G, factored = rfm_step(
             kernel,
             X,
@@ -192,7 +190,7 @@ def run_iterations(
             agop=agop,
             diag=diag,
             generator=generator,
-            warm=warm,
+            warm=warm if factor_diag is diag else None,
         )
         if factored:
             factor_diag = None if sqrt_m is None else diag
@@ -259,7 +257,7 @@ def run_iterations(
             solve_dtype=leaf.solve_dtype,
             margin=leaf.kernel_margin,
             linear_mix=leaf.linear_mix,
-            warm=(leaf.pcg_tol, cg_iters) if leaf.pcg_tol is not None and cg_iters >= 5 else None,
+            warm=warm,
         )
         factored = (buffers[1], buffers[2]) if holds else None
     return best, errors.to(X.device), mode if mode is not None else True, factored

@@ -185,14 +185,13 @@ class Kernel(nn.Module):
             r: Distances, any shape.
             out: Optional buffer of ``r``'s shape to write into (may be ``r`` itself).
         """
-        bw = self.bandwidth.to(r.dtype)
         blocks = cache_blocks(out, r, self.bandwidth)
         if len(blocks) > 1:
             assert out is not None  # for mypy: several blocks only with a buffer
             for b in blocks:
                 self.from_distance(r[b], out=out[b])
             return out
-        scaled = torch.div(r, bw, out=out)
+        scaled = torch.div(r, self.bandwidth.to(r.dtype), out=out)
         if self.q != 1.0:
             scaled.pow_(self.q)
         return scaled.neg_().exp_()

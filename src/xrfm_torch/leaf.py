@@ -76,13 +76,14 @@ class LeafRFM(ResizableBuffers):
             ``k(x, z) + c (1 + <S x, S z> / d)`` (:mod:`xrfm_torch.linear`), used in every solve,
             prediction and gradient of the leaf. Away from the training rows the leaf then follows
             the linear trend instead of falling back to the mean. ``0``: the kernel alone.
-        pcg_tol: Relative residual to which an iteration's solve is refined by conjugate
-            gradients preconditioned with the previous iteration's Cholesky factor
-            (:func:`xrfm_torch.solvers.pcg_krr`), falling back to a fresh factorization when
-            they do not get there quickly. Once ``M`` settles this replaces an ``O(n^3)``
-            factorization by a few ``O(n^2)`` passes; the solution differs from the factored
-            one at the level of float32 rounding. Leaves below 1500 rows always factor.
-            ``None``: factor every iteration.
+        pcg_tol: Target relative residual (CG's recursive estimate) of the warm solves: an
+            iteration in the layout of the last factored learned-``M`` iteration, and a ridge
+            step within 10x of a factored ridge, are solved by conjugate gradients
+            preconditioned with that Cholesky factor (:func:`xrfm_torch.solvers.pcg_krr`),
+            falling back to a fresh factorization when they do not get there within
+            ``n // 300`` steps. Once ``M`` settles this replaces an ``O(n^3)`` factorization by
+            a few ``O(n^2)`` passes; the solution differs from the factored one at the level of
+            float32 rounding. Leaves below 1500 rows always factor. ``None``: always factor.
 
     Buffers (after ``fit``):
         ``support_`` (n, d), ``alpha_`` (n, c), ``sqrt_m_`` (d,) or (d, d), ``best_iter_`` (),

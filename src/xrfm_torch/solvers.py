@@ -314,9 +314,9 @@ def solve_bordered(
     if factor.dtype != K_sb.dtype or factor.shape[0] < n or not bool(factor[0, 0].isfinite()):
         return None
     L = factor[:n, :n]
+    U = None if features is None else features.to(K_sb.dtype)
     A_sb, A_bb = K_sb, K_bb + reg * torch.eye(b, dtype=K_bb.dtype, device=K_bb.device)
-    if features is not None:
-        U = features.to(K_sb.dtype)
+    if U is not None:
         A_sb = A_sb + U[:n] @ U[n:].mT
         A_bb = A_bb + U[n:] @ U[n:].mT
     W = torch.linalg.solve_triangular(L, A_sb, upper=False)  # (n, b)
@@ -333,8 +333,7 @@ def solve_bordered(
         return None
     # residual of the whole system, block by block: (K + U U^T) alpha - y
     r = torch.cat([K_ss @ alpha_s + K_sb @ alpha_b, K_sb.mT @ alpha_s + K_bb @ alpha_b])
-    if features is not None:
-        U = features.to(K_sb.dtype)
+    if U is not None:
         r = r + U @ (U.mT @ alpha)
     res = float(((r.double() - rhs.double()) ** 2).sum())
     if not res <= float((rhs.double() ** 2).sum()):

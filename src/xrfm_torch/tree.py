@@ -51,12 +51,13 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         n_iters, reg, diag, eps, adaptive_bandwidth, early_stop_multiplier, patience, tol,
         min_iters, solve_dtype, iter_rows, bandwidth_factors, kernel_exponents, reg_factors,
         kernel_margin, linear_mix, pcg_tol: Every leaf's :class:`~xrfm_torch.leaf.LeafRFM`
-            arguments (see there): ``n_iters`` is ``tau``, at most this many AGOP updates, stopping ``patience``
-            iterations after the best validation error (from iteration ``min_iters`` on); the
-            leaf then searches ``kernel_exponents`` (a new ``q`` must win by ``kernel_margin``
-            paired standard errors) and ``reg_factors`` (multiples of ``reg``); ``diag="auto"``
-            picks a diagonal or full ``M`` per leaf; ``linear_mix`` adds a constant + linear part
-            to the leaf kernel, so leaves extrapolate along their trend (README: Design notes).
+            arguments (see there): ``n_iters`` is ``tau``, at most this many AGOP updates,
+            stopping ``patience`` iterations after the best validation error (from iteration
+            ``min_iters`` on); the leaf then searches ``kernel_exponents`` (a new ``q`` must win
+            by ``kernel_margin`` paired standard errors) and ``reg_factors`` (multiples of
+            ``reg``); ``diag="auto"`` picks a diagonal or full ``M`` per leaf; ``linear_mix``
+            adds a constant + linear part to the leaf kernel, so leaves extrapolate along their
+            trend (README: Design notes); ``pcg_tol`` sets the warm CG solves.
         split_rule: Split strategy (default :class:`~xrfm_torch.splits.AGOPSplit`).
         overlap_fraction: At each split into two leaves, each leaf's final solve also gets this
             share of the node's rows from the other side, those nearest the threshold; capped so
