@@ -151,11 +151,13 @@ def peak_rss_mb() -> float:
 
 
 def run_isolated(args: list[str], timeout: float) -> dict[str, Any]:
-    """Run ``python bench/worker.py ARGS`` in a fresh process; parse its last JSON line."""
+    """Run ``python -m bench.worker ARGS`` in a fresh process; parse its last JSON line."""
     env = dict(os.environ)
-    cmd = [sys.executable, str(Path(__file__).with_name("worker.py")), *args]
+    cmd = [sys.executable, "-m", "bench.worker", *args]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:.0f}s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]

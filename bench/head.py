@@ -4,7 +4,7 @@ Task: latent ``z ~ N(0, I_8)``, target ``y = sin(2 z0) + z1 z2 + 0.1 noise``; th
 ``x = g(R z)`` with a fixed random rotation ``R`` and the elementwise nonlinearity
 ``g(u) = sign(u) |u|^3``, which no linear feature map can undo.
 
-    python bench/head.py [--epochs 30] [--seed 0]
+    python -m bench.head [--epochs 30] [--seed 0]
 
 Prints test MSE (on the standardized target) of the models, all with fixed seeds: the encoder +
 xRFM head is trained with the head's own loss (``sgd_loss="head"``) and with the in-batch
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from xrfm_torch import xRFMTree
+from xrfm_torch import LeafConfig, xRFMTree
 from xrfm_torch.lit import RefitXRFM, XRFMHeadModule, mlp_encoder
 
 
@@ -101,7 +101,9 @@ def linear_head(dm: Data, epochs: int, seed: int, lr: float) -> float:
 def raw_xrfm(dm: Data, seed: int) -> float:
     X, y = dm.splits["train"]
     Xv, yv = dm.splits["val"]
-    tree = xRFMTree(diag=False).fit(X, y, Xv, yv, generator=torch.Generator().manual_seed(seed))
+    tree = xRFMTree(leaf=LeafConfig(diag=False)).fit(
+        X, y, Xv, yv, generator=torch.Generator().manual_seed(seed)
+    )
     return test_mse(tree, dm)
 
 
@@ -109,7 +111,7 @@ def xrfm_head(
     dm: Data, epochs: int, seed: int, lr: float, refit_every: int, sgd_loss: str = "head"
 ) -> float:
     pl.seed_everything(seed, verbose=False)
-    tree = xRFMTree(diag=False, input_transform="identity", temperature=0.0)
+    tree = xRFMTree(input_transform="identity", temperature=0.0, leaf=LeafConfig(diag=False))
     d = dm.splits["train"][0].shape[1]
     module = XRFMHeadModule(
         tree, hidden=(64, 64), in_features=d, lr=lr, seed=seed, sgd_loss=sgd_loss

@@ -1,7 +1,7 @@
 """Accuracy and speed: xrfm_torch vs the reference xrfm (defaults and XRFM_D) and three GBDTs.
 
-    python bench/run.py                      # all of ../shared/datasets/reg_num, seed 0
-    python bench/run.py --datasets cpu_act houses --seeds 0 1 2 --models ours xrfm_d
+    python -m bench.run                      # all of ../shared/datasets/reg_num, seed 0
+    python -m bench.run --datasets cpu_act houses --seeds 0 1 2 --models ours xrfm_d
 
 Every (dataset, seed, model) runs in its own process (peak RSS per model). Writes
 ``results.jsonl``, ``results.md`` and ``results.png`` into ``--out`` and prints ours/reference ratios.
@@ -17,8 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DEFAULT_DATA, ROOT, run_isolated
+from bench.common import DEFAULT_DATA, ROOT, run_isolated
 
 MODELS = ["ours", "xrfm_default", "xrfm_d", "xgboost", "lightgbm", "catboost"]
 GBDTS = ["xgboost", "lightgbm", "catboost"]
@@ -173,7 +172,7 @@ def main() -> None:
             fh.writelines(json.dumps(r) + "\n" for r in rows)
     shown = [m for m in MODELS if any(r["model"] == m for r in rows)]
     md = table(rows, names, shown)
-    cmd = "python bench/run.py " + " ".join(sys.argv[1:])
+    cmd = "python -m bench.run " + " ".join(sys.argv[1:])
     (a.out / "results.md").write_text(f"Command: `{cmd}`\n\n{md}\n")
     chart(rows, names, shown, a.out / "results.png")
     print("\n" + md)

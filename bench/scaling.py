@@ -1,6 +1,6 @@
 """Fit time and peak memory vs n on the protocol's synthetic scaling task (d = 20).
 
-    python bench/scaling.py --n 10000 20000 40000 80000 --models ours xrfm_d
+    python -m bench.scaling --n 10000 20000 40000 80000 --models ours xrfm_d
 
 Each point runs in its own process. A model is dropped once one of its runs exceeds ``--max-seconds``
 or fails. Writes ``scaling.jsonl``, ``scaling.md`` and a log-log ``scaling.png`` into ``--out`` and
@@ -21,8 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, run_isolated
+from bench.common import ROOT, run_isolated
 
 
 def main() -> None:
@@ -107,7 +106,7 @@ def main() -> None:
             prev = (n, r)
     md = "\n".join(lines)
     (a.out / "scaling.md").write_text(
-        f"Command: `python bench/scaling.py {' '.join(sys.argv[1:])}`\n\n{md}\n"
+        f"Command: `python -m bench.scaling {' '.join(sys.argv[1:])}`\n\n{md}\n"
     )
     print("\n" + md)
     try:

@@ -3,23 +3,20 @@
 For exploring defaults quickly (e.g. on a GPU); the reported benchmark is ``bench/run.py``, which
 measures each model in its own process on this machine. Example::
 
-    python bench/sweep.py --device cuda --configs '{"base": {}, "ov": {"overlap_fraction": 0.1}}'
+    python -m bench.sweep --device cuda --configs '{"base": {}, "ov": {"overlap_fraction": 0.1}}'
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DEFAULT_DATA, fit_predict, leaf_summary
-
+from bench.common import DEFAULT_DATA, fit_predict, leaf_summary
 from xrfm_torch import xRFMTree
 from xrfm_torch.data import prepare, read_csv
 

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fit_predict, peak_rss_mb
-
+from bench.common import fit_predict, peak_rss_mb
 from xrfm_torch.data import prepare, read_csv
 from xrfm_torch.data.sources import make_synthetic
 

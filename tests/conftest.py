@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from xrfm_torch import LeafConfig, LeafRFM
+
 SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
 
@@ -36,3 +38,8 @@ def needs_shared_datasets():
     return pytest.mark.skipif(
         not SHARED_DATASETS.is_dir(), reason=f"../shared/datasets not found at {SHARED_DATASETS}"
     )
+
+
+def plain_leaf(kernel=None, **settings) -> LeafRFM:
+    """A leaf with the paper's fixed-budget settings (``LeafConfig.plain``), some changed."""
+    return LeafRFM(kernel, LeafConfig.plain(**settings))

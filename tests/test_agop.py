@@ -3,8 +3,8 @@ from __future__ import annotations
 import torch
 from torch.func import jacrev
 
-from xrfm_torch.agop import agop_from_grads, normalize_agop, sqrt_psd, top_eigenvector
 from xrfm_torch.kernels import LaplaceKernel
+from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd, top_eigenvector
 
 
 def grads(seed=0):

@@ -107,7 +107,7 @@ def test_cli_values_reach_the_model(tmp_path):
         [
             "model/kernel=lpq",
             "model.kernel.p=1.2",
-            "model.n_iters=3",
+            "model.leaf.n_iters=3",
             "model.max_leaf_size=2000",
             "model/routing=soft",
             "model.temperature=0.3",
@@ -117,7 +117,33 @@ def test_cli_values_reach_the_model(tmp_path):
     )
     tree = hydra.utils.instantiate(cfg.model)
     assert tree.kernel.p == 1.2
-    assert tree.leaf_kwargs["n_iters"] == 3
+    assert tree.leaf.n_iters == 3
     assert tree.max_leaf_size == 2000
     assert tree.temperature == 0.3
     assert type(tree.split_rule).__name__ == "CARTSplit"
+
+
+def test_the_model_config_and_the_code_have_one_set_of_defaults(tmp_path):
+    """The Hydra model config, xRFMTree() and LeafRFM() agree on every setting."""
+    from xrfm_torch import LeafConfig, LeafRFM
+
+    cfg = compose_with([], tmp_path)
+    from_yaml = hydra.utils.instantiate(cfg.model)
+    assert from_yaml.get_config() == xRFMTree().get_config()
+    assert from_yaml.leaf == xRFMTree().leaf == LeafRFM().config == LeafConfig()
+    # the YAML names a few knobs, not every default
+    assert set(OmegaConf.load(CONF / "model" / "xrfm.yaml").leaf) == {
+        "_target_",
+        "n_iters",
+        "diag",
+        "reg",
+    }
+
+
+def test_leaf_settings_from_the_command_line_are_validated(tmp_path):
+    cfg = compose_with(["model.leaf.n_iters=-2"], tmp_path)
+    with pytest.raises(Exception, match="n_iters must be an integer >= 0, got -2"):
+        hydra.utils.instantiate(cfg.model)
+    cfg = compose_with(["+model.leaf.linear_mix=0.25", "+model.n_trees=2"], tmp_path)
+    tree = hydra.utils.instantiate(cfg.model)
+    assert tree.leaf.linear_mix == 0.25 and tree.n_trees == 2

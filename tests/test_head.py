@@ -9,7 +9,7 @@ from torch import nn
 from torch.func import jacrev
 
 from conftest import planted
-from xrfm_torch import LaplaceKernel, xRFMTree
+from xrfm_torch import LaplaceKernel, LeafConfig, xRFMTree
 from xrfm_torch.lit import RefitXRFM, TabularDataModule, XRFMHeadModule
 
 
@@ -18,11 +18,11 @@ def fitted_tree(trainable: bool, dtype=torch.float64, n=600, d=4, temperature=0.
     tree = xRFMTree(
         LaplaceKernel(3.0),
         max_leaf_size=200,
-        n_iters=1,
         temperature=temperature,
         keep_mass=1.0,
         max_soft_leaves=64,
         trainable_routing=trainable,
+        leaf=LeafConfig(n_iters=1),
     )
     return tree.to(dtype).fit(X, y, generator=torch.Generator().manual_seed(0))
 
@@ -43,7 +43,7 @@ def test_gradcheck_wrt_routing_parameters():
     assert all(isinstance(p, nn.Parameter) for p in params)
 
     # the routing math as a function of the three parameters (same function as tree(x), below)
-    from xrfm_torch.routing import soft_log_weights
+    from xrfm_torch.tree.routing import soft_log_weights
 
     def mix(v, b, raw):
         w = torch.softmax(
@@ -80,11 +80,11 @@ def test_trainable_state_round_trip():
     fresh = xRFMTree(
         LaplaceKernel(3.0),
         max_leaf_size=200,
-        n_iters=1,
         temperature=0.5,
         keep_mass=1.0,
         max_soft_leaves=64,
         trainable_routing=True,
+        leaf=LeafConfig(n_iters=1),
     ).double()
     fresh.load_state_dict(tree.state_dict())
     x = planted(20, d=4, seed=3, dtype=torch.float64)[0]
@@ -152,7 +152,13 @@ def quiet_trainer(max_epochs: int, **kwargs) -> pl.Trainer:
 def head_setup(trainable: bool):
     dm = TabularDataModule("synthetic", n_samples=1500, n_features=6, seed=0, batch_size=128)
     dm.setup()
-    tree = xRFMTree(max_leaf_size=400, n_iters=1, temperature=0.5, trainable_routing=trainable)
+    tree = xRFMTree(
+        max_leaf_size=400,
+        temperature=0.5,
+        trainable_routing=trainable,
+        input_transform="identity",
+        leaf=LeafConfig(n_iters=1),
+    )
     module = XRFMHeadModule(tree, in_features=6, hidden=(32,), lr=3e-3, **dm.system_kwargs())
     return dm, module
 
@@ -242,7 +248,9 @@ def test_batch_krr_training_lowers_the_in_batch_krr_loss():
 
     dm = TabularDataModule("synthetic", n_samples=1500, n_features=6, seed=0, batch_size=256)
     dm.setup()
-    tree = xRFMTree(max_leaf_size=400, n_iters=1, temperature=0.0)
+    tree = xRFMTree(
+        max_leaf_size=400, temperature=0.0, input_transform="identity", leaf=LeafConfig(n_iters=1)
+    )
     module = XRFMHeadModule(
         tree, in_features=6, hidden=(32,), lr=1e-2, sgd_loss="batch_krr", **dm.system_kwargs()
     )
@@ -258,4 +266,4 @@ def test_batch_krr_training_lowers_the_in_batch_krr_loss():
     trainer.fit(module, datamodule=dm)
     assert held_loss() < 0.9 * before
     with pytest.raises(ValueError, match="sgd_loss"):
-        XRFMHeadModule(xRFMTree(), in_features=6, sgd_loss="mse")
+        XRFMHeadModule(in_features=6, sgd_loss="mse")

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xrfm_torch import xRFMTree
-from xrfm_torch.input_choice import choose_map_set
-from xrfm_torch.temperature import temperature_errors
-from xrfm_torch.transforms import INPUT_MAPS, QuantileNormal
+from xrfm_torch import LeafConfig, xRFMTree
+from xrfm_torch.inputs.choice import choose_map_set
+from xrfm_torch.inputs.transforms import INPUT_MAPS, QuantileNormal
 
 
 def seeded(seed: int = 0) -> torch.Generator:
@@ -34,7 +33,7 @@ def standardized(kind: str) -> list[torch.Tensor]:
 
 
 def fit(transform: str, X, y, Xv, yv, **kw) -> xRFMTree:
-    kw = {"max_leaf_size": 2000, "n_iters": 2, **kw}
+    kw = {"max_leaf_size": 2000, "leaf": LeafConfig(n_iters=2), **kw}
     return xRFMTree(input_transform=transform, **kw).fit(X, y, Xv, yv, generator=seeded())
 
 
@@ -60,7 +59,7 @@ def test_auto_keeps_the_raw_inputs_when_the_raw_scale_carries_the_signal() -> No
 def test_a_map_is_the_same_as_fitting_on_mapped_inputs(transform: str) -> None:
     # Fit, temperature tuning, prediction and refit all see the mapped rows, nothing else.
     X, Xv, Xt, y, yv, _ = standardized("rank")
-    kw = {"max_leaf_size": 500, "n_iters": 1}
+    kw = {"max_leaf_size": 500, "leaf": LeafConfig(n_iters=1)}
     model = fit(transform, X, y, Xv, yv, **kw)
     qn = QuantileNormal().fit(X)
 
@@ -119,9 +118,11 @@ def test_a_head_refuses_a_tree_that_maps_its_inputs() -> None:
 
     with pytest.raises(ValueError, match="input_transform='identity'"):
         XRFMHeadModule(xRFMTree(input_transform="quantile"), in_features=3)
-    for head in (XRFMHeadModule(in_features=3), XRFMHeadModule(xRFMTree(), in_features=3)):
-        assert head.tree.input_transform == "identity"  # "auto" resolves to identity for a head
-        assert head.tree.get_config()["input_transform"] == "identity"
+    tree = xRFMTree()  # "auto" is refused too, and the caller's tree is left as it was
+    with pytest.raises(ValueError, match="got input_transform='auto'"):
+        XRFMHeadModule(tree, in_features=3)
+    assert tree.input_transform == "auto"
+    assert XRFMHeadModule(in_features=3).tree.input_transform == "identity"  # the default head
 
 
 def test_the_set_rule_averages_maps_whose_errors_are_independent() -> None:
@@ -145,7 +146,7 @@ def test_a_list_of_maps_averages_one_tree_per_map() -> None:
     # The trees are those of the single-map models fitted with the same seed, with leaves of
     # at most set_leaf_fraction * max_leaf_size rows.
     X, Xv, Xt, y, yv, yt = standardized("rank")
-    kw = {"max_leaf_size": 500, "n_iters": 1, "temperature": 0.0}
+    kw = {"max_leaf_size": 500, "leaf": LeafConfig(n_iters=1), "temperature": 0.0}
     both = xRFMTree(input_transform=["identity", "quantile"], **{**kw, "max_leaf_size": 1000}).fit(
         X, y, Xv, yv, generator=seeded(4)
     )
@@ -165,7 +166,7 @@ def test_a_list_of_maps_averages_one_tree_per_map() -> None:
         both.agop()  # leaves see raw inputs in one tree and scores in the other
     # the temperature search scores the averaged soft predictions, each tree on its own map
     grid = [0.0, 0.1, 1.0]
-    errs = temperature_errors(both, Xv, yv, grid)
+    errs = both.temperature_errors(Xv, yv, grid)
     direct = [float(((both(Xv, temperature=t)[:, 0] - yv) ** 2).mean()) for t in grid]
     # float32 predictions summed in two orders (batched per leaf vs forward): agree to ~1e-5
     assert errs == pytest.approx(direct, rel=1e-4)
@@ -196,7 +197,7 @@ def test_n_features_in_follows_the_last_fit_not_stale_knots() -> None:
     X, Xv, Xt, y, yv, _ = standardized("rank")
     model = fit("quantile+raw", X, y, Xv, yv)
     assert model.n_features_in_ == 4
-    model.set_input_transform("identity")  # the knots of the first fit stay in the buffers
+    model.input_transform = "identity"  # the knots of the first fit stay in the buffers
     model.fit(X[:, :3], y, Xv[:, :3], yv, generator=seeded())
     assert model.n_features_in_ == 3
     assert model(Xt[:, :3]).shape == (Xt.shape[0], 1)

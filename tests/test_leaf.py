@@ -8,11 +8,11 @@ import pytest
 import torch
 from sklearn.kernel_ridge import KernelRidge
 
-from conftest import planted
-from xrfm_torch import LaplaceKernel, LeafRFM, ProductLaplaceKernel
-from xrfm_torch.bandwidth import median_pairwise_distance
+from conftest import plain_leaf, planted
+from xrfm_torch import LaplaceKernel, ProductLaplaceKernel
 from xrfm_torch.kernels import transform
-from xrfm_torch.selection import Candidate, beats, paired_win
+from xrfm_torch.kernels.bandwidth import median_pairwise_distance
+from xrfm_torch.leaf.selection import Candidate, beats, paired_win
 
 
 def mse(model, X, y):
@@ -23,8 +23,8 @@ def test_planted_features_get_the_agop_mass_and_beat_plain_krr():
     X, y = planted(1200)
     Xv, yv = planted(300, seed=1)
     Xt, yt = planted(1000, seed=2)
-    rfm = LeafRFM(n_iters=3, early_stop_multiplier=None).fit(X, y, Xv, yv)
-    krr = LeafRFM(n_iters=0).fit(X, y, Xv, yv)
+    rfm = plain_leaf(n_iters=3, early_stop_multiplier=None).fit(X, y, Xv, yv)
+    krr = plain_leaf(n_iters=0).fit(X, y, Xv, yv)
     M = rfm.M
     assert float(M[:2].sum() / M.sum()) >= 0.9
     assert mse(rfm, Xt, yt) < 0.5 * mse(krr, Xt, yt)
@@ -33,7 +33,7 @@ def test_planted_features_get_the_agop_mass_and_beat_plain_krr():
 def test_full_m_is_symmetric_psd_and_concentrates_on_planted_block():
     X, y = planted(1000, d=6)
     Xv, yv = planted(300, d=6, seed=1)
-    M = LeafRFM(n_iters=2, diag=False, early_stop_multiplier=None).fit(X, y, Xv, yv).M
+    M = plain_leaf(n_iters=2, diag=False, early_stop_multiplier=None).fit(X, y, Xv, yv).M
     assert M.shape == (6, 6)
     torch.testing.assert_close(M, M.T, rtol=1e-4, atol=1e-6)
     assert float(torch.linalg.eigvalsh(M.double()).min()) > -1e-5
@@ -44,7 +44,7 @@ def test_tau_zero_is_kernel_ridge_regression():
     X, y = planted(300, d=4, dtype=torch.float64)
     Xt, _ = planted(50, d=4, seed=3, dtype=torch.float64)
     L, reg = 3.0, 1e-2
-    leaf = LeafRFM(ProductLaplaceKernel(bandwidth=L), n_iters=0, reg=reg)
+    leaf = plain_leaf(ProductLaplaceKernel(bandwidth=L), n_iters=0, reg=reg)
     leaf.fit(X, y, Xt, torch.zeros(50, dtype=torch.float64))
     ref = KernelRidge(alpha=reg, kernel="laplacian", gamma=1 / L).fit(X.numpy(), y.numpy())
     torch.testing.assert_close(
@@ -55,7 +55,7 @@ def test_tau_zero_is_kernel_ridge_regression():
 def test_best_iteration_is_the_argmin_and_counts_the_last_fit():
     X, y = planted(600)
     Xv, yv = planted(200, seed=1)
-    leaf = LeafRFM(n_iters=4, early_stop_multiplier=None).fit(X, y, Xv, yv)
+    leaf = plain_leaf(n_iters=4, early_stop_multiplier=None).fit(X, y, Xv, yv)
     errs = leaf.val_errors_
     assert errs.shape == (5,) and torch.isfinite(errs).all()  # tau + 1 fits
     assert int(leaf.best_iter_) == int(torch.argmin(errs))
@@ -66,7 +66,7 @@ def test_best_iteration_is_the_argmin_and_counts_the_last_fit():
 def test_early_stopping_stops_after_a_worse_iteration():
     X, y = planted(400, noise=0.3)
     Xv, yv = planted(200, seed=1, noise=0.3)
-    leaf = LeafRFM(GaussianLike(), n_iters=5, early_stop_multiplier=1.0).fit(X, y, Xv, yv)
+    leaf = plain_leaf(GaussianLike(), n_iters=5, early_stop_multiplier=1.0).fit(X, y, Xv, yv)
     errs = leaf.val_errors_.tolist()
     ran = [e for e in errs if not math.isnan(e)]
     # every run iteration before the last improved on the best so far; the last one did not
@@ -83,8 +83,8 @@ def test_patience_stops_after_that_many_iterations_without_enough_gain(patience,
     X, y = planted(400, noise=0.3)
     Xv, yv = planted(200, seed=1, noise=0.3)
     kw = {"n_iters": 12, "early_stop_multiplier": None}
-    free = LeafRFM(GaussianLike(), **kw).fit(X, y, Xv, yv).val_errors_.tolist()
-    leaf = LeafRFM(GaussianLike(), patience=patience, tol=tol, min_iters=min_iters, **kw)
+    free = plain_leaf(GaussianLike(), **kw).fit(X, y, Xv, yv).val_errors_.tolist()
+    leaf = plain_leaf(GaussianLike(), patience=patience, tol=tol, min_iters=min_iters, **kw)
     leaf.fit(X, y, Xv, yv)
     errs = leaf.val_errors_
     ran = int(torch.isfinite(errs).sum())
@@ -106,11 +106,11 @@ def test_patience_stops_after_that_many_iterations_without_enough_gain(patience,
 def test_iter_rows_learns_m_on_a_subsample_and_solves_once_on_all_rows():
     X, y = planted(500, d=4, dtype=torch.float64)
     Xv, yv = planted(150, d=4, seed=1, dtype=torch.float64)
-    leaf = LeafRFM(n_iters=2, iter_rows=200).fit(
+    leaf = plain_leaf(n_iters=2, iter_rows=200).fit(
         X, y, Xv, yv, generator=torch.Generator().manual_seed(3)
     )
     keep = torch.randperm(500, generator=torch.Generator().manual_seed(3))[:200]
-    sub = LeafRFM(n_iters=2).fit(X[keep], y[keep], Xv, yv)
+    sub = plain_leaf(n_iters=2).fit(X[keep], y[keep], Xv, yv)
     torch.testing.assert_close(leaf.sqrt_m_, sub.sqrt_m_)  # M, t* from the subsample
     torch.testing.assert_close(leaf.val_errors_, sub.val_errors_, equal_nan=True)
     assert torch.equal(leaf.support_, X)  # ... then one KRR solve on all 500 rows
@@ -119,7 +119,7 @@ def test_iter_rows_learns_m_on_a_subsample_and_solves_once_on_all_rows():
     alpha = torch.linalg.solve(K + 1e-3 * torch.eye(500, dtype=K.dtype), y[:, None])
     torch.testing.assert_close(leaf.alpha_, alpha, rtol=1e-6, atol=1e-6)
     # without the final solve the caller gets the subsample model
-    raw = LeafRFM(n_iters=2, iter_rows=200).fit(
+    raw = plain_leaf(n_iters=2, iter_rows=200).fit(
         X, y, Xv, yv, generator=torch.Generator().manual_seed(3), final_solve=False
     )
     assert torch.equal(raw.support_, X[keep]) and torch.equal(raw.alpha_, sub.alpha_)
@@ -134,14 +134,14 @@ def GaussianLike():  # a kernel whose RFM iterations get worse (bandwidth far to
 def test_adaptive_bandwidth_is_multiple_of_median_distance():
     X, y = planted(500, d=5)
     Xv, yv = planted(100, d=5, seed=1)
-    leaf = LeafRFM(n_iters=0, adaptive_bandwidth=2.0).fit(X, y, Xv, yv)
+    leaf = plain_leaf(n_iters=0, adaptive_bandwidth=2.0).fit(X, y, Xv, yv)
     assert math.isclose(leaf.bandwidth, 2.0 * median_pairwise_distance(X), rel_tol=1e-6)
 
 
 def test_fit_without_validation_is_seeded_and_uses_all_rows():
     X, y = planted(400)
-    a = LeafRFM(n_iters=2).fit(X, y, generator=torch.Generator().manual_seed(5))
-    b = LeafRFM(n_iters=2).fit(X, y, generator=torch.Generator().manual_seed(5))
+    a = plain_leaf(n_iters=2).fit(X, y, generator=torch.Generator().manual_seed(5))
+    b = plain_leaf(n_iters=2).fit(X, y, generator=torch.Generator().manual_seed(5))
     assert torch.equal(a.alpha_, b.alpha_) and torch.equal(a.sqrt_m_, b.sqrt_m_)
     assert a.support_.shape[0] == 400  # held-out rows were added back by the final refit
 
@@ -150,7 +150,7 @@ def test_multi_output():
     X, y = planted(500)
     Y = torch.stack([y, -2 * y], 1)
     Xv, yv = planted(150, seed=1)
-    leaf = LeafRFM(n_iters=1).fit(X, Y, Xv, torch.stack([yv, -2 * yv], 1))
+    leaf = plain_leaf(n_iters=1).fit(X, Y, Xv, torch.stack([yv, -2 * yv], 1))
     pred = leaf(Xv)
     assert pred.shape == (150, 2)
     torch.testing.assert_close(pred[:, 1], -2 * pred[:, 0], rtol=1e-3, atol=1e-3)
@@ -158,7 +158,7 @@ def test_multi_output():
 
 def test_get_grads_and_agop_use_the_stored_model():
     X, y = planted(300, d=4, dtype=torch.float64)
-    leaf = LeafRFM(LaplaceKernel(2.0), n_iters=1, diag=False).fit(
+    leaf = plain_leaf(LaplaceKernel(2.0), n_iters=1, diag=False).fit(
         X[:250], y[:250], X[250:], y[250:]
     )
     Xq = X[250:255]  # not support points (the Laplace kernel has a kink there)
@@ -202,7 +202,7 @@ def test_get_grads_and_agop_use_the_stored_model():
 )
 def test_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
-        call(LeafRFM(n_iters=1))
+        call(plain_leaf(n_iters=1))
 
 
 @pytest.mark.parametrize(
@@ -227,12 +227,12 @@ def test_bad_input(call, exc, match):
 )
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        LeafRFM(**kwargs)
+        plain_leaf(**kwargs)
 
 
 def test_wrong_dtype_at_predict_is_named():
     X, y = planted(100, d=3)
-    leaf = LeafRFM(n_iters=0).fit(X, y, X, y)
+    leaf = plain_leaf(n_iters=0).fit(X, y, X, y)
     with pytest.raises(TypeError, match="float64 does not match the model dtype torch.float32"):
         leaf(X.double())
 
@@ -245,7 +245,7 @@ def krr_val_mse(leaf, X, y, Xv, yv, q, bandwidth, reg=None):
         r = np.sqrt(((a[:, None, :] - b[None, :, :]) ** 2).sum(-1))
         return np.exp(-((r / bandwidth) ** q))
 
-    ref = KernelRidge(alpha=leaf.reg if reg is None else reg, kernel="precomputed").fit(
+    ref = KernelRidge(alpha=leaf.config.reg if reg is None else reg, kernel="precomputed").fit(
         gram(xs, xs), y.numpy()
     )
     pred = ref.predict(gram(xv, xs))
@@ -256,7 +256,7 @@ def test_kernel_selection_is_the_validation_argmin_and_matches_kernel_ridge():
     X, y = planted(300, d=4, dtype=torch.float64, noise=0.05)
     Xv, yv = planted(120, d=4, seed=5, dtype=torch.float64, noise=0.05)
     grid = {"kernel_exponents": [0.7, 1.5], "bandwidth_factors": [0.5, 2.0]}
-    leaf = LeafRFM(
+    leaf = plain_leaf(
         LaplaceKernel(bandwidth=3.0), n_iters=2, reg=1e-2, kernel_margin=0.0, **grid
     ).fit(X, y, Xv, yv)
     errs = {
@@ -274,7 +274,7 @@ def test_kernel_selection_is_the_validation_argmin_and_matches_kernel_ridge():
     leaf.fit(X, y, Xv, yv)
     assert (leaf.kernel.q, leaf.bandwidth) == chosen
     # the selected exponent is part of the state dict
-    fresh = LeafRFM(LaplaceKernel(bandwidth=3.0))
+    fresh = plain_leaf(LaplaceKernel(bandwidth=3.0))
     fresh.load_state_dict(leaf.state_dict())
     assert fresh.kernel.q == chosen[0]
     torch.testing.assert_close(fresh(Xv), leaf(Xv))
@@ -321,7 +321,7 @@ def test_kernel_margin_keeps_the_iterations_kernel_unless_the_best_is_significan
     grid = {"kernel_exponents": [0.7, 1.5], "bandwidth_factors": [0.5, 2.0]}
 
     def fit(margin):
-        return LeafRFM(
+        return plain_leaf(
             LaplaceKernel(bandwidth=3.0), n_iters=2, reg=1e-2, kernel_margin=margin, **grid
         ).fit(X, y, Xv, yv)
 
@@ -340,7 +340,7 @@ def test_kernel_margin_keeps_the_iterations_kernel_unless_the_best_is_significan
     torch.testing.assert_close(above(Xv)[:, 0], preds[own], rtol=0, atol=1e-8)
     assert above.best_iter_ == raw.best_iter_  # the margin acts after the iterations only
     with pytest.raises(ValueError, match="kernel_margin"):
-        LeafRFM(kernel_margin=-1.0)
+        plain_leaf(kernel_margin=-1.0)
 
 
 def test_reg_search_walks_up_from_reg_and_refit_keeps_the_choice(caplog):
@@ -348,14 +348,14 @@ def test_reg_search_walks_up_from_reg_and_refit_keeps_the_choice(caplog):
     X, y = planted(300, d=4, dtype=torch.float64, noise=1.0)
     Xv, yv = planted(150, d=4, seed=5, dtype=torch.float64, noise=1.0)
     factors = [0.1, 10.0, 100.0, 1e3, 1e4, 1e5]
-    leaf = LeafRFM(
+    leaf = plain_leaf(
         LaplaceKernel(bandwidth=3.0),
         n_iters=1,
         reg=1e-3,
         kernel_exponents=[1.5],
         reg_factors=factors,
     )
-    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.selection"):
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf.selection"):
         leaf.fit(X, y, Xv, yv)
     q = leaf.kernel.q
     q_errs = {e: krr_val_mse(leaf, X, y, Xv, yv, e, 3.0)[0] for e in (1.0, 1.5)}
@@ -384,28 +384,30 @@ def test_reg_search_walks_up_from_reg_and_refit_keeps_the_choice(caplog):
     leaf.refit(X2, y2)
     _, pred2 = krr_val_mse(leaf, X2, y2, Xv, yv, q, 3.0, reg=chosen)
     torch.testing.assert_close(leaf(Xv)[:, 0], pred2, rtol=0, atol=1e-8)
-    fresh = LeafRFM(LaplaceKernel(bandwidth=3.0))
+    fresh = plain_leaf(LaplaceKernel(bandwidth=3.0))
     fresh.load_state_dict(leaf.state_dict())
     assert float(fresh.reg_) == chosen
     # noise-free target and a large ridge: the step up fails, so the walk goes down
     Xc, yc = planted(300, d=4, dtype=torch.float64)
     Xcv, ycv = planted(150, d=4, seed=5, dtype=torch.float64)
     caplog.clear()
-    down = LeafRFM(LaplaceKernel(bandwidth=3.0), n_iters=0, reg=1.0, reg_factors=[1e-2, 0.1, 10.0])
-    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.selection"):
+    down = plain_leaf(
+        LaplaceKernel(bandwidth=3.0), n_iters=0, reg=1.0, reg_factors=[1e-2, 0.1, 10.0]
+    )
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf.selection"):
         down.fit(Xc, yc, Xcv, ycv)
     tried = [float(m.split(" reg ")[1].split(":")[0]) for m in caplog.messages if " reg " in m]
     assert tried[0] == pytest.approx(10.0) and tried[1] == pytest.approx(0.1)
     assert float(down.reg_) < 1.0
     # without reg_factors the ridge is the constructor's
-    assert float(LeafRFM(reg=0.5).fit(X, y, Xv, yv).reg_) == 0.5
+    assert float(plain_leaf(reg=0.5).fit(X, y, Xv, yv).reg_) == 0.5
 
 
 def test_kernel_exponents_above_p_are_skipped(caplog):
     X, y = planted(200, d=3, dtype=torch.float64)
     Xv, yv = planted(60, d=3, seed=2, dtype=torch.float64)
-    leaf = LeafRFM(ProductLaplaceKernel(), n_iters=1, kernel_exponents=[0.5, 1.5, 2.0])
-    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.selection"):
+    leaf = plain_leaf(ProductLaplaceKernel(), n_iters=1, kernel_exponents=[0.5, 1.5, 2.0])
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf.selection"):
         leaf.fit(X, y, Xv, yv)
     tried = [m for m in caplog.messages if " q " in m]
     assert len(tried) == 1 and " q 0.5 " in tried[0]  # only 0.5 competes with the kernel's q = 1
@@ -432,16 +434,16 @@ def test_warm_cg_iterations_give_the_factored_leaf(monkeypatch):
     1600 rows is the smallest leaf that tries CG (5 iterations at 300 rows each); a spy counts the
     warm solves that were accepted, so the test fails if the warm path never runs.
     """
-    import xrfm_torch.iteration as iteration
+    import xrfm_torch.leaf.iteration as iteration
 
     accepted = spy_accepted(monkeypatch, iteration, "pcg_krr")
     X, y = planted(2000, d=6, seed=3)
     Xv, yv = planted(400, d=6, seed=4)
     kw = {"n_iters": 6, "diag": False, "early_stop_multiplier": None, "reg": 1e-3}
-    warm = LeafRFM(pcg_tol=1e-4, **kw).fit(X[:1600], y[:1600], Xv, yv)
+    warm = plain_leaf(pcg_tol=1e-4, **kw).fit(X[:1600], y[:1600], Xv, yv)
     assert sum(accepted) >= 3  # t = 2 .. 6 may warm-start from t = 1's factor onwards
     accepted.clear()
-    cold = LeafRFM(pcg_tol=None, **kw).fit(X[:1600], y[:1600], Xv, yv)
+    cold = plain_leaf(pcg_tol=None, **kw).fit(X[:1600], y[:1600], Xv, yv)
     assert not accepted
     torch.testing.assert_close(warm.val_errors_, cold.val_errors_, rtol=2e-3, atol=0)
     assert int(warm.best_iter_) == int(cold.best_iter_)
@@ -450,7 +452,7 @@ def test_warm_cg_iterations_give_the_factored_leaf(monkeypatch):
 
 def test_warm_ridge_steps_reach_the_factored_choice(monkeypatch):
     """Ridge steps within 10x of a factored ridge of the same kernel are solved by CG from it."""
-    import xrfm_torch.selection as selection
+    import xrfm_torch.leaf.selection as selection
 
     accepted = spy_accepted(monkeypatch, selection, "pcg_krr")
     # strong noise: the walk goes up several steps. 4800 rows: a CG budget of 16 iterations, about
@@ -458,10 +460,10 @@ def test_warm_ridge_steps_reach_the_factored_choice(monkeypatch):
     X, y = planted(4800, d=4, seed=6, noise=1.0)
     Xv, yv = planted(400, d=4, seed=7, noise=1.0)
     kw = {"n_iters": 0, "reg": 1e-3, "kernel_exponents": [1.5], "reg_factors": [10.0, 100.0, 1e3]}
-    warm = LeafRFM(LaplaceKernel(bandwidth=3.0), pcg_tol=1e-4, **kw).fit(X, y, Xv, yv)
+    warm = plain_leaf(LaplaceKernel(bandwidth=3.0), pcg_tol=1e-4, **kw).fit(X, y, Xv, yv)
     assert any(accepted)
     accepted.clear()
-    cold = LeafRFM(LaplaceKernel(bandwidth=3.0), pcg_tol=None, **kw).fit(X, y, Xv, yv)
+    cold = plain_leaf(LaplaceKernel(bandwidth=3.0), pcg_tol=None, **kw).fit(X, y, Xv, yv)
     assert not accepted
     assert (warm.kernel.q, float(warm.reg_)) == (cold.kernel.q, float(cold.reg_))
     assert float(cold.reg_) >= 1e-1  # the walk took at least two steps up
@@ -470,25 +472,25 @@ def test_warm_ridge_steps_reach_the_factored_choice(monkeypatch):
 
 def test_extra_rows_join_the_final_solve_by_continuing_the_factor(monkeypatch):
     """``fit(..., extra=...)`` equals a fit followed by ``refit`` on all rows, without refactoring."""
-    import xrfm_torch.leaf as leaf_module
+    import xrfm_torch.leaf.model as leaf_module
 
     used = spy_accepted(monkeypatch, leaf_module, "solve_bordered")
     X, y = planted(500, d=4, seed=8, dtype=torch.float64, noise=1.0)  # noisy: 10x the ridge wins
     Xv, yv = planted(200, d=4, seed=9, dtype=torch.float64, noise=1.0)
     kw = {"n_iters": 2, "reg": 1e-3, "kernel_exponents": None, "reg_factors": [10.0]}
-    ext = LeafRFM(**kw).fit(X[:420], y[:420], Xv, yv, extra=(X[420:], y[420:]))
+    ext = plain_leaf(**kw).fit(X[:420], y[:420], Xv, yv, extra=(X[420:], y[420:]))
     assert used == [True]
     assert float(ext.reg_) == pytest.approx(1e-2)
-    ref = LeafRFM(**kw).fit(X[:420], y[:420], Xv, yv, final_solve=False).refit(X, y)
+    ref = plain_leaf(**kw).fit(X[:420], y[:420], Xv, yv, final_solve=False).refit(X, y)
     torch.testing.assert_close(ext.support_, ref.support_)
     torch.testing.assert_close(ext.alpha_, ref.alpha_, rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(ext(Xv), ref(Xv), rtol=0, atol=1e-9)
     # no factor to continue (no post-hoc search): the same result by a fresh solve
     plain = {**kw, "reg_factors": None}
     used.clear()
-    a = LeafRFM(**plain).fit(X[:420], y[:420], Xv, yv, extra=(X[420:], y[420:]))
-    b = LeafRFM(**plain).fit(X[:420], y[:420], Xv, yv, final_solve=False).refit(X, y)
+    a = plain_leaf(**plain).fit(X[:420], y[:420], Xv, yv, extra=(X[420:], y[420:]))
+    b = plain_leaf(**plain).fit(X[:420], y[:420], Xv, yv, final_solve=False).refit(X, y)
     assert not used
     torch.testing.assert_close(a(Xv), b(Xv), rtol=0, atol=1e-9)
     with pytest.raises(ValueError, match="extra rows"):
-        LeafRFM(iter_rows=100, **kw).fit(X[:420], y[:420], Xv, yv, extra=(X[420:], y[420:]))
+        plain_leaf(iter_rows=100, **kw).fit(X[:420], y[:420], Xv, yv, extra=(X[420:], y[420:]))

@@ -6,11 +6,11 @@ import pytest
 import torch
 from sklearn.kernel_ridge import KernelRidge
 
-from conftest import planted
-from xrfm_torch import LaplaceKernel, LeafRFM
-from xrfm_torch.agop import normalize_agop
-from xrfm_torch.linear import linear_features
-from xrfm_torch.solvers import solve_krr
+from conftest import plain_leaf, planted
+from xrfm_torch import LaplaceKernel
+from xrfm_torch.kernels.linear import linear_features
+from xrfm_torch.numerics.agop import normalize_agop
+from xrfm_torch.numerics.solvers import solve_krr
 
 
 def laplace_gram(A: torch.Tensor, B: torch.Tensor, L: float) -> torch.Tensor:
@@ -35,7 +35,7 @@ def test_linear_mix_leaf_is_kernel_ridge_with_the_summed_kernel():
     X, y = planted(300, d=4, dtype=torch.float64)
     Xt, _ = planted(60, d=4, seed=3, dtype=torch.float64)
     L, reg, c = 3.0, 1e-2, 0.5
-    leaf = LeafRFM(LaplaceKernel(bandwidth=L), n_iters=0, reg=reg, linear_mix=c)
+    leaf = plain_leaf(LaplaceKernel(bandwidth=L), n_iters=0, reg=reg, linear_mix=c)
     leaf.fit(X, y, Xt, torch.zeros(60, dtype=torch.float64))
 
     def gram(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
@@ -51,13 +51,13 @@ def test_linear_mix_leaf_is_kernel_ridge_with_the_summed_kernel():
 @pytest.mark.parametrize("diag", [True, False])
 def test_gradients_include_the_linear_part(diag):
     X, y = planted(300, d=4, dtype=torch.float64)
-    leaf = LeafRFM(LaplaceKernel(2.0), n_iters=1, diag=diag, linear_mix=0.3).fit(
+    leaf = plain_leaf(LaplaceKernel(2.0), n_iters=1, diag=diag, linear_mix=0.3).fit(
         X[:250], y[:250], X[250:], y[250:]
     )
     Xq = X[250:256]  # not support points (the Laplace kernel has a kink there)
     jac = torch.func.vmap(torch.func.jacrev(lambda x: leaf(x[None])[0]))(Xq)  # (n, c, d)
     torch.testing.assert_close(leaf.get_grads(Xq), jac)
-    plain = LeafRFM(LaplaceKernel(2.0), n_iters=1, diag=diag).fit(
+    plain = plain_leaf(LaplaceKernel(2.0), n_iters=1, diag=diag).fit(
         X[:250], y[:250], X[250:], y[250:]
     )
     assert not torch.allclose(plain.get_grads(Xq), leaf.get_grads(Xq), atol=1e-3)
@@ -66,8 +66,12 @@ def test_gradients_include_the_linear_part(diag):
 def test_iterations_learn_m_from_the_agop_of_the_summed_kernel():
     X, y = planted(400, d=5, dtype=torch.float64)
     args = {"reg": 1e-3, "diag": False, "linear_mix": 1.0, "early_stop_multiplier": None}
-    first = LeafRFM(LaplaceKernel(3.0), n_iters=0, **args).fit(X[:320], y[:320], X[320:], y[320:])
-    second = LeafRFM(LaplaceKernel(3.0), n_iters=1, **args).fit(X[:320], y[:320], X[320:], y[320:])
+    first = plain_leaf(LaplaceKernel(3.0), n_iters=0, **args).fit(
+        X[:320], y[:320], X[320:], y[320:]
+    )
+    second = plain_leaf(LaplaceKernel(3.0), n_iters=1, **args).fit(
+        X[:320], y[:320], X[320:], y[320:]
+    )
     assert int(second.best_iter_) == 1  # the planted target gains from the learned M
     torch.testing.assert_close(second.M, normalize_agop(first.agop()), rtol=1e-6, atol=1e-9)
 
@@ -81,7 +85,7 @@ def test_linear_mix_extrapolates_a_linear_trend():
     yfar = Xfar @ w + 0.3 * torch.sin(3 * Xfar[:, 0])
 
     def far_rmse(c: float) -> float:
-        leaf = LeafRFM(LaplaceKernel(1.0), n_iters=0, reg=1e-3, linear_mix=c)
+        leaf = plain_leaf(LaplaceKernel(1.0), n_iters=0, reg=1e-3, linear_mix=c)
         leaf.fit(X[:320], y[:320], X[320:], y[320:])
         return float(((leaf(Xfar)[:, 0] - yfar) ** 2).mean().sqrt())
 
@@ -91,4 +95,4 @@ def test_linear_mix_extrapolates_a_linear_trend():
 
 def test_linear_mix_must_be_non_negative():
     with pytest.raises(ValueError, match="linear_mix"):
-        LeafRFM(linear_mix=-0.1)
+        plain_leaf(linear_mix=-0.1)

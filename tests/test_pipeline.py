@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from test_configs import compose_with
-from xrfm_torch import xRFMTree
+from xrfm_torch import LeafConfig, xRFMTree
 from xrfm_torch.lit import TabularDataModule, XRFMLitModule
 from xrfm_torch.pipeline import run
-from xrfm_torch.temperature import temperature_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +30,7 @@ def synthetic_run(tmp_path_factory):
             "dataset.n_samples=3000",
             "dataset.n_features=8",
             "model.max_leaf_size=800",
-            "model.n_iters=2",
+            "model.leaf.n_iters=2",
             "trainer.enable_progress_bar=false",
         ],
         out,
@@ -109,7 +108,7 @@ def test_temperature_sweep_file(synthetic_run):
     system = result["objects"]["system"]
     rows = list(csv.DictReader((out / "temperature_sweep.csv").open()))
     grid = [float(r["temperature"]) for r in rows]
-    expected = temperature_errors(system.tree, *system.fit_data["val"], grid)
+    expected = system.tree.temperature_errors(*system.fit_data["val"], grid)
     assert [float(r["val_mse"]) for r in rows] == pytest.approx(expected, rel=1e-6)
     best = grid[int(np.argmin([float(r["val_mse"]) for r in rows]))]
     assert float(system.tree.temperature_) == pytest.approx(best)
@@ -137,7 +136,7 @@ def test_classification_end_to_end(tmp_path):
             "dataset=csv",
             "dataset.task=classification",
             "dataset.target=label",
-            "model.n_iters=1",
+            "model.leaf.n_iters=1",
             "callbacks=none",
             "logger=none",
             "trainer.enable_progress_bar=false",
@@ -154,7 +153,7 @@ def test_classification_end_to_end(tmp_path):
 def test_multi_process_strategy_is_refused(monkeypatch):
     monkeypatch.setattr(pl.Trainer, "world_size", property(lambda self: 2))
     dm = TabularDataModule("synthetic", n_samples=300, n_features=6)
-    system = XRFMLitModule(xRFMTree(n_iters=0))
+    system = XRFMLitModule(xRFMTree(leaf=LeafConfig(n_iters=0)))
     trainer = pl.Trainer(
         max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False
     )
@@ -165,7 +164,7 @@ def test_multi_process_strategy_is_refused(monkeypatch):
 def test_plain_dataloaders_without_datamodule():
     dm = TabularDataModule("synthetic", n_samples=600, n_features=6)
     dm.setup()
-    system = XRFMLitModule(xRFMTree(n_iters=1), **dm.system_kwargs())
+    system = XRFMLitModule(xRFMTree(leaf=LeafConfig(n_iters=1)), **dm.system_kwargs())
     trainer = pl.Trainer(
         max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False
     )
@@ -174,6 +173,27 @@ def test_plain_dataloaders_without_datamodule():
     )
     assert system.tree.is_fitted
     assert len(system.tree.leaves()[0].support_) == len(dm.datasets["train"])
+    # the validation loader reached the fit (no hold-out of training rows)
+    assert len(system.fit_data["val"][0]) == len(dm.datasets["val"])
+
+
+def test_temperature_sweep_says_routing_plays_no_part_in_a_one_leaf_tree(tmp_path, caplog):
+    from xrfm_torch.lit import TemperatureSweep
+
+    dm = TabularDataModule("synthetic", n_samples=600, n_features=6)
+    system = XRFMLitModule(xRFMTree(leaf=LeafConfig(n_iters=1)))
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        callbacks=[TemperatureSweep(dirpath=str(tmp_path))],
+    )
+    with caplog.at_level("INFO"):
+        trainer.fit(system, datamodule=dm)
+    assert system.tree.n_leaves == 1
+    assert "routing plays no part" in caplog.text
+    assert not (tmp_path / "temperature_sweep.csv").exists()
 
 
 def test_train_py_multirun(tmp_path):

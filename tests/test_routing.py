@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import torch
 
-from xrfm_torch import LaplaceKernel, LeafRFM
-from xrfm_torch.partition import PartitionTree
-from xrfm_torch.routing import hard_route, path_signs, soft_weights, truncate_weights
+from conftest import plain_leaf
+from xrfm_torch import LaplaceKernel
+from xrfm_torch.tree.partition import PartitionTree
+from xrfm_torch.tree.routing import hard_route, path_signs, soft_weights, truncate_weights
 
 # node 0: x0 <= 0 -> leaf 0, else node 1; node 1: x1 <= 0.5 -> leaf 1, else leaf 2
 V = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
@@ -61,7 +62,7 @@ def hand_built_tree():
         Xl = torch.randn(30, 2, generator=g, dtype=torch.float64)
         yl = torch.sin(Xl[:, 0]) + shift
         leaves.append(
-            LeafRFM(LaplaceKernel(2.0), n_iters=1).fit(Xl[:24], yl[:24], Xl[24:], yl[24:])
+            plain_leaf(LaplaceKernel(2.0), n_iters=1).fit(Xl[:24], yl[:24], Xl[24:], yl[24:])
         )
     tree = PartitionTree(leaves).double()
     tree.set_structure(V, B, S, C)

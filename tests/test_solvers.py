@@ -7,7 +7,7 @@ import torch
 from sklearn.kernel_ridge import KernelRidge
 
 from xrfm_torch.kernels import LaplaceKernel
-from xrfm_torch.solvers import (
+from xrfm_torch.numerics.solvers import (
     KRRSolveError,
     _residual_too_large,
     krr_workspace,
@@ -115,7 +115,7 @@ def test_float32_solve_failing_the_residual_bound_is_repeated_in_float64(monkeyp
         calls.append(alpha.dtype)
         return len(calls) == 1
 
-    monkeypatch.setattr("xrfm_torch.solvers._residual_too_large", flag_first)
+    monkeypatch.setattr("xrfm_torch.numerics.solvers._residual_too_large", flag_first)
     with caplog.at_level(logging.WARNING):
         alpha = solve_krr(K.float(), Y.float(), 1e-3)
     assert calls == [torch.float32]  # the float64 repeat is not checked again
@@ -186,7 +186,7 @@ def test_a_jittered_or_repeated_solve_marks_its_factor_unusable(caplog):
         torch.linalg.solve(K + 1e-2 * torch.eye(40), Y),
     )
     singular = torch.ones(40, 40, dtype=torch.float64)  # rank one: reg 0 fails, jitter succeeds
-    with caplog.at_level(logging.WARNING, logger="xrfm_torch.solvers"):
+    with caplog.at_level(logging.WARNING, logger="xrfm_torch.numerics.solvers"):
         solve_krr(singular, Y, 0.0, workspace=W)
     assert "jitter" in caplog.text
     assert bool(W[0, 0].isnan())

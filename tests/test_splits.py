@@ -7,7 +7,7 @@ import torch
 
 from conftest import planted
 from xrfm_torch import AGOPSplit, CARTSplit, LaplaceKernel, PCASplit, RandomSplit
-from xrfm_torch.splits import balanced_split
+from xrfm_torch.tree.splits import balanced_split
 
 
 @pytest.mark.parametrize("n", [2, 7, 10, 101])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from xrfm_torch.transforms import QuantileNormal
+from xrfm_torch.inputs.transforms import QuantileNormal
 
 
 def _normal_icdf(p: torch.Tensor) -> torch.Tensor:

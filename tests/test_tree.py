@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from conftest import planted
-from xrfm_torch import CARTSplit, PCASplit, RandomSplit, xRFMTree
-from xrfm_torch.builder import borrow_validation_rows, grow_tree
+from xrfm_torch import CARTSplit, LeafConfig, PCASplit, RandomSplit, xRFMTree
 from xrfm_torch.kernels import LaplaceKernel
-from xrfm_torch.splits import Split
-from xrfm_torch.temperature import DEFAULT_TEMPERATURE_GRID, temperature_errors
+from xrfm_torch.tree.grow import borrow_validation_rows, grow_tree
+from xrfm_torch.tree.splits import Split
+from xrfm_torch.tree.temperature import DEFAULT_TEMPERATURE_GRID
 
 
 def seeded(seed=0):
@@ -19,7 +19,9 @@ def seeded(seed=0):
 def fitted():
     X, y = planted(1500, d=6)
     Xv, yv = planted(300, d=6, seed=1)
-    model = xRFMTree(max_leaf_size=300, n_iters=2).fit(X, y, Xv, yv, generator=seeded())
+    model = xRFMTree(max_leaf_size=300, leaf=LeafConfig(n_iters=2)).fit(
+        X, y, Xv, yv, generator=seeded()
+    )
     return model, X, y
 
 
@@ -46,7 +48,7 @@ def test_temperature_errors_match_forward(fitted, max_soft_leaves):
     old = (model.max_soft_leaves, float(model.temperature_))
     model.max_soft_leaves = max_soft_leaves
     try:
-        errs = temperature_errors(model, Xv, yv, grid)
+        errs = model.temperature_errors(Xv, yv, grid)
         for temp, err in zip(grid, errs):
             model._set_temperature(temp)
             ref = float(((model(Xv)[:, 0] - yv) ** 2).mean())
@@ -85,8 +87,10 @@ def test_temperature_is_tuned_on_the_grid(fitted):
 )
 def test_state_round_trip_into_fresh_module(kwargs):
     X, y = planted(800, d=5)
-    model = xRFMTree(max_leaf_size=200, n_iters=1, **kwargs).fit(X, y, generator=seeded())
-    fresh = xRFMTree(max_leaf_size=200, n_iters=1, **kwargs)
+    kwargs = dict(kwargs)
+    leaf = LeafConfig(n_iters=1, diag=kwargs.pop("diag", "auto"))
+    model = xRFMTree(max_leaf_size=200, leaf=leaf, **kwargs).fit(X, y, generator=seeded())
+    fresh = xRFMTree(max_leaf_size=200, leaf=leaf, **kwargs)
     fresh.load_state_dict(model.state_dict())
     Xt, _ = planted(300, d=5, seed=4)
     assert torch.equal(fresh(Xt), model(Xt))
@@ -95,9 +99,9 @@ def test_state_round_trip_into_fresh_module(kwargs):
 
 def test_same_seed_same_model_different_seed_different_split():
     X, y = planted(800, d=5)
-    a = xRFMTree(max_leaf_size=200, n_iters=1).fit(X, y, generator=seeded(7))
-    b = xRFMTree(max_leaf_size=200, n_iters=1).fit(X, y, generator=seeded(7))
-    c = xRFMTree(max_leaf_size=200, n_iters=1).fit(X, y, generator=seeded(8))
+    a = xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=1)).fit(X, y, generator=seeded(7))
+    b = xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=1)).fit(X, y, generator=seeded(7))
+    c = xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=1)).fit(X, y, generator=seeded(8))
     Xt, _ = planted(100, d=5, seed=4)
     assert torch.equal(a(Xt), b(Xt))
     assert not torch.equal(a.trees[0].split_vectors_, c.trees[0].split_vectors_)
@@ -105,7 +109,7 @@ def test_same_seed_same_model_different_seed_different_split():
 
 def test_to_dtype_and_hard_routing_of_single_leaf():
     X, y = planted(300, d=3)
-    model = xRFMTree(n_iters=1).fit(X, y, generator=seeded())
+    model = xRFMTree(leaf=LeafConfig(n_iters=1)).fit(X, y, generator=seeded())
     assert model.n_leaves == 1 and float(model.temperature_) == 0.0
     m64 = model.to(torch.float64)
     out = m64(X.double())
@@ -116,7 +120,7 @@ def test_to_dtype_and_hard_routing_of_single_leaf():
 def test_multi_output():
     X, y = planted(900, d=4)
     Y = torch.stack([y, X[:, 2].clone()], 1)
-    model = xRFMTree(max_leaf_size=300, n_iters=1).fit(X, Y, generator=seeded())
+    model = xRFMTree(max_leaf_size=300, leaf=LeafConfig(n_iters=1)).fit(X, Y, generator=seeded())
     Xt, yt = planted(300, d=4, seed=5)
     pred = model(Xt)
     assert pred.shape == (300, 2)
@@ -127,7 +131,9 @@ def test_multi_output():
 @pytest.mark.parametrize("rule", [PCASplit(), CARTSplit()], ids=["pca", "cart"])
 def test_other_split_rules_build_bounded_trees(rule):
     X, y = planted(1000, d=4)
-    model = xRFMTree(max_leaf_size=250, n_iters=1, split_rule=rule).fit(X, y, generator=seeded())
+    model = xRFMTree(max_leaf_size=250, split_rule=rule, leaf=LeafConfig(n_iters=1)).fit(
+        X, y, generator=seeded()
+    )
     assert model.n_leaves >= 4
     assert all(leaf.support_.shape[0] <= 250 for leaf in model.leaves())
 
@@ -153,12 +159,13 @@ def test_borrow_rule():
 def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_borrowed):
     X, y = planted(1200, d=5, dtype=torch.float64)
     Xv, yv = planted(60, d=5, seed=1, dtype=torch.float64)
-    kw = {"max_leaf_size": 600, "n_iters": 1, "min_leaf_val": 100, "temperature": 0.0}
+    kw = {"max_leaf_size": 600, "min_leaf_val": 100, "temperature": 0.0}
     kw["input_transform"] = "identity"  # the leaves store the raw rows
-    model = xRFMTree(iter_rows=250, refit_borrowed=refit_borrowed, **kw)
+    model = xRFMTree(refit_borrowed=refit_borrowed, **kw, leaf=LeafConfig(n_iters=1, iter_rows=250))
     model.fit(X, y, Xv, yv, generator=seeded())
     assert any(float(leaf.reg_) != 1e-3 for leaf in model.leaves())  # the ridge search moved
-    plain = xRFMTree(refit_borrowed=refit_borrowed, **kw).fit(X, y, Xv, yv, generator=seeded())
+    plain = xRFMTree(refit_borrowed=refit_borrowed, **kw, leaf=LeafConfig(n_iters=1))
+    plain.fit(X, y, Xv, yv, generator=seeded())
     sizes = [leaf.support_.shape[0] for leaf in model.leaves()]
     # same leaves as without iter_rows: all routed rows (or those minus the borrowed ones)
     assert sizes == [leaf.support_.shape[0] for leaf in plain.leaves()]
@@ -178,7 +185,7 @@ def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_
         # (K: the Laplace kernel plus the constant + linear part of weight linear_mix)
         xs = leaf.support_ * leaf.sqrt_m_
         K = leaf.kernel.from_distance(leaf.kernel.distance(xs, xs))
-        K = K + leaf.linear_mix * (1.0 + xs @ xs.T / xs.shape[1])
+        K = K + leaf.config.linear_mix * (1.0 + xs @ xs.T / xs.shape[1])
         rhs = K @ leaf.alpha_ + float(leaf.reg_) * leaf.alpha_
         torch.testing.assert_close(rhs[:, 0], y[src], rtol=0, atol=1e-6)
 
@@ -191,7 +198,7 @@ def _val_counts(model, Xv):
 def test_duplicate_rows_do_not_recurse_forever():
     X = torch.ones(500, 3)
     y = torch.ones(500)
-    model = xRFMTree(max_leaf_size=100, n_iters=0, split_rule=PCASplit()).fit(
+    model = xRFMTree(max_leaf_size=100, split_rule=PCASplit(), leaf=LeafConfig(n_iters=0)).fit(
         X, y, generator=seeded()
     )
     assert all(leaf.support_.shape[0] <= 100 for leaf in model.leaves())
@@ -218,7 +225,7 @@ def test_duplicate_rows_do_not_recurse_forever():
 )
 def test_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
-        call(xRFMTree(n_iters=0))
+        call(xRFMTree(leaf=LeafConfig(n_iters=0)))
 
 
 def test_wrong_feature_count_at_predict(fitted):
@@ -234,7 +241,8 @@ def test_wrong_feature_count_at_predict(fitted):
         ({"n_trees": 0}, "n_trees"),
         ({"temperature": -1.0}, "temperature"),
         ({"keep_mass": 1.5}, "keep_mass"),
-        ({"reg": -1.0}, "reg"),
+        ({"max_input_maps": 0}, "max_input_maps"),
+        ({"input_transform": "log"}, "input_transform"),
         ({"kernel": "rbf"}, "unknown kernel"),
         ({"overlap_fraction": 0.45}, "overlap_fraction"),
         ({"overlap_fraction": -0.1}, "overlap_fraction"),
@@ -285,7 +293,11 @@ def test_overlap_adds_the_rows_nearest_the_cut(n, max_leaf_size, expected):
 def test_overlap_changes_the_fit_only_through_leaf_rows():
     X, y = planted(1200, d=4)
     Xv, yv = planted(300, d=4, seed=1)
-    kw = {"max_leaf_size": 700, "n_iters": 1, "temperature": 0.0, "kernel_exponents": None}
+    kw = {
+        "max_leaf_size": 700,
+        "temperature": 0.0,
+        "leaf": LeafConfig(n_iters=1, kernel_exponents=None),
+    }
     plain = xRFMTree(overlap_fraction=0.0, **kw).fit(X, y, Xv, yv, generator=seeded())
     over = xRFMTree(overlap_fraction=0.1, **kw).fit(X, y, Xv, yv, generator=seeded())
     assert [leaf.support_.shape[0] for leaf in plain.leaves()] == [600, 600]
@@ -296,3 +308,42 @@ def test_overlap_changes_the_fit_only_through_leaf_rows():
     for a, b in zip(over.leaves(), plain.leaves()):
         torch.testing.assert_close(a.sqrt_m_, b.sqrt_m_)
         assert (int(a.best_iter_), a.kernel.q) == (int(b.best_iter_), b.kernel.q)
+
+
+def test_leaf_settings_are_checked_where_they_are_given():
+    with pytest.raises(ValueError, match="reg must be a finite non-negative number, got -1.0"):
+        LeafConfig(reg=-1.0)
+    with pytest.raises(TypeError, match="leaf must be a LeafConfig, got dict"):
+        xRFMTree(leaf={"n_iters": 3})
+
+
+def test_fit_without_a_generator_leaves_the_global_rng_alone():
+    """No generator: the fit draws from its own, seeded by torch.manual_seed's seed."""
+    X, y = planted(700, d=4)
+    torch.manual_seed(11)
+    before = torch.random.get_rng_state()
+    a = xRFMTree(max_leaf_size=300, leaf=LeafConfig(n_iters=1)).fit(X, y)
+    assert torch.equal(torch.random.get_rng_state(), before)  # neither consumed nor reset
+    b = xRFMTree(max_leaf_size=300, leaf=LeafConfig(n_iters=1)).fit(X, y)
+    assert torch.equal(a.trees[0].split_vectors_, b.trees[0].split_vectors_)
+    same = xRFMTree(max_leaf_size=300, leaf=LeafConfig(n_iters=1))
+    same.fit(X, y, generator=torch.Generator().manual_seed(11))
+    assert torch.equal(a.trees[0].split_vectors_, same.trees[0].split_vectors_)
+    torch.manual_seed(12)
+    c = xRFMTree(max_leaf_size=300, leaf=LeafConfig(n_iters=1)).fit(X, y)
+    assert not torch.equal(a.trees[0].split_vectors_, c.trees[0].split_vectors_)
+
+
+def test_get_config_nests_the_leaf_settings_and_rebuilds_the_model():
+    model = xRFMTree(
+        "gaussian", leaf=LeafConfig(n_iters=4, diag=False, kernel_exponents=(1.0, 2.0)), n_trees=2
+    )
+    cfg = model.get_config()
+    assert cfg["leaf"]["_target_"] == "xrfm_torch.leaf.config.LeafConfig"
+    assert cfg["leaf"]["kernel_exponents"] == [1.0, 2.0] and cfg["leaf"]["diag"] is False
+    assert cfg["kernel"]["_target_"].endswith("GaussianKernel")
+    again = xRFMTree.from_config(cfg)
+    assert again.leaf == model.leaf and again.n_trees == 2
+    assert again.get_config() == cfg
+    with pytest.raises(TypeError, match="builds a LeafConfig, not a xRFMTree"):
+        xRFMTree.from_config(cfg["leaf"])

@@ -1,10 +1,14 @@
 """xrfm_torch: tree-partitioned Recursive Feature Machines in PyTorch.
 
-The core (this package's top level) imports only torch. Lightning, Hydra and torchmetrics pieces live
-in :mod:`xrfm_torch.lit`, which imports the core.
+Layers, each importing only the ones before it: :mod:`~xrfm_torch.numerics` (tensor functions),
+:mod:`~xrfm_torch.kernels`, :mod:`~xrfm_torch.leaf` (one RFM leaf), :mod:`~xrfm_torch.inputs`
+(input maps), :mod:`~xrfm_torch.tree` (the model). This core imports only torch; the Lightning,
+Hydra and torchmetrics pieces live in :mod:`xrfm_torch.lit` and :mod:`xrfm_torch.pipeline`, and
+datasets in :mod:`xrfm_torch.data` (numpy).
 """
 
 from xrfm_torch.__about__ import __version__
+from xrfm_torch.inputs import InputMap, QuantileNormal
 from xrfm_torch.kernels import (
     KERNELS,
     GaussianKernel,
@@ -13,21 +17,24 @@ from xrfm_torch.kernels import (
     LpqLaplaceKernel,
     ProductLaplaceKernel,
 )
-from xrfm_torch.leaf import LeafRFM
-from xrfm_torch.splits import AGOPSplit, CARTSplit, PCASplit, RandomSplit, Split
+from xrfm_torch.leaf import LeafConfig, LeafRFM
 from xrfm_torch.tree import xRFMTree
+from xrfm_torch.tree.splits import AGOPSplit, CARTSplit, PCASplit, RandomSplit, Split
 
 __all__ = [
     "KERNELS",
     "AGOPSplit",
     "CARTSplit",
     "GaussianKernel",
+    "InputMap",
     "Kernel",
     "LaplaceKernel",
+    "LeafConfig",
     "LeafRFM",
     "LpqLaplaceKernel",
     "PCASplit",
     "ProductLaplaceKernel",
+    "QuantileNormal",
     "RandomSplit",
     "Split",
     "__version__",

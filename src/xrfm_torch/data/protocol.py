@@ -8,8 +8,12 @@ regression target is standardized the same way for fitting and errors are report
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+
+#: What a dataset's target is (and so which metrics and model outputs apply).
+Task = Literal["regression", "classification"]
 
 
 def protocol_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from xrfm_torch.lit.module import XRFMLitModule
-from xrfm_torch.temperature import temperature_errors
+from xrfm_torch.tree.interpret import ImportanceSource
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,9 @@ class AGOPFeatureImportance(_FileCallback):
             tree's size-weighted AGOP, :meth:`xrfm_torch.xRFMTree.agop`).
     """
 
-    def __init__(self, dirpath: str | None = None, top_k: int = 20, source: str = "M") -> None:
+    def __init__(
+        self, dirpath: str | None = None, top_k: int = 20, source: ImportanceSource = "M"
+    ) -> None:
         super().__init__(dirpath)
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
@@ -233,6 +235,9 @@ class AGOPFeatureImportance(_FileCallback):
 class TemperatureSweep(_FileCallback):
     """Validation error vs soft-routing temperature (``temperature_sweep.csv`` + ``.png``).
 
+    Where every tree is a single leaf, routing plays no part (the error is the same at every
+    temperature): the callback then writes no sweep and logs that instead.
+
     Args:
         dirpath: Output folder.
         grid: Temperatures (default: the tree's tuning grid).
@@ -247,9 +252,15 @@ class TemperatureSweep(_FileCallback):
         if "val" not in module.fit_data:
             log.warning("TemperatureSweep: the fit had no validation data; nothing to sweep")
             return
+        if module.tree.n_leaves == len(module.tree.trees):
+            log.info(
+                "TemperatureSweep: every tree is a single leaf, so routing plays no part and "
+                "the temperature changes nothing; no sweep written"
+            )
+            return
         Xv, yv = module.fit_data["val"]
         grid = list(self.grid or module.tree.temperature_grid)
-        errs = temperature_errors(module.tree, Xv, yv, grid)
+        errs = module.tree.temperature_errors(Xv, yv, grid)
         out = self.out_dir(trainer)
         with (out / "temperature_sweep.csv").open("w", newline="") as fh:
             w = csv.writer(fh)

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from xrfm_torch.data.protocol import ProtocolData, prepare
+from xrfm_torch.data.protocol import ProtocolData, Task, prepare
 from xrfm_torch.data.registry import DATASETS, read_csv
 from xrfm_torch.data.sources import download_openml, load_openml, make_synthetic
 
 log = logging.getLogger(__name__)
-
-Task = Literal["regression", "classification"]
 
 
 class TabularDataModule(pl.LightningDataModule):

@@ -11,18 +11,22 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 
+from xrfm_torch.data.protocol import Task
 from xrfm_torch.kernels import Kernel
-from xrfm_torch.lit.module import Task, XRFMLitModule, collect, collect_indexed
+from xrfm_torch.lit.module import XRFMLitModule, collect, collect_indexed
 from xrfm_torch.tree import xRFMTree
 
 log = logging.getLogger(__name__)
+
+#: What SGD minimizes: the fitted head's loss, or that of a KRR solved inside each batch.
+SgdLoss = Literal["head", "batch_krr"]
 
 
 def mlp_encoder(hidden: Sequence[int] = (64, 64), out_features: int = 16) -> nn.Sequential:
@@ -93,8 +97,9 @@ class XRFMHeadModule(XRFMLitModule):
     touches them).
 
     Args:
-        tree: The head (use ``temperature > 0`` or ``trainable_routing=True`` for gradients through
-            the routing; leaf kernels pass gradients to the encoder either way).
+        tree: The head, with ``input_transform="identity"`` (default: ``xRFMTree`` so set). Use
+            ``temperature > 0`` or ``trainable_routing=True`` for gradients through the routing;
+            leaf kernels pass gradients to the encoder either way.
         encoder: Any module mapping inputs (n, d) to features (n, k). Default: a
             :class:`ResidualMLP` (``residual=True``, needs ``in_features`` or ``feature_names``) or
             :func:`mlp_encoder`.
@@ -127,7 +132,7 @@ class XRFMHeadModule(XRFMLitModule):
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         support_fraction: float = 0.5,
-        sgd_loss: str = "head",
+        sgd_loss: SgdLoss = "head",
         task: Task = "regression",
         num_classes: int | None = None,
         target_mean: float | Sequence[float] = 0.0,
@@ -136,14 +141,13 @@ class XRFMHeadModule(XRFMLitModule):
         feature_names: Sequence[str] | None = None,
     ) -> None:
         # Quantile knots fitted on the first features would not follow the encoder, and the batch
-        # KRR loss sees the features themselves: a head's tree maps nothing ("auto" resolves so).
-        tree = tree if tree is not None else xRFMTree()
-        if tree.input_transform == "auto":
-            tree.set_input_transform("identity")
+        # KRR loss sees the features themselves: a head's tree maps nothing. The caller's tree is
+        # used as given, so it must say so itself.
+        tree = tree if tree is not None else xRFMTree(input_transform="identity")
         if tree.input_transform != "identity":
             raise ValueError(
-                "a head's tree must see the encoder features as they are: use "
-                f"xRFMTree(input_transform='identity'), got {tree.input_transform!r}"
+                "a head's tree must see the encoder features as they are: pass "
+                f"xRFMTree(input_transform='identity'), got input_transform={tree.input_transform!r}"
             )
         super().__init__(
             tree,
@@ -251,9 +255,7 @@ class XRFMHeadModule(XRFMLitModule):
             if len(x) < 4:
                 return None
             t = self.encode_targets(y).reshape(len(x), -1).to(x.dtype)
-            loss = batch_krr_loss(
-                self.encoder(x), t, self.tree.kernel, self.tree.leaf_kwargs["reg"]
-            )
+            loss = batch_krr_loss(self.encoder(x), t, self.tree.kernel, self.tree.leaf.reg)
             self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(x))
             return loss
         if len(batch) > 2 and self.support_mask.numel():  # drop support rows (see module doc)

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
 from torchmetrics import MetricCollection
 
+from xrfm_torch.data.protocol import Task
 from xrfm_torch.lit.metrics import make_metrics
 from xrfm_torch.tree import xRFMTree
 
 log = logging.getLogger(__name__)
 
-Task = Literal["regression", "classification"]
 ProgressFn = Callable[[int, int, int], None]
 
 
@@ -105,19 +105,24 @@ class XRFMLitModule(pl.LightningModule):
         return y.float()
 
     def _fit_sources(self) -> tuple[Any, Any]:
+        """The training and validation loaders of this ``trainer.fit`` call (public API only).
+
+        ``on_fit_start`` runs before Lightning sets up its loops' data, so the loops are asked to
+        set it up now (``setup_data`` is idempotent; the loops reuse it).
+        """
         trainer = self.trainer
         dm = getattr(trainer, "datamodule", None)
         if dm is not None:
             return dm.train_dataloader(), dm.val_dataloader()
-        try:
-            train = trainer.fit_loop._data_source.dataloader()
-            val = trainer.fit_loop.epoch_loop.val_loop._data_source.dataloader()
-        except Exception as err:
+        trainer.fit_loop.setup_data()
+        trainer.fit_loop.epoch_loop.val_loop.setup_data()
+        train = trainer.train_dataloader
+        if train is None:
             raise RuntimeError(
                 "XRFMLitModule could not read the training data; pass a datamodule or "
-                "train_dataloaders/val_dataloaders to trainer.fit"
-            ) from err
-        return train, val
+                "train_dataloaders (and val_dataloaders) to trainer.fit"
+            )
+        return train, trainer.val_dataloaders
 
     def on_fit_start(self) -> None:
         if self.trainer.world_size > 1:

@@ -9,9 +9,9 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from xrfm_torch._state import ResizableBuffers
 from xrfm_torch.leaf import LeafRFM
-from xrfm_torch.routing import hard_route, is_zero, path_signs, soft_weights
+from xrfm_torch.numerics.state import ResizableBuffers
+from xrfm_torch.tree.routing import hard_route, is_zero, path_signs, soft_weights
 
 
 class PartitionTree(ResizableBuffers):

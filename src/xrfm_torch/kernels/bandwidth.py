@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from xrfm_torch.kernels import pairwise_distance
+from xrfm_torch.kernels.distance import pairwise_distance
 
 
 def median_pairwise_distance(

@@ -28,95 +28,20 @@ Work is chunked over rows of ``x`` so that temporaries stay under ``chunk_bytes`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
-from xrfm_torch._checks import check_positive
-
-#: Default bound on the temporaries of one chunk (kernel rows, gradient weights), in bytes.
-DEFAULT_CHUNK_BYTES = 256 * 2**20
-
-#: Elementwise passes over an (n, n) buffer run block by block in row blocks of about this size,
-#: so that the 4-7 passes of a distance or kernel evaluation read the block from cache, not
-#: memory (2 cores with 1 MiB L2 each; n = 9000: distances 0.28 -> 0.16 s).
-CACHE_BLOCK_BYTES = 2 * 2**20
-
-
-def cache_blocks(out: Tensor | None, *inputs: Tensor) -> list[slice]:
-    """Row blocks for in-place elementwise work on ``out``; one block when autograd must see it."""
-    if out is None or out.ndim == 0 or out.shape[0] == 0:
-        return [slice(None)]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        return [slice(None)]
-    per_row = out.element_size() * (out.numel() // out.shape[0])
-    return list(row_chunks(out.shape[0], per_row, CACHE_BLOCK_BYTES))
-
-
-def transform(x: Tensor, sqrt_m: Tensor | None) -> Tensor:
-    """Map inputs into the learned feature space ``x -> S x``.
-
-    Args:
-        x: Inputs, shape (n, d).
-        sqrt_m: ``None`` (identity), shape (d,) (diagonal ``M``) or (d, d) (full ``M``, symmetric).
-
-    Returns:
-        Transformed inputs, shape (n, d).
-    """
-    if sqrt_m is None:
-        return x
-    if sqrt_m.ndim == 1:
-        return x * sqrt_m
-    return x @ sqrt_m
-
-
-def row_chunks(n_rows: int, bytes_per_row: int, budget: int) -> Iterator[slice]:
-    """Yield row slices whose temporaries fit in ``budget`` bytes (at least one row each)."""
-    step = max(1, int(budget // max(bytes_per_row, 1)))
-    for start in range(0, n_rows, step):
-        yield slice(start, min(start + step, n_rows))
-
-
-def pairwise_distance(x: Tensor, z: Tensor, p: float, *, out: Tensor | None = None) -> Tensor:
-    """``||x_i - z_j||_p`` for all pairs, shape (n, m).
-
-    For ``p = 2`` the expansion ``|x|^2 + |z|^2 - 2 x.z`` (one GEMM) is used on inputs centred at
-    ``z``'s mean (distances are translation invariant; centring shrinks the norms and so the rounding
-    error, about ``eps_machine * (|x|^2 + |z|^2)``). Squared distances below 16x that bound are set to
-    exactly 0, so duplicated rows get distance 0 (and no spurious self-gradient) in float32 too.
-
-    Args:
-        x: Inputs, shape (n, d).
-        z: Centres, shape (m, d).
-        p: Norm exponent.
-        out: Optional (n, m) buffer to write into (saves a large allocation per call).
-    """
-    if p != 2.0:
-        r = torch.cdist(x, z, p=p)
-        return r if out is None else out.copy_(r)
-    mu = z.mean(0)
-    x, z = x - mu, z - mu
-    c = 16 * torch.finfo(x.dtype).eps
-    xx = (x * x).sum(-1, keepdim=True)  # (n, 1)
-    zz = (z * z).sum(-1)[None, :]  # (1, m)
-    zz_lo, zz_c = (1 - c) * zz, c * zz
-
-    def block(o: Tensor | None, xb: Tensor, xxb: Tensor) -> Tensor:
-        # o = (1 - c)(|x|^2 + |z|^2) - 2 x.z = sq - c(|x|^2 + |z|^2): <= 0 means "snap to 0"
-        o = torch.addmm(zz_lo, xb, z.mT, alpha=-2.0, out=o)
-        o.add_((1 - c) * xxb)
-        snap = o <= 0
-        o.add_(c * xxb).add_(zz_c)
-        return o.masked_fill_(snap, 0.0).sqrt_()
-
-    blocks = cache_blocks(out, x, z)
-    if len(blocks) == 1:
-        return block(out, x, xx)
-    assert out is not None  # for mypy: several blocks only with a buffer
-    for b in blocks:
-        block(out[b], x[b], xx[b])
-    return out
+from xrfm_torch.kernels.distance import (
+    DEFAULT_CHUNK_BYTES,
+    cache_blocks,
+    chain_rule,
+    pairwise_distance,
+    row_chunks,
+    transform,
+)
+from xrfm_torch.numerics.checks import check_positive
 
 
 class Kernel(nn.Module):
@@ -342,15 +267,6 @@ class Kernel(nn.Module):
         ]
         g = torch.cat(parts)  # (n, c, d), gradient w.r.t. S x
         return chain_rule(g, sqrt_m)
-
-
-def chain_rule(g: Tensor, sqrt_m: Tensor | None) -> Tensor:
-    """Map gradients w.r.t. ``S x`` (shape (n, c, d)) back to gradients w.r.t. ``x``."""
-    if sqrt_m is None:
-        return g
-    if sqrt_m.ndim == 1:
-        return g * sqrt_m
-    return g @ sqrt_m.mT
 
 
 class LpqLaplaceKernel(Kernel):

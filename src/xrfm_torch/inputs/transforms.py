@@ -1,7 +1,7 @@
 """Per-feature input transforms fitted on the training rows (state in buffers).
 
 A Laplace-type kernel on standardized inputs lets a few extreme values dominate the distances of a
-heavy-tailed feature (house_16H has a feature of skewness 70): most rows are squeezed into a sliver
+heavy-tailed feature: most rows are squeezed into a sliver
 of the bandwidth and the leaves cannot resolve them. Mapping every feature through its own empirical
 CDF to normal scores spreads the rows evenly; it is monotone per feature, so features keep their
 identity (feature importance, AGOP) and tree splits stay meaningful.
@@ -10,12 +10,23 @@ identity (feature importance, AGOP) and tree splits stay meaningful.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
-from xrfm_torch._checks import as_float_matrix
-from xrfm_torch._state import ResizableBuffers
+from xrfm_torch.numerics.checks import as_float_matrix
+from xrfm_torch.numerics.state import ResizableBuffers
+
+#: What a tree sees of an input row (see :class:`InputMap`).
+InputMapName = Literal["identity", "quantile", "quantile+raw"]
+#: The ``input_transform`` option: one map, several (a tree set on each), or ``"auto"``.
+InputTransform = InputMapName | Literal["auto"] | Sequence[InputMapName]
+#: Every map, in the order the ``"auto"`` probe visits them.
+INPUT_MAPS: tuple[InputMapName, ...] = get_args(InputMapName)
+#: Beyond the training range: clip to the end points or continue linearly.
+Tails = Literal["clip", "linear"]
 
 
 class QuantileNormal(ResizableBuffers):
@@ -51,7 +62,7 @@ class QuantileNormal(ResizableBuffers):
     scale_: Tensor
     n_rows_: Tensor
 
-    def __init__(self, n_quantiles: int = 1000, tails: str = "clip") -> None:
+    def __init__(self, n_quantiles: int = 1000, tails: Tails = "clip") -> None:
         super().__init__()
         if int(n_quantiles) != n_quantiles or n_quantiles < 2:
             raise ValueError(f"n_quantiles must be an integer >= 2, got {n_quantiles!r}")
@@ -134,9 +145,6 @@ class QuantileNormal(ResizableBuffers):
         return torch.where(x < lo, z_lo + below, torch.where(x > hi, -z_lo + above, z))
 
 
-INPUT_MAPS = ("identity", "quantile", "quantile+raw")
-
-
 class InputMap(ResizableBuffers):
     """What each tree sees of an input row: the row, its normal scores, or both side by side.
 
@@ -158,11 +166,11 @@ class InputMap(ResizableBuffers):
         self.register_buffer("maps_", torch.zeros(0, dtype=torch.long))
 
     @property
-    def names(self) -> list[str]:
+    def names(self) -> list[InputMapName]:
         """The map of each tree, names from :data:`INPUT_MAPS`."""
         return [INPUT_MAPS[int(i)] for i in self.maps_]
 
-    def set_maps(self, names: list[str]) -> None:
+    def set_maps(self, names: Sequence[str]) -> None:
         """Give tree ``t`` map ``names[t]`` (the quantile maps need :meth:`fit` first)."""
         for name in names:
             if name not in INPUT_MAPS:
@@ -175,7 +183,7 @@ class InputMap(ResizableBuffers):
         self.quantile.fit(X)
         return self
 
-    def encode(self, x: Tensor, name: str) -> Tensor:
+    def encode(self, x: Tensor, name: InputMapName) -> Tensor:
         """Map ``x`` (n, d) with map ``name``."""
         if name == "identity":
             return x
@@ -184,14 +192,14 @@ class InputMap(ResizableBuffers):
 
     def forward(self, x: Tensor) -> list[Tensor]:
         """``x`` (n, d) as each tree sees it (each distinct map computed once)."""
-        mapped: dict[str, Tensor] = {}
+        mapped: dict[InputMapName, Tensor] = {}
         for name in self.names:
             if name not in mapped:
                 mapped[name] = self.encode(x, name)
         return [mapped[name] for name in self.names]
 
     @staticmethod
-    def fold(values: Tensor, name: str) -> Tensor:
+    def fold(values: Tensor, name: InputMapName) -> Tensor:
         """Per-column values of map ``name`` (..., d') back to the inputs (..., d).
 
         ``"quantile+raw"`` adds each feature's two columns (importance of a feature in either

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from xrfm_torch._checks import as_float_matrix, as_float_targets
+from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
 
 
 def holdout_rows(

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
 
-from xrfm_torch._checks import check_fraction, check_positive
-from xrfm_torch.agop import top_eigenvector
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.numerics.agop import top_eigenvector
+from xrfm_torch.numerics.checks import check_fraction, check_positive
+
+#: Where a split direction is cut: the rank-balanced median, or the least-squares point.
+Threshold = Literal["median", "sse"]
 
 
 @dataclass
@@ -140,7 +144,7 @@ class AGOPSplit:
     sample_size: int = 4000
     reg: float = 1e-3
     diag: bool = False
-    threshold: str = "median"
+    threshold: Threshold = "median"
     min_child_fraction: float = 0.25
 
     def __post_init__(self) -> None:
@@ -169,7 +173,8 @@ class AGOPSplit:
             X_val, y_val = X_val[vidx], y_val[vidx]
         else:
             X_val = y_val = None
-        model = LeafRFM(kernel, n_iters=self.n_iters, reg=self.reg, diag=self.diag)
+        config = LeafConfig.plain(n_iters=self.n_iters, reg=self.reg, diag=self.diag)
+        model = LeafRFM(kernel, config)
         model.fit(X[idx], y[idx], X_val, y_val, generator=generator)
         v = top_eigenvector(model.agop(diag=False))
         if self.threshold == "median":

@@ -1,6 +1,6 @@
 """TreePartition: grow the supervised median-split tree and assign rows to leaves.
 
-This module decides *where rows go* and fits one LeafRFM per leaf; :mod:`xrfm_torch.fitting`
+This module decides *where rows go* and fits one LeafRFM per leaf; :mod:`xrfm_torch.tree.fit`
 runs it for a whole model (trees, temperature, refits).
 """
 
@@ -16,8 +16,8 @@ from torch import Tensor
 
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
-from xrfm_torch.routing import hard_route
-from xrfm_torch.splits import Split, SplitRule, balanced_split
+from xrfm_torch.tree.routing import hard_route
+from xrfm_torch.tree.splits import Split, SplitRule, balanced_split
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ def fit_leaves(
         final = rows if refit_borrowed else torch.cat([tr, extra])
         if Xv.shape[0] == 0:
             leaf.fit(X[tr], y[tr], generator=generator, final_solve=False)
-        elif holdout is None and leaf.iter_rows is None:
+        elif holdout is None and leaf.config.iter_rows is None:
             # the final solve's rows are known now and the temperature is tuned on the user's
             # validation data either way, so the leaf adds them while its factor is at hand
             joins = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)

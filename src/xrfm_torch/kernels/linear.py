@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from xrfm_torch.kernels import Kernel
+from xrfm_torch.kernels.lpq import Kernel
 
 
 def linear_features(xs: Tensor, c: float) -> Tensor:

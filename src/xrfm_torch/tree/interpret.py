@@ -1,21 +1,22 @@
-"""Interpretation of a fitted tree: input gradients, AGOP, feature importance (size-weighted)."""
+"""Interpretation of fitted trees: input gradients, AGOP, feature importance (size-weighted)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from xrfm_torch.agop import agop_from_grads
+from xrfm_torch.inputs.transforms import InputMapName
 from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.tree.partition import PartitionTree
 
-if TYPE_CHECKING:
-    from xrfm_torch.tree import xRFMTree
+#: What a feature importance is read from: the learned ``M`` or the fitted predictors' AGOP.
+ImportanceSource = Literal["M", "agop"]
 
 
-def input_grads(model: xRFMTree, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+def input_grads(f: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     """``d f_c(x_i) / d x_i`` for every row and output by autograd, shape (n, c, d).
 
     Rows are independent, so one backward pass per output gives all rows' gradients. Under hard
@@ -23,7 +24,7 @@ def input_grads(model: xRFMTree, x: Tensor, temperature: float | Tensor | None =
     """
     with torch.enable_grad():
         xg = x.detach().requires_grad_(True)
-        out = model(xg, temperature)  # (n, c)
+        out = f(xg)  # (n, c)
         grads = [
             torch.autograd.grad(out[:, c].sum(), xg, retain_graph=c + 1 < out.shape[1])[0]
             for c in range(out.shape[1])
@@ -50,36 +51,41 @@ def size_weighted(leaves: Sequence[LeafRFM], value: Callable[[LeafRFM], Tensor])
     return total / weight
 
 
-def leaves_by_map(model: xRFMTree) -> dict[str, list[LeafRFM]]:
-    """The model's leaves grouped by the input map their tree sees."""
-    groups: dict[str, list[LeafRFM]] = {}
-    for tree, name in zip(model.partition_trees(), model.input_map.names):
+def leaves_by_map(
+    trees: Sequence[PartitionTree], maps: Sequence[InputMapName]
+) -> dict[InputMapName, list[LeafRFM]]:
+    """The leaves grouped by the input map their tree sees (``maps[t]`` for tree ``t``)."""
+    groups: dict[InputMapName, list[LeafRFM]] = {}
+    for tree, name in zip(trees, maps):
         groups.setdefault(name, []).extend(tree.leaf_list())
     return groups
 
 
-def model_agop(model: xRFMTree, x: Tensor | None, *, diag: bool) -> Tensor:
-    """The tree's AGOP at ``x`` (routing included) or the size-weighted mean of the leaves' AGOPs.
+def mean_leaf_agop(groups: dict[InputMapName, list[LeafRFM]], *, diag: bool) -> Tensor:
+    """Size-weighted mean of the leaves' AGOPs at their support rows (float64, CPU).
 
-    The leaf mean is over the columns the leaves see, so all trees must see the same map.
+    The mean is over the columns the leaves see, so all trees must see the same map.
     """
-    if x is not None:
-        return agop_from_grads(input_grads(model, x), diag=diag)
-    groups = leaves_by_map(model)
     if len(groups) > 1:
         raise ValueError(
             f"the trees see different input maps {sorted(groups)}: their leaves' AGOPs are over "
             "different columns; use agop(x) (the AGOP in the inputs, by autograd) instead"
         )
-    return size_weighted(model.leaves(), lambda leaf: leaf.agop(diag=diag))
+    leaves = [leaf for group in groups.values() for leaf in group]
+    return size_weighted(leaves, lambda leaf: leaf.agop(diag=diag))
 
 
-def feature_importance(model: xRFMTree, source: str) -> Tensor:
+def feature_importance(
+    groups: dict[InputMapName, list[LeafRFM]],
+    fold: Callable[[Tensor, InputMapName], Tensor],
+    source: ImportanceSource,
+) -> Tensor:
     """Size-weighted ``diag(M)`` (``"M"``) or the AGOP diagonal (``"agop"``), summing to 1, (d,).
 
-    Under ``"quantile+raw"`` a feature's two columns add up. Trees on different input maps (whose
-    ``M`` differ in scale) each give importances summing to 1, averaged with their leaves' support
-    rows as weights.
+    ``fold`` maps a map's per-column values back to the inputs (under ``"quantile+raw"`` a
+    feature's two columns add up). Trees on different input maps (whose ``M`` differ in scale)
+    each give importances summing to 1, averaged with their leaves' support rows as weights.
+    Float64 on the CPU.
     """
     if source not in ("M", "agop"):
         raise ValueError(f"source must be 'M' or 'agop', got {source!r}")
@@ -88,10 +94,10 @@ def feature_importance(model: xRFMTree, source: str) -> Tensor:
         return m_diagonal(leaf.M) if source == "M" else leaf.agop(diag=True)
 
     imp = torch.zeros((), dtype=torch.float64)
-    for name, leaves in leaves_by_map(model).items():
-        part = model.input_map.fold(size_weighted(leaves, value), name)
+    for name, leaves in groups.items():
+        part = fold(size_weighted(leaves, value), name)
         imp = imp + _normalized(part) * _rows(leaves)
-    return _normalized(imp).to(model.temperature_.device)
+    return _normalized(imp)
 
 
 def _normalized(v: Tensor) -> Tensor:

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, transform
-from xrfm_torch.linear import features_or_none, summed_predict
-from xrfm_torch.solvers import pcg_krr, solve_krr
+from xrfm_torch.kernels.linear import features_or_none, summed_predict
+from xrfm_torch.numerics.solvers import pcg_krr, solve_krr
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,8 @@ def select_kernel(
         margin: The grid's lowest-MSE (exponent, bandwidth) replaces ``best``'s only if it beats
             ``best`` by this many paired standard errors (:func:`beats`); the ridge walk then
             takes any improvement.
-        linear_mix: Weight of the leaf kernel's constant + linear part (:mod:`xrfm_torch.linear`).
-        warm: ``(tol, max_iters)`` of :func:`xrfm_torch.solvers.pcg_krr`: a ridge step within a
+        linear_mix: Weight of the leaf kernel's constant + linear part (:mod:`xrfm_torch.kernels.linear`).
+        warm: ``(tol, max_iters)`` of :func:`xrfm_torch.numerics.solvers.pcg_krr`: a ridge step within a
             factor 10 of a ridge already factored for the same kernel is solved by CG from that
             factor (``K + lam' I`` vs ``K + lam I``: condition number at most 10). ``None``:
             factor every candidate.
@@ -124,7 +124,7 @@ def select_kernel(
     Returns:
         ``(chosen candidate, whether the buffers still hold its kernel matrix in K and the
         Cholesky factor of its system in F)``, so that a final solve with more rows can continue
-        that factorization (:func:`xrfm_torch.solvers.solve_bordered`).
+        that factorization (:func:`xrfm_torch.numerics.solvers.solve_bordered`).
     """
     R, K, F = buffers
     base, q0 = best.bandwidth, best.q

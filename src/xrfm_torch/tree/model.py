@@ -11,30 +11,29 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xrfm_torch._checks import (
-    check_fraction,
-    check_positive,
-)
-from xrfm_torch._config import objects_from_config, plain_config
-from xrfm_torch._state import as_dtype
-from xrfm_torch.fitting import fit_model, refit_model_leaves
-from xrfm_torch.input_choice import check_input_transform
-from xrfm_torch.interpret import feature_importance, input_grads, model_agop
+from xrfm_torch.inputs.choice import check_input_transform, choose_maps
+from xrfm_torch.inputs.transforms import INPUT_MAPS, InputMap, InputMapName, InputTransform
 from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM
-from xrfm_torch.partition import PartitionTree, empty_trees
-from xrfm_torch.splits import AGOPSplit, SplitRule
-from xrfm_torch.temperature import DEFAULT_TEMPERATURE_GRID
-from xrfm_torch.transforms import INPUT_MAPS, InputMap
+from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.leaf.data import fit_data
+from xrfm_torch.numerics.agop import agop_from_grads
+from xrfm_torch.numerics.checks import check_fraction, check_positive
+from xrfm_torch.numerics.config import from_config, to_config
+from xrfm_torch.numerics.rng import own_generator
+from xrfm_torch.tree.fit import LeafFitting, grow_trees, refit_trees
+from xrfm_torch.tree.interpret import (
+    ImportanceSource,
+    feature_importance,
+    input_grads,
+    leaves_by_map,
+    mean_leaf_agop,
+)
+from xrfm_torch.tree.partition import PartitionTree, empty_trees
+from xrfm_torch.tree.splits import AGOPSplit, SplitRule
+from xrfm_torch.tree.temperature import DEFAULT_TEMPERATURE_GRID, temperature_errors
 
 log = logging.getLogger(__name__)
-
-#: The constructor arguments passed on to every leaf's :class:`LeafRFM`.
-LEAF_ARGS = (
-    "n_iters", "reg", "diag", "eps", "adaptive_bandwidth", "early_stop_multiplier", "patience",
-    "tol", "min_iters", "solve_dtype", "iter_rows", "bandwidth_factors", "kernel_exponents",
-    "reg_factors", "kernel_margin", "linear_mix", "pcg_tol",
-)  # fmt: skip
 
 
 class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
@@ -47,18 +46,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
 
     Args:
         kernel: Kernel prototype (each leaf gets a copy), a name from ``KERNELS``, or a factory.
+        leaf: Every leaf's settings (:class:`~xrfm_torch.leaf.config.LeafConfig`, default
+            ``LeafConfig()``): ``tau = leaf.n_iters``, the stopping rules, ``diag``, the post-hoc
+            exponent and ridge searches, the linear part, warm solves.
         max_leaf_size: ``L_max``; a node with more training rows is split.
-        n_iters, reg, diag, eps, adaptive_bandwidth, early_stop_multiplier, patience, tol,
-        min_iters, solve_dtype, iter_rows, bandwidth_factors, kernel_exponents, reg_factors,
-        kernel_margin, linear_mix, pcg_tol: Every leaf's :class:`~xrfm_torch.leaf.LeafRFM`
-            arguments (see there): ``n_iters`` is ``tau``, at most this many AGOP updates,
-            stopping ``patience`` iterations after the best validation error (from iteration
-            ``min_iters`` on); the leaf then searches ``kernel_exponents`` (a new ``q`` must win
-            by ``kernel_margin`` paired standard errors) and ``reg_factors`` (multiples of
-            ``reg``); ``diag="auto"`` picks a diagonal or full ``M`` per leaf; ``linear_mix``
-            adds a constant + linear part to the leaf kernel, so leaves extrapolate along their
-            trend (README: Design notes); ``pcg_tol`` sets the warm CG solves.
-        split_rule: Split strategy (default :class:`~xrfm_torch.splits.AGOPSplit`).
+        split_rule: Split strategy (default :class:`~xrfm_torch.tree.splits.AGOPSplit`).
         overlap_fraction: At each split into two leaves, each leaf's final solve also gets this
             share of the node's rows from the other side, those nearest the threshold; capped so
             leaves stay within ``max_leaf_size`` (routing is unchanged; the reference's
@@ -78,13 +70,13 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             (the temperature through ``raw_temperature``, ``T = softplus(raw)``), for training with
             SGD through soft routing. A fitted temperature of 0 then starts at the smallest positive
             grid value. Leaf coefficients always stay buffers.
-        input_transform: What the trees see of each input (:class:`~xrfm_torch.transforms.InputMap`,
+        input_transform: What the trees see of each input (:class:`~xrfm_torch.inputs.transforms.InputMap`,
             fitted on the training rows): ``"identity"``, ``"quantile"`` (each feature's normal
             scores through its training quantiles), ``"quantile+raw"`` (both, 2d columns), a list
             of these (``n_trees`` trees on each, all averaged) or ``"auto"``: small probe leaves
             on 2000 training rows pick a set of at most ``max_input_maps`` maps, the raw inputs
             kept unless another set's averaged predictions beat them by ``input_margin`` paired
-            standard errors (about a second on 2 CPU cores; see :mod:`xrfm_torch.input_choice`).
+            standard errors (about a second on 2 CPU cores; see :mod:`xrfm_torch.inputs.choice`).
             Use ``"identity"`` for a head on learned features (the knots would not follow them).
         input_margin: Significance margin of the ``"auto"`` choice.
         max_input_maps: Most maps ``"auto"`` may average (1: one map).
@@ -94,7 +86,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
     Example:
         >>> g = torch.Generator().manual_seed(0)
         >>> X = torch.randn(600, 4, generator=g); y = X[:, 0] ** 2
-        >>> model = xRFMTree(max_leaf_size=200, n_iters=2).fit(X, y, generator=g)
+        >>> model = xRFMTree(leaf=LeafConfig(n_iters=2), max_leaf_size=200).fit(X, y, generator=g)
         >>> model.n_leaves >= 3, model(X[:5]).shape
         (True, torch.Size([5, 1]))
     """
@@ -105,24 +97,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self,
         kernel: Kernel | str | Callable[[], Kernel] | None = None,
         *,
+        leaf: LeafConfig | None = None,
         max_leaf_size: int = 10_000,
-        n_iters: int = 30,
-        reg: float = 1e-3,
-        diag: bool | str = "auto",
-        eps: float = 1e-30,
-        adaptive_bandwidth: float | None = None,
-        early_stop_multiplier: float | None = 1.1,
-        patience: int | None = 3,
-        tol: float = 1e-3,
-        min_iters: int = 5,
-        solve_dtype: torch.dtype | str | None = None,
-        iter_rows: int | None = None,
-        bandwidth_factors: Sequence[float] | None = None,
-        kernel_exponents: Sequence[float] | None = (0.7, 1.0, 1.5),
-        reg_factors: Sequence[float] | None = (0.1, 10.0, 100.0),
-        kernel_margin: float = 2.0,
-        linear_mix: float = 0.1,
-        pcg_tol: float | None = 1e-4,
         split_rule: SplitRule | None = None,
         overlap_fraction: float = 0.1,
         n_trees: int = 1,
@@ -135,17 +111,14 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         max_borrow_fraction: float = 0.2,
         refit_borrowed: bool = True,
         trainable_routing: bool = False,
-        input_transform: str | Sequence[str] = "auto",
+        input_transform: InputTransform = "auto",
         input_margin: float = 2.0,
         max_input_maps: int = 2,
         set_leaf_fraction: float = 0.5,
     ) -> None:
         super().__init__()
-        self._init_args = {
-            k: v
-            for k, v in locals().items()
-            if k not in ("self", "__class__", "kernel", "split_rule")
-        }
+        if leaf is not None and not isinstance(leaf, LeafConfig):
+            raise TypeError(f"leaf must be a LeafConfig, got {type(leaf).__name__}")
         if int(max_leaf_size) != max_leaf_size or max_leaf_size < 4:
             raise ValueError(f"max_leaf_size must be an integer >= 4, got {max_leaf_size!r}")
         if int(n_trees) != n_trees or n_trees < 1:
@@ -160,10 +133,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         if int(min_leaf_val) < 0:
             raise ValueError(f"min_leaf_val must be >= 0, got {min_leaf_val!r}")
         self.kernel = make_kernel(kernel)
+        self.leaf = LeafConfig() if leaf is None else leaf
         self.max_leaf_size = int(max_leaf_size)
-        self.leaf_kwargs: dict[str, Any] = {k: self._init_args[k] for k in LEAF_ARGS}
-        self.leaf_kwargs["solve_dtype"] = as_dtype(solve_dtype, "solve_dtype")
-        self.new_leaf()  # validates the leaf arguments now, not at fit time
         self.split_rule: SplitRule = AGOPSplit() if split_rule is None else split_rule
         # <= 0.4 keeps a leaf's own rows the majority, which is how fit_leaves tells them apart
         if not 0.0 <= float(overlap_fraction) <= 0.4:
@@ -179,7 +150,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self.max_borrow_fraction = check_fraction(max_borrow_fraction, "max_borrow_fraction")
         self.refit_borrowed = bool(refit_borrowed)
         self.trainable_routing = bool(trainable_routing)
-        self.set_input_transform(input_transform)
+        self.input_transform = check_input_transform(input_transform)
         self.input_margin = check_positive(input_margin, "input_margin", allow_zero=True)
         if int(max_input_maps) != max_input_maps or not 1 <= max_input_maps <= len(INPUT_MAPS):
             raise ValueError(
@@ -195,30 +166,29 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self.fit_seconds_: float | None = None
 
     def get_config(self) -> dict[str, Any]:
-        """Constructor arguments as plain data (kernel and split rule as ``_target_`` dicts).
+        """Constructor arguments as plain data (kernel, leaf and split rule as ``_target_`` dicts).
 
         ``xRFMTree.from_config(model.get_config())`` builds an equivalent unfitted model, into which
         ``model.state_dict()`` loads; Lightning checkpoints store this to rebuild the tree.
         """
-        return plain_config(self._init_args, kernel=self.kernel, split_rule=self.split_rule)
-
-    def set_input_transform(self, value: str | Sequence[str]) -> None:
-        """Set the ``input_transform`` argument (and the config that rebuilds this model)."""
-        self.input_transform = check_input_transform(value)
-        self._init_args["input_transform"] = (
-            self.input_transform
-            if isinstance(self.input_transform, str)
-            else list(self.input_transform)
-        )
+        return to_config(self)
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> xRFMTree:
         """Build an unfitted model from :meth:`get_config` output."""
-        return cls(**objects_from_config(cfg, ("kernel", "split_rule")))
+        model = from_config(cfg)
+        if not isinstance(model, cls):
+            raise TypeError(f"the config builds a {type(model).__name__}, not a {cls.__name__}")
+        return model
+
+    def _leaf_fitting(self) -> LeafFitting:
+        return LeafFitting(
+            self.kernel, self.leaf, self.min_leaf_val, self.max_borrow_fraction, self.refit_borrowed
+        )
 
     def new_leaf(self) -> LeafRFM:
-        """A fresh, unfitted leaf model with this tree's leaf hyperparameters."""
-        return LeafRFM(self.kernel, **self.leaf_kwargs)
+        """A fresh, unfitted leaf model with this tree's kernel and leaf settings."""
+        return LeafRFM(self.kernel, self.leaf)
 
     # ---- introspection -------------------------------------------------------------------------
     @property
@@ -301,7 +271,57 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             ``self``.
         """
         start = time.perf_counter()
-        fit_model(self, X, y, X_val, y_val, generator, progress)
+        generator = own_generator(generator)
+        data = fit_data(X, y, X_val, y_val, val_fraction=self.val_fraction, generator=generator)
+        if self.input_transform != "identity":
+            self.input_map.fit(data.X)
+        maps = choose_maps(
+            self.input_transform,
+            self.input_map,
+            data,
+            kernel=self.kernel,
+            leaf=self.leaf,
+            max_maps=self.max_input_maps,
+            margin=self.input_margin,
+            generator=generator,
+        )
+        self.kernel.to(device=data.X.device, dtype=data.X.dtype)
+        leaf_size = self.max_leaf_size  # a set's trees are cheaper members: smaller leaves
+        if len(maps) > 1:
+            leaf_size = max(4, round(self.set_leaf_fraction * leaf_size))
+        grown = grow_trees(
+            data,
+            maps,
+            self.input_map,
+            self._leaf_fitting(),
+            split_rule=self.split_rule,
+            max_leaf_size=leaf_size,
+            n_trees=self.n_trees,
+            overlap_fraction=self.overlap_fraction,
+            trainable=self.trainable_routing,
+            generator=generator,
+            progress=progress,
+        )
+        self.trees = nn.ModuleList(grown.trees)
+        self.input_map.set_maps(grown.maps)
+        self.temperature_ = torch.tensor(0.0, dtype=data.X.dtype, device=data.X.device)
+        # With user validation data, the final leaves are tuned on it. Held-out training rows
+        # join the leaf fits, so then the temperature is tuned before the final solves.
+        if data.holdout is None:
+            grown.refit()
+        if self.temperature is not None:
+            self._set_temperature(self.temperature)
+        elif self.n_leaves > len(self.trees):  # some tree has a split: routing matters
+            errs = self.temperature_errors(data.X_val, data.y_val)
+            best = min(range(len(errs)), key=lambda i: errs[i])  # ties: the earlier entry
+            self._set_temperature(self.temperature_grid[best])
+            log.info(
+                "tuned temperature %.4g (val mse %s)",
+                self.temperature_grid[best],
+                ", ".join(f"{e:.4g}" for e in errs),
+            )
+        if data.holdout is not None:
+            grown.refit()
         self.fit_seconds_ = time.perf_counter() - start
         log.info(
             "fitted %d tree(s), %d leaves in %.2fs",
@@ -334,7 +354,23 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             generator: CPU random generator.
         """
         self._check_fitted()
-        refit_model_leaves(self, X, y, X_val, y_val, generator)
+        data = fit_data(
+            X,
+            y,
+            X_val,
+            y_val,
+            val_fraction=self.val_fraction,
+            generator=(generator := own_generator(generator)),
+            n_features=self.n_features_in_,
+        )
+        trees = self.partition_trees()
+        # the input map keeps its fitted knots: the routing was learned on them
+        new = refit_trees(
+            trees, self.input_map.names, self.input_map, data, self._leaf_fitting(), generator
+        )
+        for tree, leaves in zip(trees, new):
+            for index, leaf in leaves.items():
+                tree.leaves[index] = leaf
         return self
 
     # ---- interpretation ------------------------------------------------------------------------
@@ -347,7 +383,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
     def get_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
         """Input gradients of the whole model (routing included), shape (n, c, d)."""
         self._check_fitted()
-        return input_grads(self, x, temperature)
+        return input_grads(lambda xg: self(xg, temperature), x)
 
     def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
         """The tree's AGOP, at ``x`` or (default) averaged over the leaves.
@@ -361,9 +397,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             Shape (d, d), or (d,) when ``diag`` (d' for the leaf average).
         """
         self._check_fitted()
-        return model_agop(self, x, diag=diag)
+        if x is not None:
+            return agop_from_grads(self.get_grads(x), diag=diag)
+        return mean_leaf_agop(self._leaves_by_map(), diag=diag)
 
-    def feature_importance(self, source: str = "M") -> Tensor:
+    def feature_importance(self, source: ImportanceSource = "M") -> Tensor:
         """Per-feature importance, normalized to sum to 1, shape (d,).
 
         Args:
@@ -371,7 +409,32 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
                 ``"agop"``: diagonal of :meth:`agop` (what the fitted predictors are sensitive to).
         """
         self._check_fitted()
-        return feature_importance(self, source)
+        imp = feature_importance(self._leaves_by_map(), self.input_map.fold, source)
+        return imp.to(self.temperature_.device)
+
+    def _leaves_by_map(self) -> dict[InputMapName, list[LeafRFM]]:
+        return leaves_by_map(self.partition_trees(), self.input_map.names)
+
+    @torch.no_grad()
+    def temperature_errors(
+        self, X_val: Tensor, y_val: Tensor, grid: Sequence[float] | None = None
+    ) -> list[float]:
+        """Validation MSE (model space) for each routing temperature of ``grid``.
+
+        Args:
+            X_val: Inputs, shape (n_val, d).
+            y_val: Targets, shape (n_val,) or (n_val, c).
+            grid: Temperatures (default: ``temperature_grid``; 0 = hard routing).
+        """
+        self._check_fitted()
+        return temperature_errors(
+            self.partition_trees(),
+            self.input_map(X_val),
+            y_val,
+            self.temperature_grid if grid is None else grid,
+            keep_mass=self.keep_mass,
+            max_leaves=self.max_soft_leaves,
+        )
 
     # ---- prediction ----------------------------------------------------------------------------
     def forward(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:

@@ -3,36 +3,33 @@
 :func:`rfm_step` is one kernel ridge regression fit in the M-space of ``sqrt(M)`` with its
 validation error and (optionally) the AGOP of the fitted predictor; :func:`run_iterations` drives
 the steps for ``t = 0 .. tau`` with the leaf's stopping rules and hands the best one to the
-post-hoc selection (:func:`xrfm_torch.selection.select_kernel`). Kept apart from ``leaf.py`` so
+post-hoc selection (:func:`xrfm_torch.leaf.selection.select_kernel`). Kept apart from ``model.py`` so
 that the module holds what a fitted leaf *is* (buffers, prediction, gradients) and this one how its
-``M`` is learned, as ``fitting.py`` does for the tree.
+``M`` is learned.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from xrfm_torch.agop import agop_from_grads, normalize_agop, sqrt_psd
-from xrfm_torch.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels import Kernel, chain_rule, transform
-from xrfm_torch.linear import features_or_none, linear_grad, summed_predict
-from xrfm_torch.selection import Candidate, select_kernel, squared_errors
-from xrfm_torch.solvers import krr_workspace, pcg_krr, solve_krr
-
-if TYPE_CHECKING:
-    from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.kernels.bandwidth import median_pairwise_distance
+from xrfm_torch.kernels.linear import features_or_none, linear_grad, summed_predict
+from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.leaf.selection import Candidate, select_kernel, squared_errors
+from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd
+from xrfm_torch.numerics.solvers import krr_workspace, pcg_krr, solve_krr
 
 log = logging.getLogger(__name__)
 
 #: A warm (CG) solve of ``n`` rows may take up to ``n // PCG_ROWS_PER_ITER`` iterations (none below
-#: 5): one iteration (a product with K and two triangular solves, memory-bound) costs about
-#: ``1 / (n / 150)`` of a float32 Cholesky on 2 cores (n = 9000: 0.035 s vs 1.7 s), so the budget
-#: stays at half the factorization it replaces.
+#: 5): a CG step (a product with K and two triangular solves) costs about ``150 / n`` of a
+#: Cholesky factorization, so the budget stays at about half the factorization it replaces
+#: (docs/design.md, warm solves).
 PCG_ROWS_PER_ITER = 300
 
 
@@ -71,7 +68,7 @@ def rfm_step(
         buffers: ``(R, K, F)``: (n, n) distance and kernel buffers and the solver workspace,
             reused by every step (a fresh allocation of this size costs as much as an exp pass).
         reg: Ridge.
-        linear_mix: Weight of the constant + linear part (:mod:`xrfm_torch.linear`).
+        linear_mix: Weight of the constant + linear part (:mod:`xrfm_torch.kernels.linear`).
         solve_dtype: Dtype of the Cholesky solve.
         adaptive_bandwidth: If set, the bandwidth becomes this multiple of the median pairwise
             distance in the M-space first.
@@ -80,7 +77,7 @@ def rfm_step(
         generator: For the median subsample.
         warm: ``(tol, max_iters)``: first try conjugate gradients preconditioned by the Cholesky
             factor that the workspace ``F`` still holds from an earlier step
-            (:func:`xrfm_torch.solvers.pcg_krr`); factor afresh only if they give up.
+            (:func:`xrfm_torch.numerics.solvers.pcg_krr`); factor afresh only if they give up.
             ``None``: factor afresh.
 
     Returns:
@@ -126,7 +123,8 @@ def rfm_step(
 
 @torch.no_grad()
 def run_iterations(
-    leaf: LeafRFM,
+    kernel: Kernel,
+    cfg: LeafConfig,
     X: Tensor,
     y: Tensor,
     X_val: Tensor,
@@ -135,14 +133,15 @@ def run_iterations(
 ) -> tuple[Candidate, Tensor, bool, tuple[Tensor, Tensor] | None]:
     """Fit ``t = 0 .. tau`` with ``M_{t+1} = G_t / (eps + max G_t)`` and keep the best validation MSE.
 
-    The leaf's settings drive the loop: ``n_iters`` (``tau``), ``diag`` (``"auto"`` fits both
-    the diagonal and the full ``M`` from ``G_0`` at ``t = 1`` and continues with the better),
+    The settings drive the loop: ``n_iters`` (``tau``), ``diag`` (``"auto"`` fits both the
+    diagonal and the full ``M`` from ``G_0`` at ``t = 1`` and continues with the better),
     ``early_stop_multiplier``, ``patience`` / ``tol`` / ``min_iters``, then the post-hoc exponent,
-    bandwidth and ridge selection. The leaf's kernel is reset to its prototype's exponent and
-    bandwidth first and left at the chosen ones.
+    bandwidth and ridge selection. The kernel starts from its own exponent and bandwidth and is
+    left at the chosen ones.
 
     Args:
-        leaf: The leaf being fitted (its settings and kernel; no buffers are written here).
+        kernel: The leaf's kernel (its exponent and bandwidth are set to the chosen ones).
+        cfg: The leaf's settings.
         X: Training inputs, shape (n, d).
         y: Targets, shape (n, c).
         X_val: Validation inputs, shape (n_val, d).
@@ -155,22 +154,19 @@ def run_iterations(
         chosen model and the workspace holding the Cholesky factor of its system, when the
         post-hoc search left them so (a final solve with more rows continues from them).
     """
-    kernel = leaf.kernel
-    kernel.q = leaf._kernel_start[0]
-    kernel.bandwidth.fill_(leaf._kernel_start[1])
-    n, tau = X.shape[0], leaf.n_iters
+    n, tau = X.shape[0], cfg.n_iters
     errors = torch.full((tau + 1,), float("nan"), dtype=torch.float64)
     buffers = (
         X.new_empty(n, n),
         X.new_empty(n, n),
-        krr_workspace(n, leaf.solve_dtype or X.dtype, X.device),
+        krr_workspace(n, cfg.solve_dtype or X.dtype, X.device),
     )
 
     # Once M settles, the kernel matrix changes little between iterations: a step in the same
     # layout (diagonal or full) as the learned-M step whose Cholesky factor the workspace holds
     # refines from that factor by CG instead of factoring again. Not from t = 0's identity M.
     cg_iters = n // PCG_ROWS_PER_ITER
-    warm = (leaf.pcg_tol, cg_iters) if leaf.pcg_tol is not None and cg_iters >= 5 else None
+    warm = (cfg.pcg_tol, cg_iters) if cfg.pcg_tol is not None and cg_iters >= 5 else None
     factor_diag: bool | None = None  # layout of the step whose factor F holds (None: no such step)
 
     def step(sqrt_m: Tensor | None, agop: bool, diag: bool) -> tuple[Candidate, Tensor | None]:
@@ -183,10 +179,10 @@ def run_iterations(
             y_val,
             sqrt_m,
             buffers,
-            reg=leaf.reg,
-            linear_mix=leaf.linear_mix,
-            solve_dtype=leaf.solve_dtype,
-            adaptive_bandwidth=leaf.adaptive_bandwidth,
+            reg=cfg.reg,
+            linear_mix=cfg.linear_mix,
+            solve_dtype=cfg.solve_dtype,
+            adaptive_bandwidth=cfg.adaptive_bandwidth,
             agop=agop,
             diag=diag,
             generator=generator,
@@ -198,7 +194,7 @@ def run_iterations(
 
     # "auto" decides diag vs full at t = 1 (both are fitted from the full G_0; the one with the
     # lower validation error continues), so it costs one extra solve, not twice the iterations.
-    mode: bool | None = None if leaf.diag == "auto" else bool(leaf.diag)
+    mode: bool | None = None if cfg.diag == "auto" else bool(cfg.diag)
     best: Candidate | None = None
     t_gain = 0  # last iteration that improved the best error by more than tol
     G: Tensor | None = None
@@ -210,15 +206,15 @@ def run_iterations(
             break
         elif mode is None:
             cands = [
-                step(sqrt_psd(normalize_agop(Gm, leaf.eps)), agop, diag=dg)
+                step(sqrt_psd(normalize_agop(Gm, cfg.eps)), agop, diag=dg)
                 for dg, Gm in ((True, G.diagonal()), (False, G))
             ]
         else:
-            cands = [step(sqrt_psd(normalize_agop(G, leaf.eps)), agop, diag=mode)]
+            cands = [step(sqrt_psd(normalize_agop(G, cfg.eps)), agop, diag=mode)]
         for c, _ in cands:
             c.t = t
             if math.isfinite(c.err) and (best is None or c.err < best.err):
-                if best is None or c.err < (1.0 - leaf.tol) * best.err:
+                if best is None or c.err < (1.0 - cfg.tol) * best.err:
                     t_gain = t
                 best = c
         cand, G = min(cands, key=lambda cg: cg[0].err if math.isfinite(cg[0].err) else math.inf)
@@ -230,18 +226,18 @@ def run_iterations(
         if not math.isfinite(cand.err):
             log.warning("leaf n=%d iter %d: non-finite validation error; stopping", n, t)
             break
-        mult = leaf.early_stop_multiplier
+        mult = cfg.early_stop_multiplier
         if best is not None and mult is not None and cand.err > best.err * float(mult):
             break
-        if leaf.patience is not None and t >= leaf.min_iters and t - t_gain >= leaf.patience:
-            log.debug("leaf n=%d: no new best for %d iterations; stopping", n, leaf.patience)
+        if cfg.patience is not None and t >= cfg.min_iters and t - t_gain >= cfg.patience:
+            log.debug("leaf n=%d: no new best for %d iterations; stopping", n, cfg.patience)
             break
     if best is None:
         raise RuntimeError(
             f"LeafRFM produced no finite validation error (errors: {errors.tolist()})"
         )
     factored = None
-    if leaf.bandwidth_factors or leaf.kernel_exponents or leaf.reg_factors:
+    if cfg.bandwidth_factors or cfg.kernel_exponents or cfg.reg_factors:
         best, holds = select_kernel(
             kernel,
             X,
@@ -250,13 +246,13 @@ def run_iterations(
             y_val,
             best,
             buffers,
-            exponents=leaf.kernel_exponents,
-            bandwidth_factors=leaf.bandwidth_factors,
-            reg=leaf.reg,
-            reg_factors=leaf.reg_factors,
-            solve_dtype=leaf.solve_dtype,
-            margin=leaf.kernel_margin,
-            linear_mix=leaf.linear_mix,
+            exponents=cfg.kernel_exponents,
+            bandwidth_factors=cfg.bandwidth_factors,
+            reg=cfg.reg,
+            reg_factors=cfg.reg_factors,
+            solve_dtype=cfg.solve_dtype,
+            margin=cfg.kernel_margin,
+            linear_mix=cfg.linear_mix,
             warm=warm,
         )
         factored = (buffers[1], buffers[2]) if holds else None

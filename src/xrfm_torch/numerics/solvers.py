@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor
 
-from xrfm_torch._checks import check_positive
+from xrfm_torch.numerics.checks import check_positive
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def solve_krr(
         workspace: Optional buffer from :func:`krr_workspace` ``(n)`` in the solve dtype, reused
             across calls (a fresh matrix of this size costs as much as an elementwise pass).
         features: Optional low-rank part ``U``, shape (n, r), added to ``K`` in the factored copy
-            only (e.g. :func:`xrfm_torch.linear.linear_features`), so ``K`` stays as it was.
+            only (e.g. :func:`xrfm_torch.kernels.linear.linear_features`), so ``K`` stays as it was.
 
     Returns:
         Coefficients ``alpha`` with the shape and dtype of ``y``.

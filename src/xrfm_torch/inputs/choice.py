@@ -1,0 +1,182 @@
+"""Which input maps a model's trees see: probe the maps with small leaves, keep the simplest set.
+
+Whether normal scores help depends strongly on the data: they spread the rows of a heavy-tailed
+feature, but discrete features tied at one value, or a target that sums heavy-tailed inputs
+and is decided by rows beyond the training range, lose by them. Where two maps are about as good,
+their errors differ, and the average of a tree on each beats both. A small leaf (``PROBE_ROWS``
+training rows, ``PROBE_ITERS`` AGOP updates, no post-hoc searches) shows these orderings, so
+``"auto"`` fits one per map on the same rows, scores every set of at most ``max_maps`` maps by the
+average of its leaves' validation predictions, and keeps the raw inputs unless a set wins by a
+margin (docs/design.md, input maps).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from xrfm_torch.inputs.transforms import INPUT_MAPS, InputMap, InputMapName, InputTransform
+from xrfm_torch.kernels import Kernel
+from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.leaf.data import FitData
+from xrfm_torch.leaf.selection import paired_win
+
+log = logging.getLogger(__name__)
+
+PROBE_ROWS = 2000
+PROBE_VAL_ROWS = 4000
+PROBE_ITERS = 5
+
+
+def check_input_transform(value: str | Sequence[str]) -> InputTransform:
+    """``"auto"``, a name from :data:`INPUT_MAPS`, or a non-empty sequence of distinct names."""
+    if isinstance(value, str):
+        if value == "auto" or value in INPUT_MAPS:
+            return value  # type: ignore[return-value]
+    else:
+        names = tuple(value) if isinstance(value, Iterable) else ()
+        if names and all(v in INPUT_MAPS for v in names) and len(set(names)) == len(names):
+            return tuple(str(v) for v in names)  # type: ignore[misc]
+    raise ValueError(
+        f"input_transform must be 'auto', one of {INPUT_MAPS} or a list of distinct ones, "
+        f"got {value!r}"
+    )
+
+
+def choose_maps(
+    spec: InputTransform,
+    imap: InputMap,
+    data: FitData,
+    *,
+    kernel: Kernel,
+    leaf: LeafConfig,
+    max_maps: int,
+    margin: float,
+    generator: torch.Generator,
+) -> list[InputMapName]:
+    """The maps to grow trees on: ``spec`` itself, or for ``"auto"`` the probe's choice.
+
+    ``imap`` must have its knots fitted unless ``spec`` is ``"identity"``.
+    """
+    if spec == "auto":
+        return probe_input_maps(
+            imap,
+            data,
+            kernel=kernel,
+            leaf=leaf,
+            max_maps=max_maps,
+            margin=margin,
+            generator=generator,
+        )
+    return [spec] if isinstance(spec, str) else list(spec)  # type: ignore[list-item]
+
+
+def encode_fit_data(imap: InputMap, data: FitData, name: InputMapName) -> FitData:
+    """``data`` with training and validation inputs mapped by ``name``."""
+    if name == "identity":
+        return data
+    return replace(data, X=imap.encode(data.X, name), X_val=imap.encode(data.X_val, name))
+
+
+def probe_input_maps(
+    imap: InputMap,
+    data: FitData,
+    *,
+    kernel: Kernel,
+    leaf: LeafConfig,
+    max_maps: int,
+    margin: float,
+    generator: torch.Generator,
+) -> list[InputMapName]:
+    """The simplest set of maps whose averaged probe predictions no richer set beats significantly.
+
+    One probe leaf per map is fitted on the same seeded ``PROBE_ROWS`` training rows (never the
+    held-out ones) and predicts the same ``PROBE_VAL_ROWS`` validation rows; a set of maps
+    predicts the mean of its leaves' predictions. Going through the sets in order of size, then
+    of :data:`~xrfm_torch.inputs.transforms.INPUT_MAPS` (identity, quantile, quantile+raw, identity and
+    quantile, ...), a set replaces the one chosen so far only when its per-row squared errors
+    beat that one's by ``margin`` paired standard errors
+    (:func:`~xrfm_torch.leaf.selection.paired_win`). Each map of the set gets its own trees.
+
+    Args:
+        imap: The input map with fitted knots.
+        data: The fit's data (the probe never trains on held-out rows).
+        kernel: The model's kernel prototype.
+        leaf: The model's leaf settings (:func:`probe_config` makes them a small fixed budget).
+        max_maps: Largest set of maps considered.
+        margin: Paired standard errors a set must win by.
+        generator: Only its seed is read: the probe draws from its own generator.
+    """
+    # The probe draws from its own generator, seeded from the caller's without consuming it, so
+    # the trees grown afterwards are the same as with the chosen maps set by hand.
+    seed = generator.initial_seed()
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.arange(data.X.shape[0], device=data.X.device)
+    if data.holdout is not None:
+        rows = rows[~data.holdout]
+    rows = _subsample(rows, PROBE_ROWS, g)
+    vrows = _subsample(torch.arange(data.X_val.shape[0], device=rows.device), PROBE_VAL_ROWS, g)
+    X, y = data.X[rows], data.y[rows]
+    X_val, y_val = data.X_val[vrows], data.y_val[vrows]
+    preds: dict[InputMapName, Tensor] = {}
+    config = probe_config(leaf)
+    for name in INPUT_MAPS:
+        Xm, Xm_val = imap.encode(X, name), imap.encode(X_val, name)
+        probe = LeafRFM(kernel, config)
+        g.manual_seed(seed)  # every map's leaf starts from the same draws
+        probe.fit(Xm, y, Xm_val, y_val, generator=g)
+        with torch.no_grad():
+            preds[name] = probe(Xm_val)
+    return choose_map_set(preds, y_val, max_maps, margin)
+
+
+def choose_map_set(
+    preds: dict[InputMapName, Tensor], y_val: Tensor, max_maps: int, margin: float
+) -> list[InputMapName]:
+    """The rule of :func:`probe_input_maps` on each map's validation predictions (n_val, c).
+
+    A set of maps predicts the mean of its members' predictions. Sets are visited by size, then in
+    the order of ``preds`` (the first map alone is the start); a set replaces the one chosen so far
+    when its per-row squared errors beat that one's by ``margin`` paired standard errors.
+    """
+    names = list(preds)
+    sets = [s for k in range(1, max_maps + 1) for s in itertools.combinations(names, k)]
+    errors = {s: ((sum(preds[m] for m in s) / len(s) - y_val) ** 2).sum(1) for s in sets}
+    chosen = sets[0]
+    for s in sets[1:]:
+        if paired_win(errors[s], errors[chosen], margin):
+            chosen = s
+    log.info(
+        "input maps %s (probe validation MSE %s)",
+        " & ".join(chosen),
+        ", ".join(
+            f"{' & '.join(s)} {float(e.mean()) / y_val.shape[1]:.4g}" for s, e in errors.items()
+        ),
+    )
+    return list(chosen)
+
+
+def probe_config(config: LeafConfig) -> LeafConfig:
+    """A small, fixed-budget version of the model's leaf (no patience, no post-hoc searches)."""
+    return config.replace(
+        n_iters=PROBE_ITERS,
+        patience=None,
+        min_iters=0,
+        iter_rows=None,
+        kernel_exponents=None,
+        bandwidth_factors=None,
+        reg_factors=None,
+    )
+
+
+def _subsample(rows: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
+    if rows.shape[0] <= k:
+        return rows
+    pick = torch.randperm(rows.shape[0], generator=generator)[:k].to(rows.device)
+    return rows[pick.sort().values]

@@ -1,0 +1,272 @@
+"""LeafRFM: kernel ridge regression with AGOP feature learning (one leaf of the tree)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor
+
+from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
+from xrfm_torch.kernels.linear import features_or_none, linear_grad, summed_predict
+from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.leaf.data import fit_data
+from xrfm_torch.leaf.iteration import run_iterations
+from xrfm_torch.leaf.selection import Candidate
+from xrfm_torch.numerics.agop import agop_from_grads
+from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
+from xrfm_torch.numerics.rng import own_generator
+from xrfm_torch.numerics.solvers import solve_bordered, solve_krr
+from xrfm_torch.numerics.state import ResizableBuffers
+
+
+class LeafRFM(ResizableBuffers):
+    """Recursive Feature Machine fitted in closed form on one leaf's data.
+
+    For ``t = 0 .. tau`` (``tau = config.n_iters``): solve ``(K_{M_t}(X, X) + reg I) alpha_t = y``,
+    measure the validation MSE ``E_t``, and (for ``t < tau``) set ``M_{t+1} = G_t / (eps + max G_t)``
+    with ``G_t`` the AGOP of ``f_t`` at the training points (full or diagonal). The ``t*`` with the
+    lowest ``E_t`` is kept (the fit after the last AGOP update counts); then the kernel exponent
+    and ridge are searched for that ``M`` (:mod:`xrfm_torch.leaf.selection`).
+
+    Args:
+        kernel: Kernel prototype (copied, so each leaf owns its bandwidth), a name from
+            :data:`xrfm_torch.kernels.KERNELS`, or ``None`` for Laplace with bandwidth 10.
+        config: The leaf's hyperparameters (:class:`~xrfm_torch.leaf.config.LeafConfig`; default:
+            the tuned defaults, ``LeafConfig()``).
+
+    Buffers (after ``fit``):
+        ``support_`` (n, d), ``alpha_`` (n, c), ``sqrt_m_`` (d,) or (d, d), ``best_iter_`` (),
+        ``val_errors_`` (tau + 1,) with NaN for iterations not run, ``reg_`` () the ridge in use;
+        the bandwidth is ``kernel.bandwidth``.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X = torch.randn(300, 3, generator=g); y = X[:, 0].sin()
+        >>> leaf = LeafRFM("laplace", LeafConfig.plain(n_iters=2)).fit(X, y, generator=g)
+        >>> int(leaf.best_iter_) in (0, 1, 2), leaf(X[:4]).shape
+        (True, torch.Size([4, 1]))
+    """
+
+    support_: Tensor
+    alpha_: Tensor
+    sqrt_m_: Tensor
+    best_iter_: Tensor
+    val_errors_: Tensor
+    reg_: Tensor
+
+    def __init__(
+        self, kernel: Kernel | str | None = None, config: LeafConfig | None = None
+    ) -> None:
+        super().__init__()
+        if config is not None and not isinstance(config, LeafConfig):
+            raise TypeError(f"config must be a LeafConfig, got {type(config).__name__}")
+        self.config = LeafConfig() if config is None else config
+        self.kernel = copy.deepcopy(make_kernel(kernel))
+        # the prototype's exponent and bandwidth: every fit starts from these, whatever an
+        # earlier fit selected (bandwidth_factors, kernel_exponents, adaptive_bandwidth)
+        self._kernel_start = (self.kernel.q, float(self.kernel.bandwidth))
+        self._chosen_diag = self.config.diag is not False
+        self.register_buffer("support_", torch.empty(0, 0))
+        self.register_buffer("alpha_", torch.empty(0, 0))
+        self.register_buffer("sqrt_m_", torch.empty(0))
+        self.register_buffer("best_iter_", torch.tensor(-1))
+        self.register_buffer("val_errors_", torch.empty(0))
+        self.register_buffer("reg_", torch.tensor(self.config.reg, dtype=torch.float64))
+
+    # ---- state ---------------------------------------------------------------------------------
+    @property
+    def is_fitted(self) -> bool:
+        """Whether ``fit`` (or a state-dict load of a fitted leaf) has happened."""
+        return self.support_.numel() > 0
+
+    def _check_fitted(self) -> None:
+        if not self.is_fitted:
+            raise RuntimeError("LeafRFM is not fitted; call .fit(X, y) first")
+
+    @property
+    def M(self) -> Tensor:
+        """The learned feature matrix: shape (d,) for diagonal ``M`` or (d, d)."""
+        self._check_fitted()
+        s = self.sqrt_m_
+        return s * s if s.ndim == 1 else s @ s
+
+    @property
+    def bandwidth(self) -> float:
+        """The bandwidth used by the selected model."""
+        return float(self.kernel.bandwidth)
+
+    # ---- fitting -------------------------------------------------------------------------------
+    def fit(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None = None,
+        y_val: Tensor | None = None,
+        *,
+        generator: torch.Generator | None = None,
+        final_solve: bool = True,
+        extra: tuple[Tensor, Tensor] | None = None,
+    ) -> LeafRFM:
+        """Run the RFM iterations and keep the iteration with the lowest validation MSE.
+
+        Args:
+            X: Training inputs, shape (n, d).
+            y: Targets, shape (n,) or (n, c).
+            X_val: Validation inputs, shape (n_val, d); if ``None`` a seeded ``val_fraction`` of the
+                rows is held out (they are then added back by a final refit with the chosen ``M``).
+            y_val: Validation targets, shape (n_val,) or (n_val, c).
+            generator: CPU random generator for the hold-out, ``iter_rows`` and bandwidth subsamples.
+            final_solve: Re-solve on all of ``X`` when the iterations saw fewer rows (a hold-out or
+                the ``iter_rows`` subsample). ``False`` leaves that solve to the caller (the tree
+                does one solve per leaf that also adds borrowed validation rows).
+            extra: ``(X_extra, y_extra)``: rows that join only the final solve (the tree's overlap
+                and borrowed rows); the support becomes the fitted rows followed by these. When
+                the post-hoc search leaves the chosen model's factorization at hand, that solve
+                continues it (:func:`xrfm_torch.numerics.solvers.solve_bordered`, ``O(n^2 b)`` for ``b``
+                extra rows) instead of factoring ``n + b`` rows afresh. Only without a hold-out
+                or ``iter_rows`` subsample (whose rows would need the same final solve).
+
+        Returns:
+            ``self``.
+        """
+        cfg = self.config
+        generator = own_generator(generator)
+        data = fit_data(
+            X, y, X_val, y_val, val_fraction=cfg.val_fraction, generator=generator, min_rows=1
+        )
+        X_all, y_all = data.X, data.y
+        X, y = X_all, y_all
+        if data.holdout is not None:
+            X, y = X[~data.holdout], y[~data.holdout]
+        if cfg.iter_rows is not None and X.shape[0] > cfg.iter_rows:
+            keep = torch.randperm(X.shape[0], generator=generator)[: cfg.iter_rows].to(X.device)
+            X, y = X[keep], y[keep]
+        if extra is not None and X.shape[0] < X_all.shape[0]:
+            raise ValueError("extra rows need a fit on all of X (validation data, no iter_rows)")
+        self.kernel.q = self._kernel_start[0]
+        self.kernel.bandwidth.fill_(self._kernel_start[1])
+        fitted = run_iterations(self.kernel, cfg, X, y, data.X_val, data.y_val, generator)
+        best, self.val_errors_, self._chosen_diag, factored = fitted
+        self._store(X, best)
+        if extra is not None and extra[0].shape[0] > 0:
+            X_b = as_float_matrix(extra[0], "extra X", n_features=X.shape[1]).to(X)
+            y_b = as_float_targets(extra[1], "extra y", n_rows=X_b.shape[0], dtype=X.dtype)
+            self._extend(X, y, X_b, y_b.reshape(X_b.shape[0], -1), factored)
+        elif final_solve and X.shape[0] < X_all.shape[0]:
+            self.refit(X_all, y_all)
+        return self
+
+    @torch.no_grad()
+    def _extend(
+        self, X: Tensor, y: Tensor, X_b: Tensor, y_b: Tensor, factored: tuple[Tensor, Tensor] | None
+    ) -> None:
+        """Final solve on ``X`` then ``X_b``: continue the chosen model's factor when at hand."""
+        X_all, y_all = torch.cat([X, X_b]), torch.cat([y, y_b])
+        alpha = None
+        if factored is not None:
+            K_ss, F = factored
+            xs, xb = transform(X, self.sqrt_m_), transform(X_b, self.sqrt_m_)
+            K_sb = self.kernel.from_distance(self.kernel.distance(xs, xb))  # (n, b)
+            K_bb = self.kernel.from_distance(self.kernel.distance(xb, xb))  # (b, b)
+            U = features_or_none(torch.cat([xs, xb]), self.config.linear_mix)
+            alpha = solve_bordered(F, K_ss, K_sb, K_bb, y_all, float(self.reg_), features=U)
+        if alpha is None:
+            self.refit(X_all, y_all)
+            return
+        self.alpha_ = alpha
+        self.support_ = X_all.detach().clone()
+
+    def _store(self, X: Tensor, best: Candidate) -> None:
+        d = X.shape[1]
+        sqrt_m = best.sqrt_m
+        if sqrt_m is None:  # t* = 0: identity, in the same layout as the learned M
+            diag = self._chosen_diag
+            sqrt_m = torch.ones(d, dtype=X.dtype) if diag else torch.eye(d, dtype=X.dtype)
+        self.kernel.bandwidth.fill_(best.bandwidth)
+        self.support_ = X.detach().clone()
+        self.alpha_ = best.alpha.detach()
+        self.reg_ = torch.tensor(best.reg, dtype=torch.float64, device=X.device)
+        self.sqrt_m_ = sqrt_m.detach().to(device=X.device, dtype=X.dtype)
+        self.best_iter_ = torch.tensor(best.t, device=X.device)
+
+    @torch.no_grad()
+    def refit(self, X: Tensor, y: Tensor) -> LeafRFM:
+        """Re-solve ``alpha`` on new rows with the selected ``M`` and bandwidth (one KRR solve).
+
+        Used to add validation rows that were borrowed from training back into the fit.
+
+        Args:
+            X: Inputs, shape (n, d).
+            y: Targets, shape (n,) or (n, c).
+        """
+        self._check_fitted()
+        X = as_float_matrix(X, "X", n_features=self.support_.shape[1])
+        y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
+        xs = transform(X, self.sqrt_m_)
+        R = self.kernel.distance(xs, xs)  # (n, n); the kernel values overwrite it: one buffer
+        K = self.kernel.from_distance(R, out=R)
+        self.alpha_ = solve_krr(
+            K,
+            y,
+            float(self.reg_),
+            solve_dtype=self.config.solve_dtype,
+            features=features_or_none(xs, self.config.linear_mix),
+        )
+        self.support_ = X.detach().clone()
+        return self
+
+    def _support_linear_grad(self) -> Tensor | float:
+        """Input gradient of the fitted leaf's linear part, (1, c, d), or 0 when it is off."""
+        s = self.sqrt_m_
+        g = linear_grad(transform(self.support_, s), self.alpha_, self.config.linear_mix)
+        return 0.0 if g is None else chain_rule(g, s)
+
+    # ---- prediction and interpretation ---------------------------------------------------------
+    def _check_input(self, x: Tensor) -> None:
+        self._check_fitted()
+        if x.ndim != 2 or x.shape[1] != self.support_.shape[1]:
+            raise ValueError(
+                f"expected input of shape (n, {self.support_.shape[1]}), got {tuple(x.shape)}"
+            )
+        if x.dtype != self.support_.dtype:
+            raise TypeError(
+                f"input dtype {x.dtype} does not match the model dtype {self.support_.dtype}; "
+                "cast the input or call .to(dtype) on the model"
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Predict ``K(S x, S X_support) alpha``.
+
+        Args:
+            x: Inputs, shape (n, d).
+
+        Returns:
+            Predictions, shape (n, c).
+        """
+        self._check_input(x)
+        s = self.sqrt_m_
+        xs, zs = transform(x, s), transform(self.support_, s)
+        return summed_predict(self.kernel, xs, zs, self.alpha_, self.config.linear_mix)
+
+    def get_grads(self, x: Tensor) -> Tensor:
+        """Input gradients of the leaf predictor, shape (n, c, d) (no autograd needed)."""
+        self._check_input(x)
+        g = self.kernel.function_grads(x, self.support_, self.alpha_, self.sqrt_m_)
+        return g + self._support_linear_grad()
+
+    def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
+        """AGOP of the fitted predictor at ``x`` (default: its support points, self-terms excluded).
+
+        Returns:
+            Shape (d, d), or (d,) when ``diag``.
+        """
+        self._check_fitted()
+        if x is None:
+            g = self.kernel.function_grads(
+                self.support_, self.support_, self.alpha_, self.sqrt_m_, exclude_self=True
+            )
+            g = g + self._support_linear_grad()
+        else:
+            g = self.get_grads(x)
+        return agop_from_grads(g, diag=diag)

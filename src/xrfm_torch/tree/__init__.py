@@ -1,0 +1,8 @@
+"""The tree: splits, routing, growth, per-leaf fits, temperature, and the :class:`xRFMTree` module.
+
+Layer 4: imports :mod:`xrfm_torch.inputs`, :mod:`xrfm_torch.leaf` and the layers below.
+"""
+
+from xrfm_torch.tree.model import xRFMTree
+
+__all__ = ["xRFMTree"]

@@ -1,0 +1,210 @@
+"""Closed-form fitting of a set of trees: grow each, fit its leaves, re-solve them on more rows.
+
+Pure functions over the parts they need (data, input encoding, settings, generator); they return
+the fitted trees and leaves, and :class:`~xrfm_torch.tree.model.xRFMTree` assigns them. The order
+of a whole fit (grow, refit, tune the temperature) is in ``xRFMTree.fit``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from xrfm_torch.inputs.choice import encode_fit_data
+from xrfm_torch.inputs.transforms import InputMap, InputMapName
+from xrfm_torch.kernels import Kernel
+from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.leaf.data import FitData
+from xrfm_torch.tree.grow import TreeLayout, fit_leaves, grow_tree
+from xrfm_torch.tree.partition import PartitionTree
+from xrfm_torch.tree.splits import SplitRule
+
+log = logging.getLogger(__name__)
+
+#: ``progress(tree_index, leaves_done, leaves_total)`` after each leaf fit.
+Progress = Callable[[int, int, int], None]
+
+
+@dataclass(frozen=True)
+class LeafFitting:
+    """How each leaf of a grown tree is fitted (see :func:`~xrfm_torch.tree.grow.fit_leaves`).
+
+    Attributes:
+        kernel: Kernel prototype (each leaf copies it).
+        leaf: The leaves' settings.
+        min_leaf_val: A leaf with fewer validation rows borrows training rows.
+        max_borrow_fraction: At most this share of a leaf's training rows is borrowed.
+        refit_borrowed: The final solve adds the borrowed (or held-out) rows back.
+    """
+
+    kernel: Kernel
+    leaf: LeafConfig
+    min_leaf_val: int
+    max_borrow_fraction: float
+    refit_borrowed: bool
+
+    def new_leaf(self) -> LeafRFM:
+        """A fresh, unfitted leaf."""
+        return LeafRFM(self.kernel, self.leaf)
+
+    def fit(
+        self,
+        layout: TreeLayout,
+        data: FitData,
+        generator: torch.Generator,
+        progress: Progress | None = None,
+        tree_index: int = 0,
+    ) -> tuple[list[LeafRFM], list[Tensor | None]]:
+        """Fit one leaf per leaf of ``layout``; per leaf also the rows of a pending final solve."""
+        return fit_leaves(
+            layout,
+            data.X,
+            data.y,
+            data.X_val,
+            data.y_val,
+            data.holdout,
+            new_leaf=self.new_leaf,
+            min_leaf_val=self.min_leaf_val,
+            max_borrow_fraction=self.max_borrow_fraction,
+            refit_borrowed=self.refit_borrowed,
+            generator=generator,
+            progress=progress,
+            tree_index=tree_index,
+        )
+
+
+@dataclass
+class GrownTrees:
+    """Trees with fitted leaves, their input maps, and the final solves still to run.
+
+    Attributes:
+        trees: The trees, ``n_trees`` per map, in map order.
+        maps: The input map of each tree.
+        data: The (mapped) data each tree was fitted on.
+        pending: Per tree, per leaf, the training rows of its final solve (``None``: done).
+    """
+
+    trees: list[PartitionTree]
+    maps: list[InputMapName]
+    data: list[FitData]
+    pending: list[list[Tensor | None]]
+
+    def refit(self) -> None:
+        """Run the pending final solves (each leaf re-solved on its rows, same ``M`` and kernel)."""
+        for tree, data, rows in zip(self.trees, self.data, self.pending):
+            for leaf, idx in zip(tree.leaf_list(), rows):
+                if idx is not None:
+                    leaf.refit(data.X[idx], data.y[idx])
+
+
+def grow_trees(
+    data: FitData,
+    maps: Sequence[InputMapName],
+    imap: InputMap,
+    fitting: LeafFitting,
+    *,
+    split_rule: SplitRule,
+    max_leaf_size: int,
+    n_trees: int,
+    overlap_fraction: float,
+    trainable: bool,
+    generator: torch.Generator,
+    progress: Progress | None = None,
+) -> GrownTrees:
+    """Grow ``n_trees`` trees on each input map and fit their leaves.
+
+    Each map's trees start from the generator state the call started with, so a set of maps is
+    exactly the mean of the single-map models fitted with the same seed.
+
+    Args:
+        data: Validated training data (raw inputs).
+        maps: Input maps to grow trees on.
+        imap: Encodes the inputs for a map (knots fitted).
+        fitting: How leaves are fitted.
+        split_rule: Strategy choosing each node's split.
+        max_leaf_size: Largest leaf (training rows).
+        n_trees: Trees per map (they differ through the split-model subsamples).
+        overlap_fraction: Rows from across the last cut that join each leaf's final solve.
+        trainable: Routing arrays as ``nn.Parameter`` (head use).
+        generator: CPU random generator.
+        progress: Called after each leaf fit.
+    """
+    grown = GrownTrees([], [], [], [])
+    start = generator.get_state()
+    for i, name in enumerate(maps):
+        if i > 0:
+            generator.set_state(start)
+        mapped = encode_fit_data(imap, data, name)  # what this map's trees see
+        for t in range(n_trees):
+            held = mapped.holdout is not None
+            # with a hold-out, the tree is grown on all training rows and each leaf validates on
+            # its held-out share, so no leaf exceeds max_leaf_size even after its final solve
+            layout = grow_tree(
+                mapped.X,
+                mapped.y,
+                mapped.X_val[:0] if held else mapped.X_val,
+                mapped.y_val[:0] if held else mapped.y_val,
+                max_leaf_size=max_leaf_size,
+                split_rule=split_rule,
+                kernel=fitting.kernel,
+                generator=generator,
+                overlap_fraction=overlap_fraction,
+            )
+            leaves, pending = fitting.fit(layout, mapped, generator, progress, len(grown.trees))
+            tree = PartitionTree(leaves, trainable=trainable)
+            tree.set_structure(layout.vectors, layout.thresholds, layout.scales, layout.children)
+            grown.trees.append(tree)
+            grown.maps.append(name)
+            grown.data.append(mapped)
+            grown.pending.append(pending)
+            if tree.n_leaves == 1 and n_trees > 1:
+                log.info("tree %d has no split; more trees on %r would be identical", t, name)
+                break
+    return grown
+
+
+def refit_trees(
+    trees: Sequence[PartitionTree],
+    maps: Sequence[InputMapName],
+    imap: InputMap,
+    data: FitData,
+    fitting: LeafFitting,
+    generator: torch.Generator,
+) -> list[dict[int, LeafRFM]]:
+    """New leaves for fitted trees on new rows, routed by the trees as they are.
+
+    Rows are routed hard; a leaf that receives fewer than 4 rows keeps its model. A map's trees
+    start from the same generator state, as in :func:`grow_trees`.
+
+    Returns:
+        Per tree, ``{leaf index: new fitted leaf}`` (the caller puts them into the trees).
+    """
+    by_map = {name: encode_fit_data(imap, data, name) for name in set(maps)}
+    start = generator.get_state()
+    out: list[dict[int, LeafRFM]] = []
+    for t, (tree, name) in enumerate(zip(trees, maps)):
+        if t > 0 and name != maps[t - 1]:
+            generator.set_state(start)
+        mapped = by_map[name]
+        X, y = mapped.X, mapped.y
+        ids, vids = tree.route(X), tree.route(mapped.X_val)
+        keep = [lf for lf in range(tree.n_leaves) if int((ids == lf).sum()) >= 4]
+        layout = TreeLayout(
+            tree.split_vectors_.detach(),
+            tree.thresholds_.detach(),
+            tree.temp_scale_,
+            tree.children_,
+            leaf_train=[(ids == lf).nonzero().squeeze(1) for lf in keep],
+            leaf_val=[(vids == lf).nonzero().squeeze(1) for lf in keep],
+        )
+        leaves, pending = fitting.fit(layout, mapped, generator)
+        for leaf, rows in zip(leaves, pending):
+            if rows is not None:
+                leaf.refit(X[rows], y[rows])
+        out.append(dict(zip(keep, leaves)))
+    return out

@@ -1,0 +1,114 @@
+"""The package's layers: each imports only layers below it, and no module imports form a cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "xrfm_torch"
+
+#: Lowest first. A module may import its own layer (without cycles) and the layers before it.
+LAYERS = ["numerics", "kernels", "leaf", "inputs", "tree", "data", "lit", "pipeline"]
+#: The package's top level (the public re-exports) sits above everything it re-exports.
+TOP = {"xrfm_torch", "xrfm_torch.__about__"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every ``xrfm_torch`` module that ``path`` imports, anywhere in it (``TYPE_CHECKING`` too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "xrfm_torch"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] == "xrfm_torch":
+                found.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            raise AssertionError(f"{path}: relative import; use the absolute module path")
+    return found
+
+
+def layer(module: str) -> int:
+    if module in TOP:
+        return len(LAYERS) if module == "xrfm_torch" else -1
+    return LAYERS.index(module.split(".")[1])
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_module_belongs_to_a_layer():
+    for module in graph():
+        assert module in TOP or module.split(".")[1] in LAYERS, f"{module} is in no layer"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = [
+        f"{module} (layer {layer(module)}) imports {target} (layer {layer(target)})"
+        for module, targets in graph().items()
+        for target in targets
+        if module != "xrfm_torch" and layer(target) > layer(module)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``edges`` as a list of nodes (first == last), or ``None``."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)) is not None:
+            return cycle
+    return None
+
+
+def test_module_imports_have_no_cycle():
+    edges = graph()
+    # importing a submodule also runs its package's __init__: count that edge too
+    for module in list(edges):
+        for target in list(edges[module]):
+            parent = target.rpartition(".")[0]
+            inside = module == parent or module.startswith(parent + ".")
+            if parent != "xrfm_torch" and parent in edges and not inside:
+                edges[module].add(parent)
+    assert find_cycle(edges) is None, " -> ".join(find_cycle(edges) or [])
+
+
+@pytest.mark.parametrize(
+    ("edges", "cycle"),
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c", "a"]),
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+    ],
+)
+def test_the_cycle_finder_finds_planted_cycles(edges, cycle):
+    assert find_cycle(edges) == cycle
+
+
+def test_the_layer_rule_catches_an_upward_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from xrfm_torch.tree import xRFMTree\n"
+    )
+    assert imports(bad) == {"xrfm_torch.tree"}
+    assert layer("xrfm_torch.tree") > layer("xrfm_torch.leaf.model")
