@@ -1,6 +1,6 @@
 """Accuracy and speed: xrfm_torch vs the reference xrfm (defaults and XRFM_D) and three GBDTs.
 
-    python -m bench.run                      # all of ../shared/datasets/reg_num, seed 0
+    python -m bench.run                      # every NAME.csv.gz in --data-dir, seed 0
     python -m bench.run --datasets cpu_act houses --seeds 0 1 2 --models ours xrfm_d
 
 Every (dataset, seed, model) runs in its own process (peak RSS per model). Writes

@@ -4,7 +4,7 @@ Reads JSON lines of ``bench/run.py`` or ``bench/sweep.py`` (keys dataset, seed, 
 each dataset and model prints the mean over seeds of ``rmse / min(xrfm_default, xrfm_d)`` and in
 how many seeds the model was <= the better reference and <= the best GBDT (where those ran)::
 
-    python -m bench.seed_report bench/results/gpu-5seeds/results.jsonl
+    python -m bench.seed_report bench/results/gpu-h100-seeds0-4/results.jsonl
 """
 
 from __future__ import annotations

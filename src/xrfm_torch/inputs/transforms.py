@@ -45,7 +45,7 @@ class QuantileNormal(ResizableBuffers):
     Beyond the training range, ``tails="clip"`` maps values to the end points (as a tree does);
     ``"linear"`` continues the map with slope 1 / (the feature's training standard deviation).
     Clipping is the default: the map exists for heavy-tailed features, whose new extremes lie far
-    out in standardized units (a lognormal feature: a test row 2x the training maximum moves the
+    out in standardized units (a lognormal feature: a test row twice the training maximum moves the
     linear tail by tens of units and the leaf's prediction with it), and where raw-scale
     extrapolation matters, ``"quantile+raw"`` keeps the raw column. The map is piecewise smooth
     in ``x`` and autograd differentiates it (zero gradient in the clipped tails).

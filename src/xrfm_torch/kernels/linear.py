@@ -2,8 +2,8 @@
 
 A Laplace-type kernel decays to 0 away from the training rows, so a kernel ridge regression
 predicts the target mean there; a small constant + linear part (weight ``c``) lets a leaf
-extrapolate along the linear trend of its M-space instead (Brazilian_houses, whose test error is
-decided by a few rows outside the training range). The part has rank ``d + 1``, so it enters as
+extrapolate along the linear trend of its M-space instead, which matters where the test error is
+decided by rows outside the training range. The part has rank ``d + 1``, so it enters as
 features ``U = sqrt(c) [1, S x / sqrt(d)]`` with ``K_total = K + U U^T``: never an extra (n, n)
 matrix, and the kernel matrix itself stays intact for the AGOP's gradient weights.
 """

@@ -52,8 +52,8 @@ def beats(challenger: Candidate, incumbent: Candidate, margin: float) -> bool:
     With per-row differences ``d_i = e_i(incumbent) - e_i(challenger)`` of squared errors on the
     same validation rows, the challenger wins iff ``mean(d) > margin * std(d) / sqrt(n_val)`` (a
     paired one-sided test; ``margin = 0``: any improvement). A few outlying rows dominate an MSE
-    with heavy-tailed targets, and a kernel chosen on them does not carry over to new rows
-    (Brazilian_houses); the paired standard error is large exactly then.
+    with heavy-tailed targets, and a kernel chosen on them does not carry over to new rows; the
+    paired standard error is large exactly then.
     """
     if not math.isfinite(challenger.err) or challenger.err >= incumbent.err:
         return False  # on the recorded MSE, by which the selection ranks candidates
@@ -172,8 +172,8 @@ def select_kernel(
 
     # the grid's lowest validation MSE must clearly beat the iterations' own kernel (comparing with
     # that, not step by step, makes the choice order-free). The ridge walk needs no margin: its
-    # steps change every prediction a little and consistently (a margin of 2 there cost Ailerons,
-    # house_sales and house_16H 0.7-1.6 % on seed 0), while a new exponent can win on a few rows.
+    # steps change every prediction a little and consistently (a margin there cost accuracy,
+    # docs/design.md), while a new exponent can win on a few rows.
     start = best
     for q, bandwidth in grid:
         set_kernel(q, bandwidth)

@@ -18,8 +18,7 @@ class KRRSolveError(RuntimeError):
 
 
 #: The factorization runs on a matrix padded to a multiple of this size: MKL's float32 Cholesky
-#: is 15-30 % slower when a row is not a whole number of 32-byte vectors (2 cores, n = 5734 / 7484
-#: / 9625: 85 GFLOP/s unpadded vs 110-120 padded to 5736 / 7488 / 9632).
+#: is markedly slower when a row is not a whole number of 32-byte vectors (docs/design.md).
 PAD_TO = 8
 
 
@@ -74,7 +73,7 @@ def solve_krr(
 
     A factorization can also succeed and still be useless: with a learned ``M`` that collapses
     rows together, ``K`` is so ill-conditioned that a float32 ``alpha`` is mostly rounding error
-    (seen on house_16H: ``|alpha|_1`` 2e7, predictions off by 30 standard deviations). The exact
+    (huge ``|alpha|_1``, predictions off by many standard deviations). The exact
     solution always satisfies ``||K alpha - y||^2 <= ||y||^2`` (``alpha = 0`` is feasible for the
     ridge objective), so a residual above that bound marks a failed solve, which is then repeated
     in float64 (one extra matrix-vector product per solve; a warning is logged).

@@ -76,7 +76,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             of these (``n_trees`` trees on each, all averaged) or ``"auto"``: small probe leaves
             on 2000 training rows pick a set of at most ``max_input_maps`` maps, the raw inputs
             kept unless another set's averaged predictions beat them by ``input_margin`` paired
-            standard errors (about a second on 2 CPU cores; see :mod:`xrfm_torch.inputs.choice`).
+            standard errors (:mod:`xrfm_torch.inputs.choice`).
             Use ``"identity"`` for a head on learned features (the knots would not follow them).
         input_margin: Significance margin of the ``"auto"`` choice.
         max_input_maps: Most maps ``"auto"`` may average (1: one map).
