@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from xrfm_torch.numerics.checks import check_fraction, check_positive
+from xrfm_torch.numerics.checks import check_fraction, check_int, check_positive
 from xrfm_torch.numerics.state import as_dtype
 
 #: How a leaf's feature matrix ``M`` is shaped: diagonal (``True``), full (``False``), or chosen
@@ -29,13 +29,8 @@ def _floats(values: Iterable[float] | None, name: str) -> tuple[float, ...] | No
     return tuple(check_positive(v, f"{name} entry") for v in values)
 
 
-def _count(value: int | None, name: str, low: int, *, optional: bool = False) -> int | None:
-    if value is None and optional:
-        return None
-    if value is None or int(value) != value or value < low:
-        extra = " or None" if optional else ""
-        raise ValueError(f"{name} must be an integer >= {low}{extra}, got {value!r}")
-    return int(value)
+def _optional_int(value: int | None, name: str, low: int) -> int | None:
+    return None if value is None else check_int(value, name, low)
 
 
 @dataclass(frozen=True)
@@ -103,7 +98,7 @@ class LeafConfig:
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalize in place once, here
-        put(self, "n_iters", _count(self.n_iters, "n_iters", 0))
+        put(self, "n_iters", check_int(self.n_iters, "n_iters", 0))
         put(self, "reg", check_positive(self.reg, "reg", allow_zero=True))
         if self.diag not in (True, False, "auto"):
             raise ValueError(f"diag must be True, False or 'auto', got {self.diag!r}")
@@ -118,14 +113,14 @@ class LeafConfig:
         if mult is not None and not float(mult) >= 1.0:
             raise ValueError(f"early_stop_multiplier must be >= 1 or None, got {mult!r}")
         put(self, "early_stop_multiplier", None if mult is None else float(mult))
-        put(self, "patience", _count(self.patience, "patience", 1, optional=True))
+        put(self, "patience", _optional_int(self.patience, "patience", 1))
         if not 0.0 <= float(self.tol) < 1.0:
             raise ValueError(f"tol must be in [0, 1), got {self.tol!r}")
         put(self, "tol", float(self.tol))
-        put(self, "min_iters", _count(self.min_iters, "min_iters", 0))
+        put(self, "min_iters", check_int(self.min_iters, "min_iters", 0))
         put(self, "solve_dtype", as_dtype(self.solve_dtype, "solve_dtype"))
         put(self, "val_fraction", check_fraction(self.val_fraction, "val_fraction", high=0.9))
-        put(self, "iter_rows", _count(self.iter_rows, "iter_rows", 2, optional=True))
+        put(self, "iter_rows", _optional_int(self.iter_rows, "iter_rows", 2))
         for name in ("bandwidth_factors", "kernel_exponents", "reg_factors"):
             put(self, name, _floats(getattr(self, name), name))
         put(

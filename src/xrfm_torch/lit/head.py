@@ -225,7 +225,9 @@ class XRFMHeadModule(XRFMLitModule):
         self.refit_tree(full=not self.tree.trainable_routing, rows="all")
 
     @torch.no_grad()
-    def refit_tree(self, *, full: bool = False, rows: str = "support") -> None:
+    def refit_tree(
+        self, *, full: bool = False, rows: Literal["support", "all"] = "support"
+    ) -> None:
         """Closed-form re-fit of the head on current encoder features.
 
         Args:

@@ -10,6 +10,8 @@ from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import AUROC, Accuracy
 from torchmetrics.regression import MeanAbsoluteError, MeanSquaredError, R2Score
 
+from xrfm_torch.data.protocol import Task
+
 
 class LogLoss(Metric):
     """Mean negative log-likelihood of the true class, ``-mean(log p[y])``, from probabilities (n, K)."""
@@ -56,7 +58,7 @@ class _ClassProbs(Metric):
         self.inner.reset()
 
 
-def make_metrics(task: str, num_classes: int | None = None, prefix: str = "") -> MetricCollection:
+def make_metrics(task: Task, num_classes: int | None = None, prefix: str = "") -> MetricCollection:
     """Metrics of a task: regression MSE, RMSE, MAE, R²; classification accuracy, AUROC, log-loss."""
     if task == "regression":
         return MetricCollection(

@@ -92,6 +92,15 @@ def check_positive(value: float, name: str, *, allow_zero: bool = False) -> floa
     return v
 
 
+def check_int(value: int, name: str, low: int, high: int | None = None) -> int:
+    """Raise ``ValueError`` unless ``value`` is an integer in ``[low, high]`` (no upper bound: None)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and int(value) == value
+    if not ok or value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+    return int(value)
+
+
 def check_fraction(value: float, name: str, *, low: float = 0.0, high: float = 1.0) -> float:
     """Raise ``ValueError`` unless ``low < value < high``... inclusive of ``high``."""
     v = float(value)

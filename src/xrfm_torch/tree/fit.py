@@ -1,8 +1,8 @@
-"""Closed-form fitting of a set of trees: grow each, fit its leaves, re-solve them on more rows.
+"""Closed-form fitting of a set of trees: grow each, fit its leaves, tune the routing temperature.
 
 Pure functions over the parts they need (data, input encoding, settings, generator); they return
-the fitted trees and leaves, and :class:`~xrfm_torch.tree.model.xRFMTree` assigns them. The order
-of a whole fit (grow, refit, tune the temperature) is in ``xRFMTree.fit``.
+the fitted trees, leaves and temperature, and :class:`~xrfm_torch.tree.model.xRFMTree` assigns
+them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from xrfm_torch.leaf.data import FitData
 from xrfm_torch.tree.grow import TreeLayout, fit_leaves, grow_tree
 from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.splits import SplitRule
+from xrfm_torch.tree.temperature import temperature_errors
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class GrownTrees:
                     leaf.refit(data.X[idx], data.y[idx])
 
 
-def grow_trees(
+def _grow_trees(
     data: FitData,
     maps: Sequence[InputMapName],
     imap: InputMap,
@@ -116,23 +117,10 @@ def grow_trees(
     generator: torch.Generator,
     progress: Progress | None = None,
 ) -> GrownTrees:
-    """Grow ``n_trees`` trees on each input map and fit their leaves.
+    """Grow ``n_trees`` trees on each input map and fit their leaves (see :func:`fit_trees`).
 
     Each map's trees start from the generator state the call started with, so a set of maps is
     exactly the mean of the single-map models fitted with the same seed.
-
-    Args:
-        data: Validated training data (raw inputs).
-        maps: Input maps to grow trees on.
-        imap: Encodes the inputs for a map (knots fitted).
-        fitting: How leaves are fitted.
-        split_rule: Strategy choosing each node's split.
-        max_leaf_size: Largest leaf (training rows).
-        n_trees: Trees per map (they differ through the split-model subsamples).
-        overlap_fraction: Rows from across the last cut that join each leaf's final solve.
-        trainable: Routing arrays as ``nn.Parameter`` (head use).
-        generator: CPU random generator.
-        progress: Called after each leaf fit.
     """
     grown = GrownTrees([], [], [], [])
     start = generator.get_state()
@@ -168,6 +156,79 @@ def grow_trees(
     return grown
 
 
+def fit_trees(
+    data: FitData,
+    maps: Sequence[InputMapName],
+    imap: InputMap,
+    fitting: LeafFitting,
+    *,
+    split_rule: SplitRule,
+    max_leaf_size: int,
+    n_trees: int,
+    overlap_fraction: float,
+    trainable: bool,
+    temperature: float | None,
+    grid: Sequence[float],
+    keep_mass: float,
+    max_soft_leaves: int,
+    generator: torch.Generator,
+    progress: Progress | None = None,
+) -> tuple[GrownTrees, float | None]:
+    """Grow the trees, fit their leaves, run the final solves, choose the routing temperature.
+
+    With user validation data the final leaves are tuned on it; with held-out training rows (which
+    join the final solves) the temperature is tuned before them.
+
+    Args:
+        data: Validated training data (raw inputs).
+        maps: Input maps to grow trees on.
+        imap: Encodes the inputs for a map (knots fitted).
+        fitting: How leaves are fitted.
+        split_rule: Strategy choosing each node's split.
+        max_leaf_size: Largest leaf (training rows).
+        n_trees: Trees per map (they differ through the split-model subsamples).
+        overlap_fraction: Rows from across the last cut that join each leaf's final solve.
+        trainable: Routing arrays as ``nn.Parameter`` (head use).
+        temperature: A fixed temperature, or ``None`` to tune one over ``grid`` by validation MSE
+            (ties go to the earlier entry) where some tree has a split.
+        grid: Candidate temperatures (0 = hard routing).
+        keep_mass: Soft routing keeps each row's top leaves covering this weight mass.
+        max_soft_leaves: Soft routing evaluates at most this many leaves per row.
+        generator: CPU random generator; each map's trees start from its state at the call.
+        progress: Called as ``progress(tree, leaves_done, leaves_total)`` after each leaf fit.
+
+    Returns:
+        The fitted trees, and the temperature (``None``: not given, and nothing to tune).
+    """
+    grown = _grow_trees(
+        data,
+        maps,
+        imap,
+        fitting,
+        split_rule=split_rule,
+        max_leaf_size=max_leaf_size,
+        n_trees=n_trees,
+        overlap_fraction=overlap_fraction,
+        trainable=trainable,
+        generator=generator,
+        progress=progress,
+    )
+    if data.holdout is None:
+        grown.refit()
+    if temperature is None and any(tree.n_leaves > 1 for tree in grown.trees):
+        xs = [imap.encode(data.X_val, name) for name in grown.maps]
+        errs = temperature_errors(
+            grown.trees, xs, data.y_val, grid, keep_mass=keep_mass, max_leaves=max_soft_leaves
+        )
+        temperature = float(grid[min(range(len(errs)), key=lambda i: errs[i])])
+        log.info(
+            "tuned temperature %.4g (val mse %s)", temperature, ", ".join(f"{e:.4g}" for e in errs)
+        )
+    if data.holdout is not None:
+        grown.refit()
+    return grown, temperature
+
+
 def refit_trees(
     trees: Sequence[PartitionTree],
     maps: Sequence[InputMapName],
@@ -179,7 +240,7 @@ def refit_trees(
     """New leaves for fitted trees on new rows, routed by the trees as they are.
 
     Rows are routed hard; a leaf that receives fewer than 4 rows keeps its model. A map's trees
-    start from the same generator state, as in :func:`grow_trees`.
+    start from the same generator state, as in :func:`fit_trees`.
 
     Returns:
         Per tree, ``{leaf index: new fitted leaf}`` (the caller puts them into the trees).

@@ -18,10 +18,10 @@ from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import fit_data
 from xrfm_torch.numerics.agop import agop_from_grads
-from xrfm_torch.numerics.checks import check_fraction, check_positive
+from xrfm_torch.numerics.checks import check_fraction, check_int, check_positive
 from xrfm_torch.numerics.config import from_config, to_config
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.tree.fit import LeafFitting, grow_trees, refit_trees
+from xrfm_torch.tree.fit import LeafFitting, fit_trees, refit_trees
 from xrfm_torch.tree.interpret import (
     ImportanceSource,
     feature_importance,
@@ -52,9 +52,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         max_leaf_size: ``L_max``; a node with more training rows is split.
         split_rule: Split strategy (default :class:`~xrfm_torch.tree.splits.AGOPSplit`).
         overlap_fraction: At each split into two leaves, each leaf's final solve also gets this
-            share of the node's rows from the other side, those nearest the threshold; capped so
-            leaves stay within ``max_leaf_size`` (routing is unchanged; the reference's
-            ``overlap_fraction``, 0.1 in its recommended configuration, applied at every node).
+            share of the node's rows from the other side nearest the threshold, capped so leaves
+            stay within ``max_leaf_size`` (routing is unchanged).
         n_trees: Trees per input map, all averaged (they differ through the split-model subsamples).
         temperature: Soft-routing temperature; ``None`` tunes it on validation data over
             ``temperature_grid`` (0 = hard routing is always a candidate), ``0`` forces hard routing.
@@ -119,44 +118,32 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         super().__init__()
         if leaf is not None and not isinstance(leaf, LeafConfig):
             raise TypeError(f"leaf must be a LeafConfig, got {type(leaf).__name__}")
-        if int(max_leaf_size) != max_leaf_size or max_leaf_size < 4:
-            raise ValueError(f"max_leaf_size must be an integer >= 4, got {max_leaf_size!r}")
-        if int(n_trees) != n_trees or n_trees < 1:
-            raise ValueError(f"n_trees must be a positive integer, got {n_trees!r}")
         if temperature is not None:
             check_positive(temperature, "temperature", allow_zero=True)
         grid = DEFAULT_TEMPERATURE_GRID if temperature_grid is None else list(temperature_grid)
         for t in grid:
             check_positive(t, "temperature_grid entry", allow_zero=True)
-        if int(max_soft_leaves) < 1:
-            raise ValueError(f"max_soft_leaves must be >= 1, got {max_soft_leaves!r}")
-        if int(min_leaf_val) < 0:
-            raise ValueError(f"min_leaf_val must be >= 0, got {min_leaf_val!r}")
         self.kernel = make_kernel(kernel)
         self.leaf = LeafConfig() if leaf is None else leaf
-        self.max_leaf_size = int(max_leaf_size)
+        self.max_leaf_size = check_int(max_leaf_size, "max_leaf_size", 4)
         self.split_rule: SplitRule = AGOPSplit() if split_rule is None else split_rule
         # <= 0.4 keeps a leaf's own rows the majority, which is how fit_leaves tells them apart
         if not 0.0 <= float(overlap_fraction) <= 0.4:
             raise ValueError(f"overlap_fraction must be in [0, 0.4], got {overlap_fraction!r}")
         self.overlap_fraction = float(overlap_fraction)
-        self.n_trees = int(n_trees)
+        self.n_trees = check_int(n_trees, "n_trees", 1)
         self.temperature = temperature
         self.temperature_grid = [float(t) for t in grid]
         self.keep_mass = check_fraction(keep_mass, "keep_mass")
-        self.max_soft_leaves = int(max_soft_leaves)
+        self.max_soft_leaves = check_int(max_soft_leaves, "max_soft_leaves", 1)
         self.val_fraction = check_fraction(val_fraction, "val_fraction", high=0.9)
-        self.min_leaf_val = int(min_leaf_val)
+        self.min_leaf_val = check_int(min_leaf_val, "min_leaf_val", 0)
         self.max_borrow_fraction = check_fraction(max_borrow_fraction, "max_borrow_fraction")
         self.refit_borrowed = bool(refit_borrowed)
         self.trainable_routing = bool(trainable_routing)
         self.input_transform = check_input_transform(input_transform)
         self.input_margin = check_positive(input_margin, "input_margin", allow_zero=True)
-        if int(max_input_maps) != max_input_maps or not 1 <= max_input_maps <= len(INPUT_MAPS):
-            raise ValueError(
-                f"max_input_maps must be an integer in [1, {len(INPUT_MAPS)}], got {max_input_maps!r}"
-            )
-        self.max_input_maps = int(max_input_maps)
+        self.max_input_maps = check_int(max_input_maps, "max_input_maps", 1, len(INPUT_MAPS))
         self.set_leaf_fraction = check_fraction(set_leaf_fraction, "set_leaf_fraction")
         self.input_map = InputMap()
         self.trees = nn.ModuleList()
@@ -289,11 +276,15 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         leaf_size = self.max_leaf_size  # a set's trees are cheaper members: smaller leaves
         if len(maps) > 1:
             leaf_size = max(4, round(self.set_leaf_fraction * leaf_size))
-        grown = grow_trees(
+        grown, temperature = fit_trees(
             data,
             maps,
             self.input_map,
             self._leaf_fitting(),
+            temperature=self.temperature,
+            grid=self.temperature_grid,
+            keep_mass=self.keep_mass,
+            max_soft_leaves=self.max_soft_leaves,
             split_rule=self.split_rule,
             max_leaf_size=leaf_size,
             n_trees=self.n_trees,
@@ -305,23 +296,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self.trees = nn.ModuleList(grown.trees)
         self.input_map.set_maps(grown.maps)
         self.temperature_ = torch.tensor(0.0, dtype=data.X.dtype, device=data.X.device)
-        # With user validation data, the final leaves are tuned on it. Held-out training rows
-        # join the leaf fits, so then the temperature is tuned before the final solves.
-        if data.holdout is None:
-            grown.refit()
-        if self.temperature is not None:
-            self._set_temperature(self.temperature)
-        elif self.n_leaves > len(self.trees):  # some tree has a split: routing matters
-            errs = self.temperature_errors(data.X_val, data.y_val)
-            best = min(range(len(errs)), key=lambda i: errs[i])  # ties: the earlier entry
-            self._set_temperature(self.temperature_grid[best])
-            log.info(
-                "tuned temperature %.4g (val mse %s)",
-                self.temperature_grid[best],
-                ", ".join(f"{e:.4g}" for e in errs),
-            )
-        if data.holdout is not None:
-            grown.refit()
+        if temperature is not None:
+            self._set_temperature(temperature)
         self.fit_seconds_ = time.perf_counter() - start
         log.info(
             "fitted %d tree(s), %d leaves in %.2fs",
