@@ -103,7 +103,7 @@ class GrownTrees:
                     leaf.refit(data.X[idx], data.y[idx])
 
 
-def _grow_trees(
+def fit_trees(
     data: FitData,
     maps: Sequence[InputMapName],
     imap: InputMap,
@@ -114,13 +114,40 @@ def _grow_trees(
     n_trees: int,
     overlap_fraction: float,
     trainable: bool,
+    temperature: float | None,
+    grid: Sequence[float],
+    keep_mass: float,
+    max_soft_leaves: int,
     generator: torch.Generator,
     progress: Progress | None = None,
-) -> GrownTrees:
-    """Grow ``n_trees`` trees on each input map and fit their leaves (see :func:`fit_trees`).
+) -> tuple[GrownTrees, float | None]:
+    """Grow the trees, fit their leaves, run the final solves, choose the routing temperature.
 
     Each map's trees start from the generator state the call started with, so a set of maps is
-    exactly the mean of the single-map models fitted with the same seed.
+    exactly the mean of the single-map models fitted with the same seed. With user validation data
+    the temperature is tuned on the final leaves; with held-out training rows (which join the final
+    solves) it is tuned before them.
+
+    Args:
+        data: Validated training data (raw inputs).
+        maps: Input maps to grow trees on.
+        imap: Encodes the inputs for a map (knots fitted).
+        fitting: How leaves are fitted.
+        split_rule: Strategy choosing each node's split.
+        max_leaf_size: Largest leaf (training rows).
+        n_trees: Trees per map (they differ through the split-model subsamples).
+        overlap_fraction: Rows from across the last cut that join each leaf's final solve.
+        trainable: Routing arrays as ``nn.Parameter`` (head use).
+        temperature: A fixed temperature, or ``None`` to tune one over ``grid`` by validation MSE
+            (ties go to the earlier entry) where some tree has a split.
+        grid: Candidate temperatures (0 = hard routing).
+        keep_mass: Soft routing keeps each row's top leaves covering this weight mass.
+        max_soft_leaves: Soft routing evaluates at most this many leaves per row.
+        generator: CPU random generator; each map's trees start from its state at the call.
+        progress: Called as ``progress(tree, leaves_done, leaves_total)`` after each leaf fit.
+
+    Returns:
+        The fitted trees, and the temperature (``None``: not given, and nothing to tune).
     """
     grown = GrownTrees([], [], [], [])
     start = generator.get_state()
@@ -153,66 +180,6 @@ def _grow_trees(
             if tree.n_leaves == 1 and n_trees > 1:
                 log.info("tree %d has no split; more trees on %r would be identical", t, name)
                 break
-    return grown
-
-
-def fit_trees(
-    data: FitData,
-    maps: Sequence[InputMapName],
-    imap: InputMap,
-    fitting: LeafFitting,
-    *,
-    split_rule: SplitRule,
-    max_leaf_size: int,
-    n_trees: int,
-    overlap_fraction: float,
-    trainable: bool,
-    temperature: float | None,
-    grid: Sequence[float],
-    keep_mass: float,
-    max_soft_leaves: int,
-    generator: torch.Generator,
-    progress: Progress | None = None,
-) -> tuple[GrownTrees, float | None]:
-    """Grow the trees, fit their leaves, run the final solves, choose the routing temperature.
-
-    With user validation data the final leaves are tuned on it; with held-out training rows (which
-    join the final solves) the temperature is tuned before them.
-
-    Args:
-        data: Validated training data (raw inputs).
-        maps: Input maps to grow trees on.
-        imap: Encodes the inputs for a map (knots fitted).
-        fitting: How leaves are fitted.
-        split_rule: Strategy choosing each node's split.
-        max_leaf_size: Largest leaf (training rows).
-        n_trees: Trees per map (they differ through the split-model subsamples).
-        overlap_fraction: Rows from across the last cut that join each leaf's final solve.
-        trainable: Routing arrays as ``nn.Parameter`` (head use).
-        temperature: A fixed temperature, or ``None`` to tune one over ``grid`` by validation MSE
-            (ties go to the earlier entry) where some tree has a split.
-        grid: Candidate temperatures (0 = hard routing).
-        keep_mass: Soft routing keeps each row's top leaves covering this weight mass.
-        max_soft_leaves: Soft routing evaluates at most this many leaves per row.
-        generator: CPU random generator; each map's trees start from its state at the call.
-        progress: Called as ``progress(tree, leaves_done, leaves_total)`` after each leaf fit.
-
-    Returns:
-        The fitted trees, and the temperature (``None``: not given, and nothing to tune).
-    """
-    grown = _grow_trees(
-        data,
-        maps,
-        imap,
-        fitting,
-        split_rule=split_rule,
-        max_leaf_size=max_leaf_size,
-        n_trees=n_trees,
-        overlap_fraction=overlap_fraction,
-        trainable=trainable,
-        generator=generator,
-        progress=progress,
-    )
     if data.holdout is None:
         grown.refit()
     if temperature is None and any(tree.n_leaves > 1 for tree in grown.trees):
