@@ -102,6 +102,7 @@ class LeafConfig:
         put(self, "reg", check_positive(self.reg, "reg", allow_zero=True))
         if self.diag not in (True, False, "auto"):
             raise ValueError(f"diag must be True, False or 'auto', got {self.diag!r}")
+        put(self, "diag", "auto" if self.diag == "auto" else bool(self.diag))
         put(self, "eps", check_positive(self.eps, "eps", allow_zero=True))
         if self.adaptive_bandwidth is not None:
             put(

@@ -116,7 +116,8 @@ class LeafRFM(ResizableBuffers):
             X_val: Validation inputs, shape (n_val, d); if ``None`` a seeded ``val_fraction`` of the
                 rows is held out (they are then added back by a final refit with the chosen ``M``).
             y_val: Validation targets, shape (n_val,) or (n_val, c).
-            generator: CPU random generator for the hold-out, ``iter_rows`` and bandwidth subsamples.
+            generator: CPU random generator for the hold-out, ``iter_rows`` and bandwidth subsamples
+                (default: a new one seeded with ``torch.initial_seed()``; the global one is untouched).
             final_solve: Re-solve on all of ``X`` when the iterations saw fewer rows (a hold-out or
                 the ``iter_rows`` subsample). ``False`` leaves that solve to the caller (the tree
                 does one solve per leaf that also adds borrowed validation rows).

@@ -250,7 +250,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
                 the training rows is held out for leaf selection and temperature tuning, then added
                 back to the leaves (``refit_borrowed``).
             y_val: Validation targets, shape (n_val,) or (n_val, c).
-            generator: CPU random generator; the same seed gives the same model.
+            generator: CPU random generator; the same seed gives the same model (default: a new
+                one seeded with ``torch.initial_seed()``; the global generator is untouched).
             progress: Called as ``progress(tree_index, leaves_done, leaves_total)`` after each
                 leaf fit (e.g. to drive a progress bar).
 
