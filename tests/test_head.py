@@ -42,18 +42,21 @@ def test_gradcheck_wrt_routing_parameters():
     params = (part.split_vectors_, part.thresholds_, tree.raw_temperature)
     assert all(isinstance(p, nn.Parameter) for p in params)
 
-    # the routing math as a function of the three parameters (same function as tree(x), below)
+    # the routing math as a function of the three parameters (same function as tree(x), below):
+    # rows standardized by the input map, leaves mixed, the targets' standardization undone
     from xrfm_torch.tree.routing import soft_log_weights
+
+    xs = tree.input_map.encode(x, "identity")
 
     def mix(v, b, raw):
         w = torch.softmax(
             soft_log_weights(
-                x, v, b, part.temp_scale_, part.path_sign_, torch.nn.functional.softplus(raw)
+                xs, v, b, part.temp_scale_, part.path_sign_, torch.nn.functional.softplus(raw)
             ),
             1,
         )
-        leaf = torch.stack([lf(x) for lf in part.leaf_list()], 1)  # (n, L, c)
-        return (w[:, :, None] * leaf).sum(1)
+        leaf = torch.stack([lf(xs) for lf in part.leaf_list()], 1)  # (n, L, c)
+        return tree.target_scaler.inverse((w[:, :, None] * leaf).sum(1))
 
     inputs = tuple(p.detach().clone().requires_grad_(True) for p in params)
     assert torch.autograd.gradcheck(mix, inputs, eps=1e-6, atol=1e-5)

@@ -10,6 +10,11 @@ from xrfm_torch.inputs.choice import choose_map_set
 from xrfm_torch.inputs.transforms import INPUT_MAPS, QuantileNormal
 
 
+def exact_cdist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Pairwise distances without the GEMM expansion (whose float32 rounding is ~1e-3)."""
+    return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
+
+
 def seeded(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
@@ -57,28 +62,44 @@ def test_auto_keeps_the_raw_inputs_when_the_raw_scale_carries_the_signal() -> No
 
 @pytest.mark.parametrize("transform", ["quantile", "quantile+raw"])
 def test_a_map_is_the_same_as_fitting_on_mapped_inputs(transform: str) -> None:
-    # Fit, temperature tuning, prediction and refit all see the mapped rows, nothing else.
+    # Fit, prediction, routing and refit all see the mapped rows, nothing else: the training
+    # rows standardized with their own statistics, then (for "quantile") their normal scores.
     X, Xv, Xt, y, yv, _ = standardized("rank")
-    kw = {"max_leaf_size": 500, "leaf": LeafConfig(n_iters=1)}
-    model = fit(transform, X, y, Xv, yv, **kw)
-    qn = QuantileNormal().fit(X)
+    model = fit(transform, X, y, Xv, yv, max_leaf_size=500, leaf=LeafConfig(n_iters=1))
+    X64 = X.double()
+    center, scale = X64.mean(0).float(), X64.std(0, correction=0).float()
+    qn = QuantileNormal().fit((X - center) / scale)
 
     def mapped(a: torch.Tensor) -> torch.Tensor:
-        return qn(a) if transform == "quantile" else torch.cat([a, qn(a)], 1)
+        s = (a - center) / scale
+        return qn(s) if transform == "quantile" else torch.cat([s, qn(s)], 1)
 
-    plain = fit("identity", mapped(X), y, mapped(Xv), yv, **kw)
-    assert model.n_leaves == plain.n_leaves > 1
-    assert float(model.temperature_) == float(plain.temperature_)
-    torch.testing.assert_close(model(Xt), plain(mapped(Xt)), rtol=0, atol=0)
-    assert model.n_features_in_ == 4
-    torch.testing.assert_close(model.leaf_ids(Xt), plain.leaf_ids(mapped(Xt)), rtol=0, atol=0)
+    torch.testing.assert_close(model.input_map.encode(Xt, transform), mapped(Xt))
+    assert model.n_leaves > 1 and model.n_features_in_ == 4
+    tree = model.partition_trees()[0]
+    torch.testing.assert_close(model.leaf_ids(Xt), tree.route(mapped(Xt)), rtol=0, atol=0)
+
+    def stores_rows_of(rows: torch.Tensor) -> bool:  # every support row is a mapped row
+        return all(
+            float(exact_cdist(leaf.support_, rows).min(1).values.max()) < 1e-5
+            for leaf in model.leaves()
+        )
+
+    assert stores_rows_of(mapped(X))
+    # prediction: the tree on the mapped rows, in the targets' units
+    y64 = y.double()
+    raw = tree(mapped(Xt), model.temperature_, keep_mass=model.keep_mass, max_leaves=12)
+    expected = raw * y64.std(correction=0).float() + y64.mean().float()
+    torch.testing.assert_close(model(Xt), expected)
     model.refit_leaves(Xv, yv, generator=seeded(3))
-    plain.refit_leaves(mapped(Xv), yv, generator=seeded(3))
-    torch.testing.assert_close(model(Xt), plain(mapped(Xt)), rtol=0, atol=0)
+    assert stores_rows_of(mapped(Xv))
     # importance: per input feature, the two columns of quantile+raw added
-    imp, imp_plain = model.feature_importance(), plain.feature_importance()
-    folded = imp_plain if transform == "quantile" else imp_plain[:4] + imp_plain[4:]
-    torch.testing.assert_close(imp, folded)
+    diag_m = sum(
+        (leaf.M if leaf.M.ndim == 1 else leaf.M.diagonal()) * leaf.support_.shape[0]
+        for leaf in model.leaves()
+    )
+    folded = diag_m if transform == "quantile" else diag_m[:4] + diag_m[4:]
+    torch.testing.assert_close(model.feature_importance(), (folded / folded.sum()).double())
 
 
 def test_state_dict_restores_the_chosen_map_and_its_knots() -> None:
@@ -167,7 +188,8 @@ def test_a_list_of_maps_averages_one_tree_per_map() -> None:
     # the temperature search scores the averaged soft predictions, each tree on its own map
     grid = [0.0, 0.1, 1.0]
     errs = both.temperature_errors(Xv, yv, grid)
-    direct = [float(((both(Xv, temperature=t)[:, 0] - yv) ** 2).mean()) for t in grid]
+    sd = float(y.double().std(correction=0))  # errors are of the standardized targets
+    direct = [float((((both(Xv, temperature=t)[:, 0] - yv) / sd) ** 2).mean()) for t in grid]
     # float32 predictions summed in two orders (batched per leaf vs forward): agree to ~1e-5
     assert errs == pytest.approx(direct, rel=1e-4)
     assert len(set(errs)) == 3  # soft routing changes the predictions

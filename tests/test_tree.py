@@ -42,8 +42,9 @@ def test_beats_mean_predictor(fitted):
 def test_temperature_errors_match_forward(fitted, max_soft_leaves):
     # the tuning evaluates each leaf only where some temperature of the grid gives it weight;
     # each error must equal the MSE of the model's own soft-routed forward at that temperature
-    model, _, _ = fitted
+    model, _, y = fitted
     Xv, yv = planted(300, d=6, seed=1)
+    sd = float(y.double().std(correction=0))  # the errors are of the standardized targets
     grid = [0.0, 0.05, 0.3, 2.0]
     old = (model.max_soft_leaves, float(model.temperature_))
     model.max_soft_leaves = max_soft_leaves
@@ -51,7 +52,7 @@ def test_temperature_errors_match_forward(fitted, max_soft_leaves):
         errs = model.temperature_errors(Xv, yv, grid)
         for temp, err in zip(grid, errs):
             model._set_temperature(temp)
-            ref = float(((model(Xv)[:, 0] - yv) ** 2).mean())
+            ref = float((((model(Xv)[:, 0] - yv) / sd) ** 2).mean())
             assert err == pytest.approx(ref, rel=1e-5)
         tree = model.partition_trees()[0]
         w = tree.weights(Xv, 2.0, keep_mass=model.keep_mass, max_leaves=max_soft_leaves)
@@ -160,7 +161,7 @@ def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_
     X, y = planted(1200, d=5, dtype=torch.float64)
     Xv, yv = planted(60, d=5, seed=1, dtype=torch.float64)
     kw = {"max_leaf_size": 600, "min_leaf_val": 100, "temperature": 0.0}
-    kw["input_transform"] = "identity"  # the leaves store the raw rows
+    kw["input_transform"] = "identity"  # the leaves store the (standardized) rows themselves
     model = xRFMTree(refit_borrowed=refit_borrowed, **kw, leaf=LeafConfig(n_iters=1, iter_rows=250))
     model.fit(X, y, Xv, yv, generator=seeded())
     assert any(float(leaf.reg_) != 1e-3 for leaf in model.leaves())  # the ridge search moved
@@ -172,10 +173,13 @@ def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_
     borrowed = sum(100 - c for c in _val_counts(model, Xv))
     assert sum(sizes) == (1200 if refit_borrowed else 1200 - borrowed)
     ids = model.leaf_ids(X)
+    # the leaves store standardized rows and fit standardized targets (training statistics)
+    Xs = (X - X.mean(0)) / X.std(0, correction=0)
+    ys = (y - y.mean()) / y.std(correction=0)
     for lf, leaf in enumerate(model.leaves()):
         # which training rows the leaf stores, in its order
-        src = torch.cdist(leaf.support_, X).argmin(1)
-        assert torch.equal(leaf.support_, X[src])
+        src = torch.cdist(leaf.support_, Xs).argmin(1)
+        torch.testing.assert_close(leaf.support_, Xs[src], rtol=0, atol=1e-12)
         assert bool((ids[src] == lf).all())
         if refit_borrowed:  # all rows routed here
             assert sorted(src.tolist()) == (ids == lf).nonzero().squeeze(1).tolist()
@@ -187,7 +191,7 @@ def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_
         K = leaf.kernel.from_distance(leaf.kernel.distance(xs, xs))
         K = K + leaf.config.linear_mix * (1.0 + xs @ xs.T / xs.shape[1])
         rhs = K @ leaf.alpha_ + float(leaf.reg_) * leaf.alpha_
-        torch.testing.assert_close(rhs[:, 0], y[src], rtol=0, atol=1e-6)
+        torch.testing.assert_close(rhs[:, 0], ys[src], rtol=0, atol=1e-6)
 
 
 def _val_counts(model, Xv):
@@ -347,3 +351,40 @@ def test_get_config_nests_the_leaf_settings_and_rebuilds_the_model():
     assert again.get_config() == cfg
     with pytest.raises(TypeError, match="builds a LeafConfig, not a xRFMTree"):
         xRFMTree.from_config(cfg["leaf"])
+
+
+@pytest.mark.parametrize("factor", [1e-3, 1e6])
+def test_predictions_do_not_depend_on_the_units_of_the_columns(factor):
+    """Scale-free: inputs and targets are standardized with training statistics inside the model.
+
+    In float64, so that what is compared is the model, not float32 rounding amplified by the
+    leaves' ill-conditioned solves.
+    """
+    X, y = planted(1200, d=5, dtype=torch.float64)
+    Xv, yv = planted(300, d=5, seed=1, dtype=torch.float64)
+    Xt, _ = planted(200, d=5, seed=2, dtype=torch.float64)
+    c = torch.tensor([factor, 1.0, factor, 1.0, factor], dtype=torch.float64)
+    kw = {"max_leaf_size": 500, "leaf": LeafConfig(n_iters=2)}
+    base = xRFMTree(**kw).fit(X, y, Xv, yv, generator=seeded())
+    scaled = xRFMTree(**kw).fit(X * c, y, Xv * c, yv, generator=seeded())
+    assert base.n_leaves == scaled.n_leaves > 1
+    torch.testing.assert_close(scaled(Xt * c), base(Xt), rtol=1e-4, atol=1e-4)
+    shifted = xRFMTree(**kw).fit(
+        X - 5.0, factor * y + 3.0, Xv - 5.0, factor * yv + 3.0, generator=seeded()
+    )
+    torch.testing.assert_close(
+        shifted(Xt - 5.0), factor * base(Xt) + 3.0, rtol=1e-4, atol=1e-4 * factor
+    )
+    # the gradients follow the units too: d f / d (c x) = (d f / d x) / c
+    torch.testing.assert_close(
+        scaled.get_grads(Xt[:5] * c), base.get_grads(Xt[:5]) / c, rtol=1e-4, atol=1e-8
+    )
+
+
+def test_constant_and_huge_columns_fit_and_predict():
+    X, y = planted(600, d=4, dtype=torch.float32)
+    X = torch.cat([X * 1e6, torch.full((600, 1), 7.0)], 1)  # huge units and a constant column
+    model = xRFMTree(max_leaf_size=300, leaf=LeafConfig(n_iters=1)).fit(X, y, generator=seeded())
+    pred = model(X[:50])
+    assert torch.isfinite(pred).all()
+    assert float(((pred[:, 0] - y[:50]) ** 2).mean()) < 0.5 * float(y.var())

@@ -79,8 +79,6 @@ def choose_maps(
 
 def encode_fit_data(imap: InputMap, data: FitData, name: InputMapName) -> FitData:
     """``data`` with training and validation inputs mapped by ``name``."""
-    if name == "identity":
-        return data
     return replace(data, X=imap.encode(data.X, name), X_val=imap.encode(data.X_val, name))
 
 

@@ -145,11 +145,66 @@ class QuantileNormal(ResizableBuffers):
         return torch.where(x < lo, z_lo + below, torch.where(x > hi, -z_lo + above, z))
 
 
+class Standardize(ResizableBuffers):
+    """Per-column ``(x - center) / scale`` with training statistics (mean, population std).
+
+    What makes the model scale-free: multiplying a column by any positive constant (or shifting it)
+    changes what follows only by float rounding. A constant column gets scale 1 (it maps to 0).
+
+    Shapes:
+        ``center_``, ``scale_``: (d,).
+    """
+
+    center_: Tensor
+    scale_: Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("center_", torch.empty(0))
+        self.register_buffer("scale_", torch.empty(0))
+
+    @property
+    def is_fitted(self) -> bool:
+        """Whether :meth:`fit` has run (or a fitted state was loaded)."""
+        return self.center_.numel() > 0
+
+    @torch.no_grad()
+    def fit(self, X: Tensor) -> Standardize:
+        """Fit the statistics to ``X``, shape (n, d) (computed in float64, stored in X's dtype)."""
+        X64 = X.double()
+        center = X64.mean(0)
+        std = X64.std(0, correction=0)
+        scale = torch.where(std > 0, std, torch.ones_like(std))
+        self.center_ = center.to(X.dtype)
+        self.scale_ = scale.to(X.dtype)
+        return self
+
+    def _check(self, x: Tensor) -> None:
+        if not self.is_fitted:
+            raise RuntimeError("Standardize is not fitted; call .fit(X) first")
+        if x.shape[-1] != self.center_.shape[0]:
+            raise ValueError(
+                f"expected {self.center_.shape[0]} columns, got shape {tuple(x.shape)}"
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(x - center) / scale``, shape (n, d) -> (n, d)."""
+        self._check(x)
+        return (x - self.center_) / self.scale_
+
+    def inverse(self, z: Tensor) -> Tensor:
+        """``z * scale + center``: back to the original units, shape (n, d) -> (n, d)."""
+        self._check(z)
+        return z * self.scale_ + self.center_
+
+
 class InputMap(ResizableBuffers):
     """What each tree sees of an input row: the row, its normal scores, or both side by side.
 
-    ``"identity"``: ``x`` (d columns); ``"quantile"``: :class:`QuantileNormal` scores ``z``
-    (d columns); ``"quantile+raw"``: ``[x, z]`` (2d columns), so each leaf's ``M`` can weigh the
+    Every map starts from the standardized row ``s`` (:class:`Standardize`, training statistics),
+    so the model is scale-free. ``"identity"``: ``s`` (d columns); ``"quantile"``:
+    :class:`QuantileNormal` scores ``z`` of ``s`` (d columns); ``"quantile+raw"``: ``[s, z]`` (2d
+    columns), so each leaf's ``M`` can weigh the
     raw scale (linear trends, extrapolation) and the rank scale (heavy tails) per feature. Trees of
     one model may see different maps (an ensemble over maps); the map of each tree is a buffer
     (``maps_``, indices into :data:`INPUT_MAPS`), so a checkpoint restores it. The knots are shared.
@@ -162,6 +217,7 @@ class InputMap(ResizableBuffers):
 
     def __init__(self, n_quantiles: int = 1000) -> None:
         super().__init__()
+        self.standardize = Standardize()
         self.quantile = QuantileNormal(n_quantiles)
         self.register_buffer("maps_", torch.zeros(0, dtype=torch.long))
 
@@ -178,17 +234,20 @@ class InputMap(ResizableBuffers):
         index = [INPUT_MAPS.index(name) for name in names]
         self.maps_ = torch.tensor(index, dtype=torch.long, device=self.maps_.device)
 
-    def fit(self, X: Tensor) -> InputMap:
-        """Fit the quantile knots on the training inputs ``X``, shape (n, d)."""
-        self.quantile.fit(X)
+    def fit(self, X: Tensor, *, knots: bool = True) -> InputMap:
+        """Fit the column statistics (and, with ``knots``, the quantile knots) on ``X``, (n, d)."""
+        self.standardize.fit(X)
+        if knots:
+            self.quantile.fit(self.standardize(X))
         return self
 
     def encode(self, x: Tensor, name: InputMapName) -> Tensor:
         """Map ``x`` (n, d) with map ``name``."""
+        s = self.standardize(x)
         if name == "identity":
-            return x
-        z = self.quantile(x)
-        return z if name == "quantile" else torch.cat([x, z], dim=1)
+            return s
+        z = self.quantile(s)
+        return z if name == "quantile" else torch.cat([s, z], dim=1)
 
     def forward(self, x: Tensor) -> list[Tensor]:
         """``x`` (n, d) as each tree sees it (each distinct map computed once)."""

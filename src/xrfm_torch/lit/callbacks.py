@@ -283,7 +283,7 @@ class TemperatureSweep(_FileCallback):
             lw=0.8,
         )
         ax.set_xlabel("temperature T")
-        ax.set_ylabel("validation MSE (model space)")
+        ax.set_ylabel("validation MSE (standardized target)")
         ax.legend()
         fig.tight_layout()
         fig.savefig(out / "temperature_sweep.png", dpi=100)

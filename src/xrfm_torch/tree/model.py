@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 import torch
@@ -12,13 +13,24 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xrfm_torch.inputs.choice import check_input_transform, choose_maps
-from xrfm_torch.inputs.transforms import INPUT_MAPS, InputMap, InputMapName, InputTransform
+from xrfm_torch.inputs.transforms import (
+    INPUT_MAPS,
+    InputMap,
+    InputMapName,
+    InputTransform,
+    Standardize,
+)
 from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import fit_data
 from xrfm_torch.numerics.agop import agop_from_grads
-from xrfm_torch.numerics.checks import check_fraction, check_int, check_positive
+from xrfm_torch.numerics.checks import (
+    as_float_targets,
+    check_fraction,
+    check_int,
+    check_positive,
+)
 from xrfm_torch.numerics.config import from_config, to_config
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.fit import LeafFitting, fit_trees, refit_trees
@@ -146,6 +158,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self.max_input_maps = check_int(max_input_maps, "max_input_maps", 1, len(INPUT_MAPS))
         self.set_leaf_fraction = check_fraction(set_leaf_fraction, "set_leaf_fraction")
         self.input_map = InputMap()
+        self.target_scaler = Standardize()  # leaves fit standardized targets (scale-free model)
         self.trees = nn.ModuleList()
         self.register_buffer("temperature_", torch.tensor(0.0))
         if self.trainable_routing:
@@ -261,8 +274,10 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         start = time.perf_counter()
         generator = own_generator(generator)
         data = fit_data(X, y, X_val, y_val, val_fraction=self.val_fraction, generator=generator)
-        if self.input_transform != "identity":
-            self.input_map.fit(data.X)
+        self.input_map.fit(data.X, knots=self.input_transform != "identity")
+        self.target_scaler.fit(data.y)
+        scale = self.target_scaler
+        data = replace(data, y=scale(data.y), y_val=scale(data.y_val))
         maps = choose_maps(
             self.input_transform,
             self.input_map,
@@ -340,8 +355,9 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             generator=(generator := own_generator(generator)),
             n_features=self.n_features_in_,
         )
+        data = replace(data, y=self.target_scaler(data.y), y_val=self.target_scaler(data.y_val))
         trees = self.partition_trees()
-        # the input map keeps its fitted knots: the routing was learned on them
+        # the input and target maps keep their statistics: the routing was learned on them
         new = refit_trees(
             trees, self.input_map.names, self.input_map, data, self._leaf_fitting(), generator
         )
@@ -396,7 +412,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
     def temperature_errors(
         self, X_val: Tensor, y_val: Tensor, grid: Sequence[float] | None = None
     ) -> list[float]:
-        """Validation MSE (model space) for each routing temperature of ``grid``.
+        """Validation MSE (standardized targets) for each routing temperature of ``grid``.
 
         Args:
             X_val: Inputs, shape (n_val, d).
@@ -404,10 +420,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             grid: Temperatures (default: ``temperature_grid``; 0 = hard routing).
         """
         self._check_fitted()
+        y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X_val.dtype)
         return temperature_errors(
             self.partition_trees(),
             self.input_map(X_val),
-            y_val,
+            self.target_scaler(y_val),
             self.temperature_grid if grid is None else grid,
             keep_mass=self.keep_mass,
             max_leaves=self.max_soft_leaves,
@@ -434,7 +451,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             tree(xt, temp, keep_mass=self.keep_mass, max_leaves=self.max_soft_leaves)
             for tree, xt in zip(self.partition_trees(), self.input_map(x))
         ]
-        return outs[0] if len(outs) == 1 else torch.stack(outs).mean(0)
+        out = outs[0] if len(outs) == 1 else torch.stack(outs).mean(0)
+        return self.target_scaler.inverse(out)
 
     # ---- loading into a fresh module -----------------------------------------------------------
     def _load_from_state_dict(
