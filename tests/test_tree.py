@@ -388,3 +388,13 @@ def test_constant_and_huge_columns_fit_and_predict():
     pred = model(X[:50])
     assert torch.isfinite(pred).all()
     assert float(((pred[:, 0] - y[:50]) ** 2).mean()) < 0.5 * float(y.var())
+
+
+def test_a_nan_at_prediction_is_an_error_not_a_number(fitted):
+    model, _, _ = fitted
+    Xt, _ = planted(5, d=6, seed=4)
+    Xt[3, 2] = float("nan")
+    with pytest.raises(
+        ValueError, match=r"x contains 1 non-finite value\(s\), first at index \(3, 2\)"
+    ):
+        model(Xt)

@@ -27,6 +27,7 @@ from xrfm_torch.leaf.data import fit_data
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import (
     as_float_targets,
+    check_finite,
     check_fraction,
     check_int,
     check_positive,
@@ -446,6 +447,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             raise ValueError(
                 f"expected input of shape (n, {self.n_features_in_}), got {tuple(x.shape)}"
             )
+        check_finite(x, "x")  # a NaN would otherwise come out as some finite prediction
         temp = self.current_temperature if temperature is None else temperature
         outs = [
             tree(xt, temp, keep_mass=self.keep_mass, max_leaves=self.max_soft_leaves)
