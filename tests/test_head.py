@@ -56,7 +56,7 @@ def test_gradcheck_wrt_routing_parameters():
             1,
         )
         leaf = torch.stack([lf(xs) for lf in part.leaf_list()], 1)  # (n, L, c)
-        return tree.target_scaler.inverse((w[:, :, None] * leaf).sum(1))
+        return tree.targets.decode((w[:, :, None] * leaf).sum(1))
 
     inputs = tuple(p.detach().clone().requires_grad_(True) for p in params)
     assert torch.autograd.gradcheck(mix, inputs, eps=1e-6, atol=1e-5)

@@ -175,7 +175,7 @@ class LeafRFM(ResizableBuffers):
         if alpha is None:
             self.refit(X_all, y_all)
             return
-        self.alpha_ = alpha
+        self.alpha_ = alpha.contiguous()
         self.support_ = X_all.detach().clone()
 
     def _store(self, X: Tensor, best: Candidate) -> None:
@@ -186,7 +186,9 @@ class LeafRFM(ResizableBuffers):
             sqrt_m = torch.ones(d, dtype=X.dtype) if diag else torch.eye(d, dtype=X.dtype)
         self.kernel.bandwidth.fill_(best.bandwidth)
         self.support_ = X.detach().clone()
-        self.alpha_ = best.alpha.detach()
+        # row-major like a loaded state, so a reloaded leaf predicts bit for bit the same (the
+        # solver's column-major layout would change BLAS's summation order for c > 1 outputs)
+        self.alpha_ = best.alpha.detach().contiguous()
         self.reg_ = torch.tensor(best.reg, dtype=torch.float64, device=X.device)
         self.sqrt_m_ = sqrt_m.detach().to(device=X.device, dtype=X.dtype)
         self.best_iter_ = torch.tensor(best.t, device=X.device)
@@ -207,13 +209,14 @@ class LeafRFM(ResizableBuffers):
         xs = transform(X, self.sqrt_m_)
         R = self.kernel.distance(xs, xs)  # (n, n); the kernel values overwrite it: one buffer
         K = self.kernel.from_distance(R, out=R)
-        self.alpha_ = solve_krr(
+        alpha = solve_krr(
             K,
             y,
             float(self.reg_),
             solve_dtype=self.config.solve_dtype,
             features=features_or_none(xs, self.config.linear_mix),
         )
+        self.alpha_ = alpha.contiguous()
         self.support_ = X.detach().clone()
         return self
 

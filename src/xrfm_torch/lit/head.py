@@ -251,12 +251,18 @@ class XRFMHeadModule(XRFMLitModule):
             )
 
     # ---- SGD part ------------------------------------------------------------------------------
+    def sgd_targets(self, y: Tensor) -> Tensor:
+        """What SGD regresses on: the targets (n, c), or one-hot class rows (n, K)."""
+        if self.hparams["task"] == "classification":
+            return torch.nn.functional.one_hot(y.long(), self.hparams["num_classes"]).float()
+        return y.float().reshape(len(y), -1)
+
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:  # type: ignore[override]
         x, y = batch[0], batch[1]
         if self.hparams["sgd_loss"] == "batch_krr":
             if len(x) < 4:
                 return None
-            t = self.encode_targets(y).reshape(len(x), -1).to(x.dtype)
+            t = self.sgd_targets(y).to(x.dtype)
             loss = batch_krr_loss(self.encoder(x), t, self.tree.kernel, self.tree.leaf.reg)
             self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(x))
             return loss
@@ -266,7 +272,7 @@ class XRFMHeadModule(XRFMLitModule):
         if len(x) == 0:
             return None
         raw = self(x)
-        loss = torch.nn.functional.mse_loss(raw, self.encode_targets(y).reshape(raw.shape))
+        loss = torch.nn.functional.mse_loss(raw, self.sgd_targets(y).to(raw.dtype))
         self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(x), prog_bar=True)
         self.train_metrics.update(self.to_output(raw.detach()), self.original_targets(y))
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True, batch_size=len(x))

@@ -86,7 +86,13 @@ class XRFMLitModule(pl.LightningModule):
         if task == "classification" and (num_classes is None or num_classes < 2):
             raise ValueError(f"classification needs num_classes >= 2, got {num_classes!r}")
         self.save_hyperparameters(ignore=["tree", "encoder"])
-        self.tree = tree if tree is not None else xRFMTree()
+        tree = tree if tree is not None else xRFMTree(task=task)
+        if tree.task != task:
+            raise ValueError(
+                f"the tree's task is {tree.task!r} but the system's is {task!r}: pass "
+                f"xRFMTree(task={task!r}) (the pipeline takes it from the dataset)"
+            )
+        self.tree = tree
         self.automatic_optimization = False
         self.register_buffer("target_mean", torch.as_tensor(target_mean, dtype=torch.float32))
         self.register_buffer("target_std", torch.as_tensor(target_std, dtype=torch.float32))
@@ -99,9 +105,7 @@ class XRFMLitModule(pl.LightningModule):
 
     # ---- fitting -------------------------------------------------------------------------------
     def encode_targets(self, y: Tensor) -> Tensor:
-        """Targets in the space the tree is fitted in: one-hot for classification."""
-        if self.hparams["task"] == "classification":
-            return torch.nn.functional.one_hot(y.long(), self.hparams["num_classes"]).float()
+        """What the tree is fitted on: the (standardized) targets, or the class labels."""
         return y.float()
 
     def _fit_sources(self) -> tuple[Any, Any]:
@@ -159,6 +163,12 @@ class XRFMLitModule(pl.LightningModule):
         )
         self.tree.fit(X, y, Xv, yv, generator=generator, progress=progress)
         self.fit_data = data
+        k = self.hparams["num_classes"]
+        if self.hparams["task"] == "classification" and int(self.tree.targets.n_classes_) != k:
+            raise ValueError(
+                f"the training rows hold labels 0 .. {int(self.tree.targets.n_classes_) - 1}, "
+                f"but num_classes={k}: every class needs training rows"
+            )
 
     def configure_optimizers(self) -> None:
         """No optimizer: the tree is fitted in closed form."""
@@ -170,14 +180,13 @@ class XRFMLitModule(pl.LightningModule):
         return x
 
     def forward(self, x: Tensor) -> Tensor:
-        """Tree output in model space (standardized target / one-hot scores), shape (n, c)."""
+        """Tree output: standardized-target predictions (n, c) or class scores (n, K)."""
         return self.tree(x)
 
     def to_output(self, raw: Tensor) -> Tensor:
         """Original-unit predictions (regression, (n,) for one target) or probabilities (n, K)."""
         if self.hparams["task"] == "classification":
-            p = raw.clamp(1e-3, 1 - 1e-3)
-            return p / p.sum(1, keepdim=True)
+            return self.tree.targets.probabilities(raw)
         out = raw * self.target_std + self.target_mean
         return out[:, 0] if out.shape[1] == 1 else out
 

@@ -18,7 +18,6 @@ from xrfm_torch.inputs.transforms import (
     InputMap,
     InputMapName,
     InputTransform,
-    Standardize,
 )
 from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM
@@ -44,6 +43,7 @@ from xrfm_torch.tree.interpret import (
 )
 from xrfm_torch.tree.partition import PartitionTree, empty_trees
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
+from xrfm_torch.tree.targets import TargetCoding, Task
 from xrfm_torch.tree.temperature import DEFAULT_TEMPERATURE_GRID, temperature_errors
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,9 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
 
     Args:
         kernel: Kernel prototype (each leaf gets a copy), a name from ``KERNELS``, or a factory.
+        task: ``"regression"`` (targets (n,) or (n, c), in any units; ``forward`` predicts in
+            them) or ``"classification"`` (labels ``0 .. K-1``; the leaves fit one-hot codes,
+            ``forward`` gives class scores (n, K) and :meth:`predict_proba` probabilities).
         leaf: Every leaf's settings (:class:`~xrfm_torch.leaf.config.LeafConfig`, default
             ``LeafConfig()``): ``tau = leaf.n_iters``, the stopping rules, ``diag``, the post-hoc
             exponent and ridge searches, the linear part, warm solves.
@@ -109,6 +112,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self,
         kernel: Kernel | str | Callable[[], Kernel] | None = None,
         *,
+        task: Task = "regression",
         leaf: LeafConfig | None = None,
         max_leaf_size: int = 10_000,
         split_rule: SplitRule | None = None,
@@ -159,7 +163,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self.max_input_maps = check_int(max_input_maps, "max_input_maps", 1, len(INPUT_MAPS))
         self.set_leaf_fraction = check_fraction(set_leaf_fraction, "set_leaf_fraction")
         self.input_map = InputMap()
-        self.target_scaler = Standardize()  # leaves fit standardized targets (scale-free model)
+        self.task: Task = task
+        self.targets = TargetCoding(task)  # standardized targets or one-hot class codes
         self.trees = nn.ModuleList()
         self.register_buffer("temperature_", torch.tensor(0.0))
         if self.trainable_routing:
@@ -276,9 +281,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         generator = own_generator(generator)
         data = fit_data(X, y, X_val, y_val, val_fraction=self.val_fraction, generator=generator)
         self.input_map.fit(data.X, knots=self.input_transform != "identity")
-        self.target_scaler.fit(data.y)
-        scale = self.target_scaler
-        data = replace(data, y=scale(data.y), y_val=scale(data.y_val))
+        codes = self.targets.fit(data.y)
+        data = replace(data, y=codes.encode(data.y), y_val=codes.encode(data.y_val, "y_val"))
         maps = choose_maps(
             self.input_transform,
             self.input_map,
@@ -356,7 +360,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             generator=(generator := own_generator(generator)),
             n_features=self.n_features_in_,
         )
-        data = replace(data, y=self.target_scaler(data.y), y_val=self.target_scaler(data.y_val))
+        codes = self.targets
+        data = replace(data, y=codes.encode(data.y), y_val=codes.encode(data.y_val, "y_val"))
         trees = self.partition_trees()
         # the input and target maps keep their statistics: the routing was learned on them
         new = refit_trees(
@@ -413,7 +418,10 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
     def temperature_errors(
         self, X_val: Tensor, y_val: Tensor, grid: Sequence[float] | None = None
     ) -> list[float]:
-        """Validation MSE (standardized targets) for each routing temperature of ``grid``.
+        """Validation MSE of the leaves' codes for each routing temperature of ``grid``.
+
+        The codes are the standardized targets (regression) or one-hot rows (classification:
+        the Brier score), the criterion the fit tunes the temperature by.
 
         Args:
             X_val: Inputs, shape (n_val, d).
@@ -425,7 +433,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         return temperature_errors(
             self.partition_trees(),
             self.input_map(X_val),
-            self.target_scaler(y_val),
+            self.targets.encode(y_val, "y_val"),
             self.temperature_grid if grid is None else grid,
             keep_mass=self.keep_mass,
             max_leaves=self.max_soft_leaves,
@@ -454,7 +462,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             for tree, xt in zip(self.partition_trees(), self.input_map(x))
         ]
         out = outs[0] if len(outs) == 1 else torch.stack(outs).mean(0)
-        return self.target_scaler.inverse(out)
+        return self.targets.decode(out)
+
+    def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """Class probabilities (n, K): the scores clipped to [1e-3, 1 - 1e-3], rows summing to 1."""
+        return self.targets.probabilities(self(x, temperature))
 
     # ---- loading into a fresh module -----------------------------------------------------------
     def _load_from_state_dict(
