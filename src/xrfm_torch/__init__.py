@@ -4,8 +4,11 @@ Layers, each importing only the ones before it: :mod:`~xrfm_torch.numerics` (ten
 :mod:`~xrfm_torch.kernels`, :mod:`~xrfm_torch.leaf` (one RFM leaf), :mod:`~xrfm_torch.inputs`
 (input maps), :mod:`~xrfm_torch.tree` (the model). This core imports only torch; the Lightning,
 Hydra and torchmetrics pieces live in :mod:`xrfm_torch.lit` and :mod:`xrfm_torch.pipeline`, and
-datasets in :mod:`xrfm_torch.data` (numpy).
+datasets in :mod:`xrfm_torch.data` (numpy). The scikit-learn estimators ``XRFMRegressor`` and
+``XRFMClassifier`` (:mod:`xrfm_torch.estimators`) load scikit-learn on first use.
 """
+
+from typing import Any
 
 from xrfm_torch.__about__ import __version__
 from xrfm_torch.inputs import InputMap, QuantileNormal
@@ -37,6 +40,17 @@ __all__ = [
     "QuantileNormal",
     "RandomSplit",
     "Split",
+    "XRFMClassifier",
+    "XRFMRegressor",
     "__version__",
     "xRFMTree",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # the estimators need scikit-learn; importing the core must not
+    if name in ("XRFMClassifier", "XRFMRegressor"):
+        from xrfm_torch import estimators
+
+        return getattr(estimators, name)
+    raise AttributeError(f"module 'xrfm_torch' has no attribute {name!r}")

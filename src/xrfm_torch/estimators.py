@@ -1,0 +1,276 @@
+"""scikit-learn estimators: :class:`XRFMRegressor` and :class:`XRFMClassifier`.
+
+Thin adapters around :class:`~xrfm_torch.xRFMTree`: numpy or pandas in (numeric columns), numpy
+out, labels of any type for the classifier, ``get_params``/``set_params``/``clone``. The fitted
+tree is ``tree_`` (head use, interpretation, ``state_dict``). Defaults are the core's: each
+parameter below defaults to the value of the same-named :class:`~xrfm_torch.LeafConfig` field or
+``xRFMTree`` argument, read from there, so there is still one home for them.
+
+Needs scikit-learn (``pip install 'xrfm-torch[sklearn]'``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.utils import check_random_state
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from xrfm_torch.kernels import Kernel
+from xrfm_torch.leaf import LeafConfig
+from xrfm_torch.tree import xRFMTree
+from xrfm_torch.tree.targets import Task
+
+log = logging.getLogger(__name__)
+
+_LEAF = LeafConfig()
+_TREE = {k: p.default for k, p in inspect.signature(xRFMTree).parameters.items()}
+#: The leaf settings the estimators expose; the others keep LeafConfig's defaults.
+LEAF_PARAMS = ("n_iters", "reg", "diag", "linear_mix")
+#: The tree arguments the estimators expose.
+TREE_PARAMS = ("max_leaf_size", "input_transform", "n_trees", "temperature", "val_fraction")
+
+
+class _XRFMEstimator(BaseEstimator):
+    """Shared parameters, fitting and prediction of the two estimators.
+
+    Args:
+        kernel: ``"laplace"``, ``"lpq"``, ``"product_laplace"``, ``"gaussian"`` or a ``Kernel``.
+        max_leaf_size: ``L_max``: a node with more training rows is split.
+        n_iters: ``tau``: most AGOP updates per leaf (leaves stop when their validation error
+            levels off).
+        reg: Ridge of the leaves' kernel ridge regressions.
+        diag: Diagonal ``M`` (``True``), full (``False``) or chosen per leaf (``"auto"``).
+        linear_mix: Weight of the constant + linear part of the leaf kernel.
+        input_transform: What the trees see: ``"identity"``, ``"quantile"``, ``"quantile+raw"``,
+            a list of these, or ``"auto"``.
+        n_trees: Trees per input map, averaged.
+        temperature: Soft-routing temperature; ``None`` tunes it on validation data.
+        val_fraction: Share of the training rows held out for the validation-based choices when
+            ``fit`` gets no ``eval_set``.
+        random_state: Seed (int), ``numpy.random.RandomState``, or ``None`` (numpy's global
+            generator draws one). An int gives the model ``xRFMTree`` fits with that seed.
+        verbose: Show a progress bar over the leaf fits.
+        device: Torch device of the fit (``"cpu"``, ``"cuda"``).
+        dtype: ``"float32"`` or ``"float64"``.
+
+    ``sample_weight`` is not supported: ``fit`` has no such argument.
+    """
+
+    _task: Task = "regression"
+
+    def __init__(
+        self,
+        kernel: str | Kernel = "laplace",
+        *,
+        max_leaf_size: int = _TREE["max_leaf_size"],
+        n_iters: int = _LEAF.n_iters,
+        reg: float = _LEAF.reg,
+        diag: bool | str = _LEAF.diag,
+        linear_mix: float = _LEAF.linear_mix,
+        input_transform: str | Sequence[str] = _TREE["input_transform"],
+        n_trees: int = _TREE["n_trees"],
+        temperature: float | None = _TREE["temperature"],
+        val_fraction: float = _TREE["val_fraction"],
+        random_state: int | np.random.RandomState | None = None,
+        verbose: bool = False,
+        device: str = "cpu",
+        dtype: str = "float32",
+    ) -> None:
+        self.kernel = kernel
+        self.max_leaf_size = max_leaf_size
+        self.n_iters = n_iters
+        self.reg = reg
+        self.diag = diag
+        self.linear_mix = linear_mix
+        self.input_transform = input_transform
+        self.n_trees = n_trees
+        self.temperature = temperature
+        self.val_fraction = val_fraction
+        self.random_state = random_state
+        self.verbose = verbose
+        self.device = device
+        self.dtype = dtype
+
+    # ---- conversions ---------------------------------------------------------------------------
+    def _torch_dtype(self) -> torch.dtype:
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        return getattr(torch, self.dtype)
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        # a copy: the input may be read-only (memory-mapped), and torch wants writable memory
+        return torch.tensor(np.asarray(a), dtype=self._torch_dtype(), device=self.device)
+
+    def _new_tree(self) -> xRFMTree:
+        leaf = LeafConfig(**{k: getattr(self, k) for k in LEAF_PARAMS})
+        tree_args = {k: getattr(self, k) for k in TREE_PARAMS}
+        return xRFMTree(self.kernel, task=self._task, leaf=leaf, **tree_args)
+
+    def _generator(self) -> torch.Generator:
+        if isinstance(self.random_state, (int, np.integer)):
+            seed = int(self.random_state)
+        else:
+            seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
+        return torch.Generator().manual_seed(seed)
+
+    def _progress(self) -> Any:
+        if not self.verbose:
+            return None, None
+        from tqdm.auto import tqdm  # lightning's dependency
+
+        bar = tqdm(desc=f"{type(self).__name__} leaves", unit="leaf")
+
+        def progress(tree: int, done: int, total: int) -> None:
+            bar.set_postfix(tree=tree + 1)
+            bar.total = (bar.total or 0) + (total if done == 1 else 0)
+            bar.update(1)
+
+        return progress, bar
+
+    # ---- fitting and prediction ----------------------------------------------------------------
+    def _fit(self, X: np.ndarray, y: np.ndarray, eval_set: tuple[Any, Any] | None) -> Any:
+        val = None
+        if eval_set is not None:
+            if not (isinstance(eval_set, (tuple, list)) and len(eval_set) == 2):
+                raise ValueError("eval_set must be a pair (X_val, y_val)")
+            X_val = validate_data(self, eval_set[0], reset=False, dtype=[np.float64, np.float32])
+            val = (X_val, self._encode_y(eval_set[1], "eval_set y"))
+        self.tree_ = self._new_tree()
+        progress, bar = self._progress()
+        try:
+            self.tree_.fit(
+                self._tensor(X),
+                self._tensor(y),
+                None if val is None else self._tensor(val[0]),
+                None if val is None else self._tensor(val[1]),
+                generator=self._generator(),
+                progress=progress,
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+        return self
+
+    def _encode_y(self, y: Any, name: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def _scores(self, X: Any) -> torch.Tensor:
+        check_is_fitted(self, "tree_")
+        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
+        with torch.no_grad():
+            return self.tree_(self._tensor(X))
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.non_deterministic = False
+        return tags
+
+
+class XRFMRegressor(RegressorMixin, _XRFMEstimator):
+    """xRFM regression as a scikit-learn estimator (parameters: see ``_XRFMEstimator``).
+
+    Attributes:
+        tree_: The fitted :class:`~xrfm_torch.xRFMTree`.
+        n_features_in_: Columns seen in ``fit``; ``feature_names_in_`` for named columns.
+
+    Example:
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> X = rng.normal(size=(300, 3)); y = np.sin(X[:, 0]) * 100
+        >>> model = XRFMRegressor(n_iters=2, random_state=0).fit(X, y)
+        >>> model.predict(X[:2]).shape, model.score(X, y) > 0.9
+        ((2,), True)
+    """
+
+    _task: Task = "regression"
+
+    def fit(self, X: Any, y: Any, eval_set: tuple[Any, Any] | None = None) -> XRFMRegressor:
+        """Fit on ``X`` (n, d) and targets ``y`` (n,) or (n, c).
+
+        Args:
+            X: Numeric array or DataFrame.
+            y: Targets.
+            eval_set: ``(X_val, y_val)`` for the validation-based choices; without it a seeded
+                ``val_fraction`` of the rows is held out (and then refitted on).
+        """
+        X, y = validate_data(
+            self, X, y, dtype=[np.float64, np.float32], y_numeric=True, multi_output=True,
+            ensure_min_samples=4,
+        )  # fmt: skip
+        self._y_ndim = np.ndim(y)
+        return self._fit(X, self._encode_y(y, "y"), eval_set)
+
+    def _encode_y(self, y: Any, name: str) -> np.ndarray:
+        return np.asarray(y, dtype=np.float64)
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predictions (n,) (or (n, c) for 2-D targets), float64."""
+        out = self._scores(X).double().cpu().numpy()
+        return out[:, 0] if self._y_ndim == 1 else out
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
+
+
+class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
+    """xRFM classification as a scikit-learn estimator (parameters: see ``_XRFMEstimator``).
+
+    Labels may be of any type (str, int, bool); the leaves fit one-hot codes and
+    ``predict_proba`` gives their scores clipped to [1e-3, 1 - 1e-3] and renormalized.
+
+    Attributes:
+        tree_: The fitted :class:`~xrfm_torch.xRFMTree` (``task="classification"``).
+        classes_: The labels, sorted; column ``k`` of ``predict_proba`` is ``classes_[k]``.
+        n_features_in_: Columns seen in ``fit``; ``feature_names_in_`` for named columns.
+    """
+
+    _task: Task = "classification"
+
+    def fit(self, X: Any, y: Any, eval_set: tuple[Any, Any] | None = None) -> XRFMClassifier:
+        """Fit on ``X`` (n, d) and labels ``y`` (n,).
+
+        Args:
+            X: Numeric array or DataFrame.
+            y: Class labels (at least two classes).
+            eval_set: ``(X_val, y_val)`` for the validation-based choices; without it a seeded
+                ``val_fraction`` of the rows is held out (and then refitted on).
+        """
+        X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], ensure_min_samples=4)
+        check_classification_targets(y)
+        self.classes_ = np.unique(y)
+        if len(self.classes_) < 2:
+            raise ValueError(
+                f"XRFMClassifier needs at least 2 classes in y, got 1 class: {self.classes_[0]!r}"
+            )
+        return self._fit(X, self._encode_y(y, "y"), eval_set)
+
+    def _encode_y(self, y: Any, name: str) -> np.ndarray:
+        y = np.asarray(y).ravel()
+        index = np.searchsorted(self.classes_, y)
+        index = np.clip(index, 0, len(self.classes_) - 1)
+        unseen = self.classes_[index] != y
+        if unseen.any():
+            raise ValueError(
+                f"{name} has labels not seen in fit: {sorted(set(y[unseen].tolist()))[:5]}"
+            )
+        return index.astype(np.float64)
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Class probabilities (n, K), rows summing to 1, columns in the order of ``classes_``."""
+        scores = self._scores(X)
+        return self.tree_.targets.probabilities(scores).double().cpu().numpy()
+
+    def predict(self, X: Any) -> np.ndarray:
+        """The most probable label of each row."""
+        p = self.predict_proba(X)  # first: it raises NotFittedError before classes_ exists
+        return self.classes_[p.argmax(1)]
