@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from xrfm_torch import LeafConfig, xRFMTree
-from xrfm_torch.tree.targets import CLIP
+from xrfm_torch.leaf.criteria import CLIP
 
 
 def seeded(seed: int = 0) -> torch.Generator:
@@ -90,3 +90,66 @@ def test_the_lightning_system_and_its_tree_agree_on_the_task():
     with pytest.raises(ValueError, match="pass xRFMTree\\(task='classification'\\)"):
         XRFMLitModule(xRFMTree(), task="classification", num_classes=3)
     assert XRFMLitModule(task="classification", num_classes=3).tree.task == "classification"
+
+
+def test_validation_criteria_against_their_formulas():
+    from xrfm_torch.leaf.criteria import class_probabilities, validation_errors
+
+    pred = torch.tensor([[0.9, 0.2, -0.1], [0.3, 0.5, 0.4], [0.0, 0.0, 1.2]])
+    onehot = torch.tensor([[1.0, 0, 0], [0, 0, 1.0], [0, 0, 1.0]])
+    value, rows = validation_errors(pred, onehot, "mse")
+    assert rows.tolist() == pytest.approx(((pred - onehot) ** 2).sum(1).tolist())
+    assert value == pytest.approx(float(((pred - onehot) ** 2).mean()))
+    value, rows = validation_errors(pred, onehot, "logloss")
+    p = pred.clamp(CLIP, 1 - CLIP)
+    p = p / p.sum(1, keepdim=True)
+    assert rows.tolist() == pytest.approx(
+        [-p[0, 0].log().item(), -p[1, 2].log().item(), -p[2, 2].log().item()]
+    )
+    torch.testing.assert_close(class_probabilities(pred), p)
+    value, rows = validation_errors(pred, onehot, "error")
+    assert rows.tolist() == [0.0, 1.0, 0.0] and value == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="criterion must be one of"):
+        LeafConfig(criterion="auc")
+    with pytest.raises(ValueError, match="criterion 'logloss' needs task='classification'"):
+        xRFMTree(leaf=LeafConfig(criterion="logloss"))
+
+
+@pytest.mark.parametrize("criterion", ["logloss", "error"])
+def test_a_classification_criterion_drives_the_validation_choices(criterion):
+    X, y = planted_classes(1200, 3, seed=6)
+    Xv, yv = planted_classes(300, 3, seed=7)
+    leaf = LeafConfig(n_iters=3, criterion=criterion)
+    model = xRFMTree(task="classification", max_leaf_size=500, leaf=leaf)
+    model.fit(X, y, Xv, yv, generator=seeded())
+    # the temperature search scores the soft-routed ensemble by the criterion
+    grid = [0.0, 0.2]
+    errs = model.temperature_errors(Xv, yv, grid)
+    for t, err in zip(grid, errs):
+        p = model.predict_proba(Xv, temperature=t)
+        direct = (
+            float(-p.gather(1, yv[:, None]).log().mean())
+            if criterion == "logloss"
+            else float((p.argmax(1) != yv).float().mean())
+        )
+        assert err == pytest.approx(direct, rel=1e-4, abs=1e-7)
+
+
+@pytest.mark.parametrize("criterion", ["mse", "logloss", "error"])
+def test_a_leaf_records_and_selects_by_its_criterion(criterion):
+    from xrfm_torch import LeafRFM
+    from xrfm_torch.leaf.criteria import validation_errors
+
+    X, y = planted_classes(400, 3, seed=8)
+    Xv, yv = planted_classes(150, 3, seed=9)
+    code, code_v = (torch.nn.functional.one_hot(t, 3).float() for t in (y, yv))
+    leaf = LeafRFM("laplace", LeafConfig.plain(n_iters=3, criterion=criterion))
+    leaf.fit(X, code, Xv, code_v, generator=seeded())
+    curve = leaf.val_errors_[leaf.val_errors_.isfinite()]
+    t = int(leaf.best_iter_)
+    assert float(leaf.val_errors_[t]) == float(curve.min())  # the kept fit is the criterion's best
+    # without post-hoc searches the kept model is that fit: it reproduces the recorded value
+    value = validation_errors(leaf(Xv), code_v, criterion)[0]  # float32 sums in another order
+    assert value == pytest.approx(float(leaf.val_errors_[t]), rel=1e-4)
+    if criterion == "error":  # a share of 150 rows
+        assert torch.allclose(curve * 150, (curve * 150).round(), atol=1e-4)

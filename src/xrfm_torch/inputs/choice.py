@@ -16,6 +16,7 @@ import itertools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -24,6 +25,7 @@ from xrfm_torch.inputs.transforms import INPUT_MAPS, InputMap, InputMapName, Inp
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.leaf.criteria import Criterion, validation_errors
 from xrfm_torch.leaf.data import FitData
 from xrfm_torch.leaf.selection import paired_win
 
@@ -98,7 +100,7 @@ def probe_input_maps(
     held-out ones) and predicts the same ``PROBE_VAL_ROWS`` validation rows; a set of maps
     predicts the mean of its leaves' predictions. Going through the sets in order of size, then
     of :data:`~xrfm_torch.inputs.transforms.INPUT_MAPS` (identity, quantile, quantile+raw, identity and
-    quantile, ...), a set replaces the one chosen so far only when its per-row squared errors
+    quantile, ...), a set replaces the one chosen so far only when its per-row losses
     beat that one's by ``margin`` paired standard errors
     (:func:`~xrfm_torch.leaf.selection.paired_win`). Each map of the set gets its own trees.
 
@@ -131,30 +133,41 @@ def probe_input_maps(
         probe.fit(Xm, y, Xm_val, y_val, generator=g)
         with torch.no_grad():
             preds[name] = probe(Xm_val)
-    return choose_map_set(preds, y_val, max_maps, margin)
+    return choose_map_set(preds, y_val, max_maps, margin, leaf.criterion)
 
 
 def choose_map_set(
-    preds: dict[InputMapName, Tensor], y_val: Tensor, max_maps: int, margin: float
+    preds: dict[InputMapName, Tensor],
+    y_val: Tensor,
+    max_maps: int,
+    margin: float,
+    criterion: Criterion = "mse",
 ) -> list[InputMapName]:
     """The rule of :func:`probe_input_maps` on each map's validation predictions (n_val, c).
 
     A set of maps predicts the mean of its members' predictions. Sets are visited by size, then in
     the order of ``preds`` (the first map alone is the start); a set replaces the one chosen so far
-    when its per-row squared errors beat that one's by ``margin`` paired standard errors.
+    when its per-row losses under ``criterion`` beat that one's by ``margin`` paired standard
+    errors.
     """
     names = list(preds)
     sets = [s for k in range(1, max_maps + 1) for s in itertools.combinations(names, k)]
-    errors = {s: ((sum(preds[m] for m in s) / len(s) - y_val) ** 2).sum(1) for s in sets}
+
+    def averaged(s: tuple[InputMapName, ...]) -> Tensor:
+        return cast(Tensor, sum(preds[m] for m in s)) / len(s)
+
+    errors = {s: validation_errors(averaged(s), y_val, criterion)[1] for s in sets}
     chosen = sets[0]
     for s in sets[1:]:
         if paired_win(errors[s], errors[chosen], margin):
             chosen = s
     log.info(
-        "input maps %s (probe validation MSE %s)",
+        "input maps %s (probe validation %s %s)",
         " & ".join(chosen),
+        criterion,
         ", ".join(
-            f"{' & '.join(s)} {float(e.mean()) / y_val.shape[1]:.4g}" for s, e in errors.items()
+            f"{' & '.join(s)} {float(e.mean()) / (y_val.shape[1] if criterion == 'mse' else 1):.4g}"
+            for s, e in errors.items()
         ),
     )
     return list(chosen)

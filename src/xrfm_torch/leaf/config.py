@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import torch
 
+from xrfm_torch.leaf.criteria import CRITERIA, Criterion
 from xrfm_torch.numerics.checks import check_fraction, check_int, check_positive
 from xrfm_torch.numerics.state import as_dtype
 
@@ -75,6 +76,9 @@ class LeafConfig:
             run conjugate gradients preconditioned with that Cholesky factor and factor afresh
             only if CG does not converge within ``n // 300`` steps (leaves below 1500 rows always
             factor). ``None``: always factor.
+        criterion: What every validation choice minimizes (:mod:`xrfm_torch.leaf.criteria`):
+            ``"mse"`` (regression, and the Brier score of class codes), ``"logloss"`` or
+            ``"error"`` (classification only).
     """
 
     n_iters: int = 30
@@ -95,6 +99,7 @@ class LeafConfig:
     kernel_margin: float = 2.0
     linear_mix: float = 0.1
     pcg_tol: float | None = 1e-4
+    criterion: Criterion = "mse"
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalize in place once, here
@@ -133,6 +138,8 @@ class LeafConfig:
         if self.pcg_tol is not None and not 0.0 < float(self.pcg_tol) < 1.0:
             raise ValueError(f"pcg_tol must be in (0, 1) or None, got {self.pcg_tol!r}")
         put(self, "pcg_tol", None if self.pcg_tol is None else float(self.pcg_tol))
+        if self.criterion not in CRITERIA:
+            raise ValueError(f"criterion must be one of {CRITERIA}, got {self.criterion!r}")
 
     @classmethod
     def plain(cls, **changes: Any) -> LeafConfig:

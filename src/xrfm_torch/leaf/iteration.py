@@ -20,7 +20,8 @@ from xrfm_torch.kernels import Kernel, chain_rule, transform
 from xrfm_torch.kernels.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels.linear import features_or_none, linear_grad, summed_predict
 from xrfm_torch.leaf.config import LeafConfig
-from xrfm_torch.leaf.selection import Candidate, select_kernel, squared_errors
+from xrfm_torch.leaf.criteria import Criterion, validation_errors
+from xrfm_torch.leaf.selection import Candidate, select_kernel
 from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd
 from xrfm_torch.numerics.solvers import krr_workspace, pcg_krr, solve_krr
 
@@ -50,6 +51,7 @@ def rfm_step(
     diag: bool,
     generator: torch.Generator | None,
     warm: tuple[float, int] | None = None,
+    criterion: Criterion = "mse",
 ) -> tuple[Candidate, Tensor | None, bool]:
     """One KRR fit in the M-space of ``sqrt_m`` (+ the AGOP of its predictor, while K is at hand).
 
@@ -79,6 +81,7 @@ def rfm_step(
             factor that the workspace ``F`` still holds from an earlier step
             (:func:`xrfm_torch.numerics.solvers.pcg_krr`); factor afresh only if they give up.
             ``None``: factor afresh.
+        criterion: The validation criterion (:mod:`xrfm_torch.leaf.criteria`).
 
     Returns:
         ``(candidate, G or None, whether F now holds this step's factor)``; the candidate's ``t``
@@ -100,7 +103,7 @@ def rfm_step(
     if alpha is None:
         alpha = solve_krr(K, y, reg, solve_dtype=solve_dtype, workspace=F, features=U)
     pred = summed_predict(kernel, transform(X_val, sqrt_m), xs, alpha, linear_mix)
-    err, sq = squared_errors(pred, y_val)
+    err, sq = validation_errors(pred, y_val, criterion)
     cand = Candidate(err, -1, alpha, sqrt_m, float(kernel.bandwidth), kernel.q, reg, sq)
     if not (agop and math.isfinite(cand.err)):
         return cand, None, factored
@@ -187,6 +190,7 @@ def run_iterations(
             diag=diag,
             generator=generator,
             warm=warm if factor_diag is diag else None,
+            criterion=cfg.criterion,
         )
         if factored:
             factor_diag = None if sqrt_m is None else diag
@@ -254,6 +258,7 @@ def run_iterations(
             margin=cfg.kernel_margin,
             linear_mix=cfg.linear_mix,
             warm=warm,
+            criterion=cfg.criterion,
         )
         factored = (buffers[1], buffers[2]) if holds else None
     return best, errors.to(X.device), mode if mode is not None else True, factored

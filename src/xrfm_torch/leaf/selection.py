@@ -17,6 +17,7 @@ from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, transform
 from xrfm_torch.kernels.linear import features_or_none, summed_predict
+from xrfm_torch.leaf.criteria import Criterion, validation_errors
 from xrfm_torch.numerics.solvers import pcg_krr, solve_krr
 
 log = logging.getLogger(__name__)
@@ -26,8 +27,9 @@ log = logging.getLogger(__name__)
 class Candidate:
     """One solved leaf model: validation MSE, iteration, ``alpha`` (n, c), ``sqrt(M)`` and kernel.
 
-    ``sq_err`` holds the per-row squared validation errors (summed over outputs), shape (n_val,):
-    ``err`` is their mean (divided by ``c``), and :func:`beats` compares two candidates row by row.
+    ``sq_err`` holds the per-row validation losses of the leaf's criterion (squared errors summed
+    over outputs by default; :mod:`xrfm_torch.leaf.criteria`), shape (n_val,): ``err`` is the
+    criterion's value, and :func:`beats` compares two candidates row by row.
     """
 
     err: float
@@ -38,12 +40,6 @@ class Candidate:
     q: float
     reg: float
     sq_err: Tensor
-
-
-def squared_errors(pred: Tensor, y_val: Tensor) -> tuple[float, Tensor]:
-    """``(mean squared error, per-row squared error summed over outputs)`` of (n_val, c) tensors."""
-    sq = ((pred - y_val) ** 2).sum(1)  # (n_val,)
-    return float(sq.mean()) / pred.shape[1], sq
 
 
 def beats(challenger: Candidate, incumbent: Candidate, margin: float) -> bool:
@@ -92,6 +88,7 @@ def select_kernel(
     margin: float,
     linear_mix: float = 0.0,
     warm: tuple[float, int] | None = None,
+    criterion: Criterion = "mse",
 ) -> tuple[Candidate, bool]:
     """Re-solve ``best``'s ``M`` for each (exponent, bandwidth factor), then search the ridge.
 
@@ -120,6 +117,7 @@ def select_kernel(
             factor 10 of a ridge already factored for the same kernel is solved by CG from that
             factor (``K + lam' I`` vs ``K + lam I``: condition number at most 10). ``None``:
             factor every candidate.
+        criterion: The validation criterion (:mod:`xrfm_torch.leaf.criteria`).
 
     Returns:
         ``(chosen candidate, whether the buffers still hold its kernel matrix in K and the
@@ -156,7 +154,8 @@ def select_kernel(
         if alpha is None:
             alpha = solve_krr(K, y, lam, solve_dtype=solve_dtype, workspace=F, features=U)
             factored = None if built is None else (*built, lam)
-        err, sq = squared_errors(summed_predict(kernel, xv, xs, alpha, linear_mix), y_val)
+        pred = summed_predict(kernel, xv, xs, alpha, linear_mix)
+        err, sq = validation_errors(pred, y_val, criterion)
         q, bandwidth = kernel.q, float(kernel.bandwidth)
         log.debug(
             "leaf n=%d q %.3g bandwidth %.4g reg %.3g: val mse %.6g (best %.6g)",

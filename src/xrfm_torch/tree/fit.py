@@ -185,11 +185,20 @@ def fit_trees(
     if temperature is None and any(tree.n_leaves > 1 for tree in grown.trees):
         xs = [imap.encode(data.X_val, name) for name in grown.maps]
         errs = temperature_errors(
-            grown.trees, xs, data.y_val, grid, keep_mass=keep_mass, max_leaves=max_soft_leaves
+            grown.trees,
+            xs,
+            data.y_val,
+            grid,
+            keep_mass=keep_mass,
+            max_leaves=max_soft_leaves,
+            criterion=fitting.leaf.criterion,
         )
         temperature = float(grid[min(range(len(errs)), key=lambda i: errs[i])])
         log.info(
-            "tuned temperature %.4g (val mse %s)", temperature, ", ".join(f"{e:.4g}" for e in errs)
+            "tuned temperature %.4g (val %s %s)",
+            temperature,
+            fitting.leaf.criterion,
+            ", ".join(f"{e:.4g}" for e in errs),
         )
     if data.holdout is not None:
         grown.refit()

@@ -165,6 +165,10 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self.input_map = InputMap()
         self.task: Task = task
         self.targets = TargetCoding(task)  # standardized targets or one-hot class codes
+        if task == "regression" and self.leaf.criterion != "mse":
+            raise ValueError(
+                f"criterion {self.leaf.criterion!r} needs task='classification'; regression uses 'mse'"
+            )
         self.trees = nn.ModuleList()
         self.register_buffer("temperature_", torch.tensor(0.0))
         if self.trainable_routing:
@@ -437,6 +441,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             self.temperature_grid if grid is None else grid,
             keep_mass=self.keep_mass,
             max_leaves=self.max_soft_leaves,
+            criterion=self.leaf.criterion,
         )
 
     # ---- prediction ----------------------------------------------------------------------------

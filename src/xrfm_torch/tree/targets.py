@@ -3,8 +3,10 @@
 Regression targets are standardized with training statistics (predictions come back in the
 targets' units), so the model does not depend on their scale. Class labels ``0 .. K-1`` become
 one-hot rows (the reference's ``zero_one`` coding, also for two classes); the leaves regress on them
-and every choice made on validation data compares squared errors of these codes (the Brier score).
-Probabilities are the scores clipped to ``[CLIP, 1 - CLIP]`` and renormalized per row.
+and every choice made on validation data minimizes the leaves' criterion on these codes
+(the Brier score by default, :mod:`xrfm_torch.leaf.criteria`).
+Probabilities are the scores clipped to ``[CLIP, 1 - CLIP]`` and renormalized per row
+(:func:`xrfm_torch.leaf.criteria.class_probabilities`).
 """
 
 from __future__ import annotations
@@ -15,13 +17,11 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.inputs.transforms import Standardize
+from xrfm_torch.leaf.criteria import class_probabilities
 from xrfm_torch.numerics.state import ResizableBuffers
 
 #: What a model predicts: real values, or one of ``K`` classes.
 Task = Literal["regression", "classification"]
-
-#: Scores are clipped to ``[CLIP, 1 - CLIP]`` before renormalizing (as the reference does).
-CLIP = 1e-3
 
 
 class TargetCoding(ResizableBuffers):
@@ -101,5 +101,4 @@ class TargetCoding(ResizableBuffers):
         """Class probabilities (n, K) from scores: clipped to ``[CLIP, 1 - CLIP]``, rows sum to 1."""
         if self.task != "classification":
             raise ValueError("probabilities need a classification model (task='classification')")
-        p = scores.clamp(CLIP, 1 - CLIP)
-        return p / p.sum(1, keepdim=True)
+        return class_probabilities(scores)

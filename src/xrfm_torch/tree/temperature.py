@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from xrfm_torch.leaf.criteria import Criterion, validation_errors
 from xrfm_torch.numerics.checks import as_float_targets
 from xrfm_torch.tree.partition import PartitionTree
 
@@ -26,6 +27,7 @@ def temperature_errors(
     *,
     keep_mass: float,
     max_leaves: int,
+    criterion: Criterion = "mse",
 ) -> list[float]:
     """Validation MSE of the averaged ``trees`` for each temperature in ``grid``.
 
@@ -42,6 +44,7 @@ def temperature_errors(
         grid: Temperatures (0 = hard routing).
         keep_mass: Soft routing keeps each row's top leaves covering this weight mass.
         max_leaves: Soft routing evaluates at most this many leaves per row.
+        criterion: The validation criterion (:mod:`xrfm_torch.leaf.criteria`).
     """
     y_val = as_float_targets(y_val, "y_val", n_rows=xs[0].shape[0], dtype=xs[0].dtype)
     pairs = list(zip(trees, xs))
@@ -62,5 +65,8 @@ def temperature_errors(
             for (tree, x), P in zip(pairs, leaf_preds)
         ]
         pred = torch.stack(preds).mean(0)
-        errors.append(float(((pred - y_val) ** 2).mean()))
+        if criterion == "mse":  # over all entries at once (the same value, summed in one pass)
+            errors.append(float(((pred - y_val) ** 2).mean()))
+        else:
+            errors.append(validation_errors(pred, y_val, criterion)[0])
     return errors
