@@ -77,12 +77,17 @@ def same_values(x: torch.Tensor, y: torch.Tensor) -> bool:
     return torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(0.0), y.nan_to_num(0.0))
 
 
-def compare(a: dict, b: dict) -> tuple[int, int, float]:
+def compare(a: dict, b: dict, new_keys: bool = False) -> tuple[int, int, float]:
     """``(entries compared, entries that differ, largest absolute difference)``; keys must match.
 
     Differing entries are printed by name.
     """
     sa, sb = a["state"], b["state"]
+    if new_keys:  # buffers added by the checkout: reported, not compared
+        added = sorted(set(sb) - set(sa))
+        if added:
+            print(f"  new in the checkout: {added}")
+        sb = {k: v for k, v in sb.items() if k in sa}
     if sa.keys() != sb.keys():
         only = sorted(set(sa) ^ set(sb))
         raise SystemExit(f"state_dict keys differ: {only[:10]}")
@@ -113,6 +118,9 @@ def main() -> None:
     ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--new-keys", action="store_true", help="allow state_dict entries the commit did not have"
+    )
     a = ap.parse_args()
     rows, failed = [], False
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -128,7 +136,7 @@ def main() -> None:
             np.savez(tmp / "data.npz", **{k: v for k, v in split.items() if k != "y_test"})
             before = fit_in(old / "src", tmp / "data.npz", tmp / "a.pt", a.seed, a.threads)
             after = fit_in(ROOT / "src", tmp / "data.npz", tmp / "b.pt", a.seed, a.threads)
-            n, differ, worst = compare(before, after)
+            n, differ, worst = compare(before, after, a.new_keys)
             same_pred = torch.equal(before["pred"], after["pred"])
             failed |= differ > 0 or not same_pred
             y = split["y_test"]

@@ -82,9 +82,15 @@ def test_pandas_in_named_features_and_pipelines():
     scores = cross_val_score(make_pipeline(StandardScaler(), clone(est)), X, y, cv=3)
     assert scores.min() > 0.5
     bad = df.iloc[:4].copy()
-    bad.iloc[2, 1] = np.nan
-    with pytest.raises(ValueError, match="Input X contains NaN"):
+    bad.iloc[2, 1] = np.nan  # column b had no missing cells in training
+    with pytest.raises(ValueError, match="row 2, column 1, a column that had none"):
         est.predict(bad)
+    holes = df.copy()
+    holes.iloc[::7, 1] = np.nan  # now it has: imputed and flagged, fit and predict work
+    est = XRFMRegressor(n_iters=1, random_state=0).fit(holes, y)
+    assert np.isfinite(est.predict(holes)).all() and est.tree_.input_map.missing_columns == [1]
+    with pytest.raises(ValueError, match="Input X contains infinity"):
+        est.predict(holes.replace(np.nan, np.inf))
     with pytest.raises(TypeError, match="sample_weight"):
         est.fit(X, y, sample_weight=np.ones(len(y)))
 

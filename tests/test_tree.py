@@ -391,10 +391,44 @@ def test_constant_and_huge_columns_fit_and_predict():
 
 
 def test_a_nan_at_prediction_is_an_error_not_a_number(fitted):
-    model, _, _ = fitted
+    model, _, _ = fitted  # fitted without missing cells: NaN is expected nowhere
     Xt, _ = planted(5, d=6, seed=4)
     Xt[3, 2] = float("nan")
+    with pytest.raises(
+        ValueError, match=r"missing value \(NaN\) at row 3, column 2, a column that had none"
+    ):
+        model(Xt)
+    Xt[3, 2] = float("inf")
     with pytest.raises(
         ValueError, match=r"x contains 1 non-finite value\(s\), first at index \(3, 2\)"
     ):
         model(Xt)
+
+
+def test_missing_cells_are_imputed_and_flagged_where_the_training_rows_had_them():
+    """A planted task whose target depends on *whether* x0 is missing: the indicator carries it."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(1500, 4, generator=g, dtype=torch.float64)
+    gone = torch.rand(1500, generator=g) < 0.3
+    y = X[:, 1] + 3.0 * gone.double()
+    X[gone, 0] = float("nan")
+    model = xRFMTree(max_leaf_size=2000, leaf=LeafConfig(n_iters=2), input_transform="identity")
+    model.fit(X[:1200], y[:1200], X[1200:1350], y[1200:1350], generator=seeded())
+    assert model.input_map.missing_columns == [0]
+    assert model.leaves()[0].support_.shape[1] == 5  # 4 standardized columns + 1 indicator
+    pred = model(X[1350:])[:, 0]
+    assert float(((pred - y[1350:]) ** 2).mean().sqrt()) < 0.3  # the 3.0 jump is learned
+    # a missing cell is the training mean plus its indicator: the prediction does not depend on
+    # what the cell held, and the indicator's importance counts for its feature
+    row = X[1350:1351].clone()
+    row[0, 0] = float("nan")
+    filled = row.clone()
+    filled[0, 0] = float(X[:1200, 0].nanmean())
+    assert float(model(row)) - float(model(filled)) > 2.0
+    imp = model.feature_importance()
+    assert imp.shape == (4,) and float(imp.sum()) == pytest.approx(1.0)
+    assert imp[2] < 0.1 and imp[3] < 0.1  # planted: no signal there
+    bad = X[1350:1352].clone()
+    bad[1, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"row 1, column 3.*handles NaN only in columns \[0\]"):
+        model(bad)

@@ -61,6 +61,8 @@ class _XRFMEstimator(BaseEstimator):
         device: Torch device of the fit (``"cpu"``, ``"cuda"``).
         dtype: ``"float32"`` or ``"float64"``.
 
+    Missing cells (NaN) are handled in the columns where the training rows had some (the training
+    mean plus a missing indicator); NaN in another column at prediction is an error.
     ``sample_weight`` is not supported: ``fit`` has no such argument.
     """
 
@@ -141,7 +143,13 @@ class _XRFMEstimator(BaseEstimator):
         if eval_set is not None:
             if not (isinstance(eval_set, (tuple, list)) and len(eval_set) == 2):
                 raise ValueError("eval_set must be a pair (X_val, y_val)")
-            X_val = validate_data(self, eval_set[0], reset=False, dtype=[np.float64, np.float32])
+            X_val = validate_data(
+                self,
+                eval_set[0],
+                reset=False,
+                dtype=[np.float64, np.float32],
+                ensure_all_finite="allow-nan",
+            )
             val = (X_val, self._encode_y(eval_set[1], "eval_set y"))
         self.tree_ = self._new_tree()
         progress, bar = self._progress()
@@ -164,13 +172,16 @@ class _XRFMEstimator(BaseEstimator):
 
     def _scores(self, X: Any) -> torch.Tensor:
         check_is_fitted(self, "tree_")
-        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
+        X = validate_data(
+            self, X, reset=False, dtype=[np.float64, np.float32], ensure_all_finite="allow-nan"
+        )
         with torch.no_grad():
             return self.tree_(self._tensor(X))
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
+        tags.input_tags.allow_nan = True  # missing cells: see xrfm_torch.inputs.transforms.InputMap
         return tags
 
 
@@ -202,7 +213,7 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
                 ``val_fraction`` of the rows is held out (and then refitted on).
         """
         X, y = validate_data(
-            self, X, y, dtype=[np.float64, np.float32], y_numeric=True, multi_output=True,
+            self, X, y, dtype=[np.float64, np.float32], ensure_all_finite="allow-nan", y_numeric=True, multi_output=True,
             ensure_min_samples=4,
         )  # fmt: skip
         self._y_ndim = np.ndim(y)
@@ -245,7 +256,14 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
             eval_set: ``(X_val, y_val)`` for the validation-based choices; without it a seeded
                 ``val_fraction`` of the rows is held out (and then refitted on).
         """
-        X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], ensure_min_samples=4)
+        X, y = validate_data(
+            self,
+            X,
+            y,
+            dtype=[np.float64, np.float32],
+            ensure_all_finite="allow-nan",
+            ensure_min_samples=4,
+        )
         check_classification_targets(y)
         self.classes_ = np.unique(y)
         if len(self.classes_) < 2:

@@ -150,6 +150,7 @@ class Standardize(ResizableBuffers):
 
     What makes the model scale-free: multiplying a column by any positive constant (or shifting it)
     changes what follows only by float rounding. A constant column gets scale 1 (it maps to 0).
+    Missing cells (NaN) are left out of the statistics and stay NaN.
 
     Shapes:
         ``center_``, ``scale_``: (d,).
@@ -172,8 +173,8 @@ class Standardize(ResizableBuffers):
     def fit(self, X: Tensor) -> Standardize:
         """Fit the statistics to ``X``, shape (n, d) (computed in float64, stored in X's dtype)."""
         X64 = X.double()
-        center = X64.mean(0)
-        std = X64.std(0, correction=0)
+        center = X64.nanmean(0).nan_to_num(0.0)  # a column that is all NaN: 0
+        std = ((X64 - center) ** 2).nanmean(0).nan_to_num(0.0).sqrt()
         scale = torch.where(std > 0, std, torch.ones_like(std))
         self.center_ = center.to(X.dtype)
         self.scale_ = scale.to(X.dtype)
@@ -202,7 +203,10 @@ class InputMap(ResizableBuffers):
     """What each tree sees of an input row: the row, its normal scores, or both side by side.
 
     Every map starts from the standardized row ``s`` (:class:`Standardize`, training statistics),
-    so the model is scale-free. ``"identity"``: ``s`` (d columns); ``"quantile"``:
+    so the model is scale-free. Columns with missing cells (NaN) in the training rows are expected
+    to have them: a missing cell becomes the column's training mean (0 in ``s``) and each such
+    column adds a 0/1 missing indicator after the map's columns. NaN in any other column is an
+    error. ``"identity"``: ``s`` (d columns); ``"quantile"``:
     :class:`QuantileNormal` scores ``z`` of ``s`` (d columns); ``"quantile+raw"``: ``[s, z]`` (2d
     columns), so each leaf's ``M`` can weigh the
     raw scale (linear trends, extrapolation) and the rank scale (heavy tails) per feature. Trees of
@@ -214,12 +218,19 @@ class InputMap(ResizableBuffers):
     """
 
     maps_: Tensor
+    missing_: Tensor
 
     def __init__(self, n_quantiles: int = 1000) -> None:
         super().__init__()
         self.standardize = Standardize()
         self.quantile = QuantileNormal(n_quantiles)
         self.register_buffer("maps_", torch.zeros(0, dtype=torch.long))
+        self.register_buffer("missing_", torch.zeros(0, dtype=torch.bool))
+
+    @property
+    def n_features(self) -> int:
+        """Input columns ``d`` of the fitted map."""
+        return int(self.standardize.center_.shape[0])
 
     @property
     def names(self) -> list[InputMapName]:
@@ -235,19 +246,47 @@ class InputMap(ResizableBuffers):
         self.maps_ = torch.tensor(index, dtype=torch.long, device=self.maps_.device)
 
     def fit(self, X: Tensor, *, knots: bool = True) -> InputMap:
-        """Fit the column statistics (and, with ``knots``, the quantile knots) on ``X``, (n, d)."""
+        """Fit the column statistics (and, with ``knots``, the quantile knots) on ``X``, (n, d).
+
+        The columns with NaN cells in ``X`` are the ones where missing values are expected.
+        """
         self.standardize.fit(X)
-        if knots:
-            self.quantile.fit(self.standardize(X))
+        self.missing_ = torch.isnan(X).any(0)
+        if knots:  # on the imputed rows: a missing cell sits at the column's mean
+            self.quantile.fit(self.standardize(X).nan_to_num(0.0))
         return self
 
-    def encode(self, x: Tensor, name: InputMapName) -> Tensor:
-        """Map ``x`` (n, d) with map ``name``."""
+    def _impute(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``(standardized x with missing cells at 0, 0/1 indicators (n, m) or None)``."""
+        nan = torch.isnan(x)
+        unexpected = nan.any(0) & ~self.missing_
+        if bool(unexpected.any()):
+            j = int(unexpected.nonzero()[0])
+            i = int(nan[:, j].nonzero()[0])
+            raise ValueError(
+                f"x has a missing value (NaN) at row {i}, column {j}, a column that had none in "
+                f"the training rows; the model handles NaN only in columns {self.missing_columns}"
+            )
         s = self.standardize(x)
+        if not bool(self.missing_.any()):
+            return s, None
+        s = torch.where(nan, torch.zeros_like(s), s)
+        return s, nan[:, self.missing_].to(x.dtype)
+
+    @property
+    def missing_columns(self) -> list[int]:
+        """Columns where the training rows had missing cells (each gets an indicator)."""
+        return self.missing_.nonzero().flatten().tolist()
+
+    def encode(self, x: Tensor, name: InputMapName) -> Tensor:
+        """Map ``x`` (n, d) with map ``name`` (missing indicators, if any, appended)."""
+        s, indicators = self._impute(x)
         if name == "identity":
-            return s
-        z = self.quantile(s)
-        return z if name == "quantile" else torch.cat([s, z], dim=1)
+            out = s
+        else:
+            z = self.quantile(s)
+            out = z if name == "quantile" else torch.cat([s, z], dim=1)
+        return out if indicators is None else torch.cat([out, indicators], dim=1)
 
     def forward(self, x: Tensor) -> list[Tensor]:
         """``x`` (n, d) as each tree sees it (each distinct map computed once)."""
@@ -257,14 +296,18 @@ class InputMap(ResizableBuffers):
                 mapped[name] = self.encode(x, name)
         return [mapped[name] for name in self.names]
 
-    @staticmethod
-    def fold(values: Tensor, name: InputMapName) -> Tensor:
+    def fold(self, values: Tensor, name: InputMapName) -> Tensor:
         """Per-column values of map ``name`` (..., d') back to the inputs (..., d).
 
         ``"quantile+raw"`` adds each feature's two columns (importance of a feature in either
-        form); the other maps are one column per feature.
+        form), and a missing indicator adds to its feature; the other maps are one column per
+        feature.
         """
-        if name != "quantile+raw":
-            return values
-        d = values.shape[-1] // 2
-        return values[..., :d] + values[..., d:]
+        d, m = self.n_features, int(self.missing_.sum())
+        base = values[..., : values.shape[-1] - m]
+        if name == "quantile+raw":
+            base = base[..., :d] + base[..., d:]
+        if m:
+            base = base.clone()
+            base[..., self.missing_.to(values.device)] += values[..., values.shape[-1] - m :]
+        return base

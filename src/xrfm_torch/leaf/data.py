@@ -54,9 +54,13 @@ def fit_data(
     generator: torch.Generator | None,
     n_features: int | None = None,
     min_rows: int = 4,
+    allow_nan: bool = False,
 ) -> FitData:
-    """Validate ``fit`` arguments; without validation data, hold out a seeded ``val_fraction``."""
-    X = as_float_matrix(X, "X", n_features=n_features)
+    """Validate ``fit`` arguments; without validation data, hold out a seeded ``val_fraction``.
+
+    ``allow_nan`` lets missing cells (NaN) of ``X`` and ``X_val`` through; targets must be finite.
+    """
+    X = as_float_matrix(X, "X", n_features=n_features, allow_nan=allow_nan)
     y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
     if X.shape[0] < min_rows:
         raise ValueError(f"need at least {min_rows} training rows, got {X.shape[0]}")
@@ -67,7 +71,7 @@ def fit_data(
         holdout = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
         holdout[va] = True
         return FitData(X, y, X[va], y[va], holdout)
-    X_val = as_float_matrix(X_val, "X_val", n_features=X.shape[1]).to(X.dtype)
+    X_val = as_float_matrix(X_val, "X_val", n_features=X.shape[1], allow_nan=allow_nan).to(X.dtype)
     y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X.dtype)
     if y_val.shape[1] != y.shape[1]:
         raise ValueError(f"y_val has {y_val.shape[1]} outputs but y has {y.shape[1]}")

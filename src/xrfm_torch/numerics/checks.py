@@ -12,13 +12,16 @@ import torch
 from torch import Tensor
 
 
-def as_float_matrix(x: Any, name: str, *, n_features: int | None = None) -> Tensor:
+def as_float_matrix(
+    x: Any, name: str, *, n_features: int | None = None, allow_nan: bool = False
+) -> Tensor:
     """Return ``x`` as a finite, non-empty floating 2-D tensor.
 
     Args:
         x: Tensor or array-like, shape (n, d).
         name: Argument name used in error messages.
         n_features: If given, the required number of columns.
+        allow_nan: Let NaN through (missing cells); infinities are refused either way.
 
     Returns:
         The input as a tensor (no copy when it already is a floating tensor).
@@ -38,7 +41,7 @@ def as_float_matrix(x: Any, name: str, *, n_features: int | None = None) -> Tens
         raise ValueError(f"{name} is empty: shape {tuple(x.shape)}")
     if n_features is not None and x.shape[1] != n_features:
         raise ValueError(f"{name} has {x.shape[1]} features but the model expects {n_features}")
-    check_finite(x, name)
+    check_finite(x, name, allow_nan=allow_nan)
     return x
 
 
@@ -71,9 +74,9 @@ def as_float_targets(y: Any, name: str, *, n_rows: int, dtype: torch.dtype) -> T
     return y
 
 
-def check_finite(x: Tensor, name: str) -> None:
-    """Raise ``ValueError`` naming the first non-finite entry of ``x``."""
-    bad = ~torch.isfinite(x)
+def check_finite(x: Tensor, name: str, *, allow_nan: bool = False) -> None:
+    """Raise ``ValueError`` naming the first non-finite entry of ``x`` (NaN allowed if asked)."""
+    bad = torch.isinf(x) if allow_nan else ~torch.isfinite(x)
     if bool(bad.any()):
         idx = tuple(int(i) for i in bad.nonzero()[0])
         raise ValueError(

@@ -227,8 +227,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
     def n_features_in_(self) -> int:
         """Number of input features seen in ``fit``."""
         self._check_fitted()
-        cols = int(self.leaves()[0].support_.shape[1])  # the columns tree 0's map gives
-        return cols // 2 if self.input_map.names[0] == "quantile+raw" else cols
+        return self.input_map.n_features
 
     @property
     def n_outputs_(self) -> int:
@@ -283,7 +282,9 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         """
         start = time.perf_counter()
         generator = own_generator(generator)
-        data = fit_data(X, y, X_val, y_val, val_fraction=self.val_fraction, generator=generator)
+        data = fit_data(
+            X, y, X_val, y_val, val_fraction=self.val_fraction, generator=generator, allow_nan=True
+        )
         self.input_map.fit(data.X, knots=self.input_transform != "identity")
         codes = self.targets.fit(data.y)
         data = replace(data, y=codes.encode(data.y), y_val=codes.encode(data.y_val, "y_val"))
@@ -363,6 +364,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             val_fraction=self.val_fraction,
             generator=(generator := own_generator(generator)),
             n_features=self.n_features_in_,
+            allow_nan=True,
         )
         codes = self.targets
         data = replace(data, y=codes.encode(data.y), y_val=codes.encode(data.y_val, "y_val"))
@@ -460,7 +462,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             raise ValueError(
                 f"expected input of shape (n, {self.n_features_in_}), got {tuple(x.shape)}"
             )
-        check_finite(x, "x")  # a NaN would otherwise come out as some finite prediction
+        # infinities are errors; NaN only where the training rows had missing cells (input map)
+        check_finite(x, "x", allow_nan=True)
         temp = self.current_temperature if temperature is None else temperature
         outs = [
             tree(xt, temp, keep_mass=self.keep_mass, max_leaves=self.max_soft_leaves)
