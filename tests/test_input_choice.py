@@ -7,7 +7,8 @@ import torch
 
 from xrfm_torch import LeafConfig, xRFMTree
 from xrfm_torch.inputs.choice import choose_map_set
-from xrfm_torch.inputs.transforms import INPUT_MAPS, QuantileNormal
+from xrfm_torch.inputs.input_map import INPUT_MAPS
+from xrfm_torch.inputs.transforms import QuantileNormal
 
 
 def exact_cdist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

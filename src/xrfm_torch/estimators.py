@@ -181,7 +181,7 @@ class _XRFMEstimator(BaseEstimator):
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
-        tags.input_tags.allow_nan = True  # missing cells: see xrfm_torch.inputs.transforms.InputMap
+        tags.input_tags.allow_nan = True  # missing cells: see xrfm_torch.inputs.input_map.InputMap
         return tags
 
 

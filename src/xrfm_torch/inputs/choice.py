@@ -21,7 +21,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from xrfm_torch.inputs.transforms import INPUT_MAPS, InputMap, InputMapName, InputTransform
+from xrfm_torch.inputs.input_map import INPUT_MAPS, InputMap, InputMapName, InputTransform
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
@@ -99,7 +99,7 @@ def probe_input_maps(
     One probe leaf per map is fitted on the same seeded ``PROBE_ROWS`` training rows (never the
     held-out ones) and predicts the same ``PROBE_VAL_ROWS`` validation rows; a set of maps
     predicts the mean of its leaves' predictions. Going through the sets in order of size, then
-    of :data:`~xrfm_torch.inputs.transforms.INPUT_MAPS` (identity, quantile, quantile+raw, identity and
+    of :data:`~xrfm_torch.inputs.input_map.INPUT_MAPS` (identity, quantile, quantile+raw, identity and
     quantile, ...), a set replaces the one chosen so far only when its per-row losses
     beat that one's by ``margin`` paired standard errors
     (:func:`~xrfm_torch.leaf.selection.paired_win`). Each map of the set gets its own trees.

@@ -10,8 +10,7 @@ identity (feature importance, AGOP) and tree splits stay meaningful.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -19,12 +18,6 @@ from torch import Tensor
 from xrfm_torch.numerics.checks import as_float_matrix
 from xrfm_torch.numerics.state import ResizableBuffers
 
-#: What a tree sees of an input row (see :class:`InputMap`).
-InputMapName = Literal["identity", "quantile", "quantile+raw"]
-#: The ``input_transform`` option: one map, several (a tree set on each), or ``"auto"``.
-InputTransform = InputMapName | Literal["auto"] | Sequence[InputMapName]
-#: Every map, in the order the ``"auto"`` probe visits them.
-INPUT_MAPS: tuple[InputMapName, ...] = get_args(InputMapName)
 #: Beyond the training range: clip to the end points or continue linearly.
 Tails = Literal["clip", "linear"]
 
@@ -197,117 +190,3 @@ class Standardize(ResizableBuffers):
         """``z * scale + center``: back to the original units, shape (n, d) -> (n, d)."""
         self._check(z)
         return z * self.scale_ + self.center_
-
-
-class InputMap(ResizableBuffers):
-    """What each tree sees of an input row: the row, its normal scores, or both side by side.
-
-    Every map starts from the standardized row ``s`` (:class:`Standardize`, training statistics),
-    so the model is scale-free. Columns with missing cells (NaN) in the training rows are expected
-    to have them: a missing cell becomes the column's training mean (0 in ``s``) and each such
-    column adds a 0/1 missing indicator after the map's columns. NaN in any other column is an
-    error. ``"identity"``: ``s`` (d columns); ``"quantile"``:
-    :class:`QuantileNormal` scores ``z`` of ``s`` (d columns); ``"quantile+raw"``: ``[s, z]`` (2d
-    columns), so each leaf's ``M`` can weigh the
-    raw scale (linear trends, extrapolation) and the rank scale (heavy tails) per feature. Trees of
-    one model may see different maps (an ensemble over maps); the map of each tree is a buffer
-    (``maps_``, indices into :data:`INPUT_MAPS`), so a checkpoint restores it. The knots are shared.
-
-    Args:
-        n_quantiles: Knots per feature of the quantile scores.
-    """
-
-    maps_: Tensor
-    missing_: Tensor
-
-    def __init__(self, n_quantiles: int = 1000) -> None:
-        super().__init__()
-        self.standardize = Standardize()
-        self.quantile = QuantileNormal(n_quantiles)
-        self.register_buffer("maps_", torch.zeros(0, dtype=torch.long))
-        self.register_buffer("missing_", torch.zeros(0, dtype=torch.bool))
-
-    @property
-    def n_features(self) -> int:
-        """Input columns ``d`` of the fitted map."""
-        return int(self.standardize.center_.shape[0])
-
-    @property
-    def names(self) -> list[InputMapName]:
-        """The map of each tree, names from :data:`INPUT_MAPS`."""
-        return [INPUT_MAPS[int(i)] for i in self.maps_]
-
-    def set_maps(self, names: Sequence[str]) -> None:
-        """Give tree ``t`` map ``names[t]`` (the quantile maps need :meth:`fit` first)."""
-        for name in names:
-            if name not in INPUT_MAPS:
-                raise ValueError(f"input map must be one of {INPUT_MAPS}, got {name!r}")
-        index = [INPUT_MAPS.index(name) for name in names]
-        self.maps_ = torch.tensor(index, dtype=torch.long, device=self.maps_.device)
-
-    def fit(self, X: Tensor, *, knots: bool = True) -> InputMap:
-        """Fit the column statistics (and, with ``knots``, the quantile knots) on ``X``, (n, d).
-
-        The columns with NaN cells in ``X`` are the ones where missing values are expected.
-        """
-        self.standardize.fit(X)
-        self.missing_ = torch.isnan(X).any(0)
-        if knots:  # on the imputed rows: a missing cell sits at the column's mean
-            self.quantile.fit(self.standardize(X).nan_to_num(0.0))
-        return self
-
-    def _impute(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
-        """``(standardized x with missing cells at 0, 0/1 indicators (n, m) or None)``."""
-        nan = torch.isnan(x)
-        unexpected = nan.any(0) & ~self.missing_
-        if bool(unexpected.any()):
-            j = int(unexpected.nonzero()[0])
-            i = int(nan[:, j].nonzero()[0])
-            raise ValueError(
-                f"x has a missing value (NaN) at row {i}, column {j}, a column that had none in "
-                f"the training rows; the model handles NaN only in columns {self.missing_columns}"
-            )
-        s = self.standardize(x)
-        if not bool(self.missing_.any()):
-            return s, None
-        s = torch.where(nan, torch.zeros_like(s), s)
-        return s, nan[:, self.missing_].to(x.dtype)
-
-    @property
-    def missing_columns(self) -> list[int]:
-        """Columns where the training rows had missing cells (each gets an indicator)."""
-        return self.missing_.nonzero().flatten().tolist()
-
-    def encode(self, x: Tensor, name: InputMapName) -> Tensor:
-        """Map ``x`` (n, d) with map ``name`` (missing indicators, if any, appended)."""
-        s, indicators = self._impute(x)
-        if name == "identity":
-            out = s
-        else:
-            z = self.quantile(s)
-            out = z if name == "quantile" else torch.cat([s, z], dim=1)
-        return out if indicators is None else torch.cat([out, indicators], dim=1)
-
-    def forward(self, x: Tensor) -> list[Tensor]:
-        """``x`` (n, d) as each tree sees it (each distinct map computed once)."""
-        mapped: dict[InputMapName, Tensor] = {}
-        for name in self.names:
-            if name not in mapped:
-                mapped[name] = self.encode(x, name)
-        return [mapped[name] for name in self.names]
-
-    def fold(self, values: Tensor, name: InputMapName) -> Tensor:
-        """Per-column values of map ``name`` (..., d') back to the inputs (..., d).
-
-        ``"quantile+raw"`` adds each feature's two columns (importance of a feature in either
-        form), and a missing indicator adds to its feature; the other maps are one column per
-        feature.
-        """
-        d, m = self.n_features, int(self.missing_.sum())
-        base = values[..., : values.shape[-1] - m]
-        if name == "quantile+raw":
-            base = base[..., :d] + base[..., d:]
-        if m:
-            base = base.clone()
-            base[..., self.missing_.to(values.device)] += values[..., values.shape[-1] - m :]
-        return base

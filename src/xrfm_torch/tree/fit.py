@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.inputs.choice import encode_fit_data
-from xrfm_torch.inputs.transforms import InputMap, InputMapName
+from xrfm_torch.inputs.input_map import InputMap, InputMapName
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig

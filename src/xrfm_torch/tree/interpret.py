@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from xrfm_torch.inputs.transforms import InputMapName
+from xrfm_torch.inputs.input_map import InputMapName
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.tree.partition import PartitionTree
 

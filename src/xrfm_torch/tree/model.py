@@ -13,12 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xrfm_torch.inputs.choice import check_input_transform, choose_maps
-from xrfm_torch.inputs.transforms import (
-    INPUT_MAPS,
-    InputMap,
-    InputMapName,
-    InputTransform,
-)
+from xrfm_torch.inputs.input_map import INPUT_MAPS, InputMap, InputMapName, InputTransform
 from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
@@ -85,7 +80,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             (the temperature through ``raw_temperature``, ``T = softplus(raw)``), for training with
             SGD through soft routing. A fitted temperature of 0 then starts at the smallest positive
             grid value. Leaf coefficients always stay buffers.
-        input_transform: What the trees see of each input (:class:`~xrfm_torch.inputs.transforms.InputMap`,
+        input_transform: What the trees see of each input (:class:`~xrfm_torch.inputs.input_map.InputMap`,
             fitted on the training rows): ``"identity"``, ``"quantile"`` (each feature's normal
             scores through its training quantiles), ``"quantile+raw"`` (both, 2d columns), a list
             of these (``n_trees`` trees on each, all averaged) or ``"auto"``: small probe leaves
@@ -97,6 +92,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         max_input_maps: Most maps ``"auto"`` may average (1: one map).
         set_leaf_fraction: With several maps, their trees' leaves hold at most this share of
             ``max_leaf_size`` rows (a leaf costs ``O(L^3)``: at 0.5 a pair costs half a fit).
+        categorical_features: Columns holding category codes ``0 .. L-1`` (NaN: missing); the
+            trees see each as a one-hot block of at most 16 columns
+            (:class:`~xrfm_torch.inputs.categories.CategoryColumns`). Missing cells (NaN) of
+            numeric columns are handled where the training rows had some
+            (:class:`~xrfm_torch.inputs.input_map.InputMap`).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -131,6 +131,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         input_margin: float = 2.0,
         max_input_maps: int = 2,
         set_leaf_fraction: float = 0.5,
+        categorical_features: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         if leaf is not None and not isinstance(leaf, LeafConfig):
@@ -162,6 +163,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self.input_margin = check_positive(input_margin, "input_margin", allow_zero=True)
         self.max_input_maps = check_int(max_input_maps, "max_input_maps", 1, len(INPUT_MAPS))
         self.set_leaf_fraction = check_fraction(set_leaf_fraction, "set_leaf_fraction")
+        self.categorical_features = (
+            None
+            if categorical_features is None
+            else [check_int(c, "categorical_features entry", 0) for c in categorical_features]
+        )
         self.input_map = InputMap()
         self.task: Task = task
         self.targets = TargetCoding(task)  # standardized targets or one-hot class codes
@@ -285,7 +291,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         data = fit_data(
             X, y, X_val, y_val, val_fraction=self.val_fraction, generator=generator, allow_nan=True
         )
-        self.input_map.fit(data.X, knots=self.input_transform != "identity")
+        self.input_map.fit(
+            data.X,
+            knots=self.input_transform != "identity",
+            categorical=self.categorical_features or (),
+        )
         codes = self.targets.fit(data.y)
         data = replace(data, y=codes.encode(data.y), y_val=codes.encode(data.y_val, "y_val"))
         maps = choose_maps(

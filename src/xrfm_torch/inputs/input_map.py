@@ -1,0 +1,159 @@
+"""What each tree sees of an input row.
+
+Standardized numeric columns (raw, normal scores or both), one-hot category blocks, and
+missing-value indicators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+from xrfm_torch.inputs.categories import CategoryColumns
+from xrfm_torch.inputs.transforms import QuantileNormal, Standardize
+from xrfm_torch.numerics.state import ResizableBuffers
+
+#: What a tree sees of the numeric columns (see :class:`InputMap`).
+InputMapName = Literal["identity", "quantile", "quantile+raw"]
+#: The ``input_transform`` option: one map, several (a tree set on each), or ``"auto"``.
+InputTransform = InputMapName | Literal["auto"] | Sequence[InputMapName]
+#: Every map, in the order the ``"auto"`` probe visits them.
+INPUT_MAPS: tuple[InputMapName, ...] = get_args(InputMapName)
+
+
+class InputMap(ResizableBuffers):
+    """What each tree sees of an input row ``x`` (d columns), as ``[map(s), c, m]``.
+
+    - ``s``: the numeric columns standardized with training statistics (:class:`Standardize`), so
+      the model is scale-free. The map of a tree is ``"identity"`` (``s``), ``"quantile"``
+      (:class:`QuantileNormal` scores ``z`` of ``s``) or ``"quantile+raw"`` (``[s, z]``), so a
+      leaf's ``M`` can weigh the raw scale (linear trends, extrapolation) and the rank scale
+      (heavy tails) per feature.
+    - ``c``: the categorical columns' one-hot blocks (:class:`CategoryColumns`).
+    - ``m``: a 0/1 indicator for each numeric column that had missing cells (NaN) in the training
+      rows; there a missing cell becomes the column's training mean (0 in ``s``). NaN in any other
+      numeric column is an error; in a categorical column it lights no indicator.
+
+    Trees of one model may see different maps (an ensemble over maps); the map of each tree is a
+    buffer (``maps_``, indices into :data:`INPUT_MAPS`), so a checkpoint restores it.
+
+    Args:
+        n_quantiles: Knots per feature of the quantile scores.
+        max_levels: Most indicator columns per categorical column.
+    """
+
+    maps_: Tensor
+    missing_: Tensor
+    numeric_: Tensor
+
+    def __init__(self, n_quantiles: int = 1000, max_levels: int = 16) -> None:
+        super().__init__()
+        self.standardize = Standardize()
+        self.quantile = QuantileNormal(n_quantiles)
+        self.categories = CategoryColumns(max_levels)
+        self.register_buffer("maps_", torch.zeros(0, dtype=torch.long))
+        self.register_buffer("missing_", torch.zeros(0, dtype=torch.bool))
+        self.register_buffer("numeric_", torch.zeros(0, dtype=torch.long))
+
+    @property
+    def n_features(self) -> int:
+        """Input columns ``d`` of the fitted map."""
+        return int(self.standardize.center_.shape[0])
+
+    @property
+    def names(self) -> list[InputMapName]:
+        """The map of each tree, names from :data:`INPUT_MAPS`."""
+        return [INPUT_MAPS[int(i)] for i in self.maps_]
+
+    def set_maps(self, names: Sequence[str]) -> None:
+        """Give tree ``t`` map ``names[t]`` (the quantile maps need :meth:`fit` first)."""
+        for name in names:
+            if name not in INPUT_MAPS:
+                raise ValueError(f"input map must be one of {INPUT_MAPS}, got {name!r}")
+        index = [INPUT_MAPS.index(name) for name in names]
+        self.maps_ = torch.tensor(index, dtype=torch.long, device=self.maps_.device)
+
+    def fit(self, X: Tensor, *, knots: bool = True, categorical: Sequence[int] = ()) -> InputMap:
+        """Fit on the training rows ``X`` (n, d): statistics, category levels, knots (``knots``).
+
+        Args:
+            X: Training inputs; NaN marks missing cells.
+            knots: Fit the quantile knots (needed by the ``"quantile"`` maps).
+            categorical: Indices of the columns holding category codes ``0 .. L-1``.
+        """
+        self.standardize.fit(X)
+        self.categories.fit(X, categorical)
+        numeric = torch.ones(X.shape[1], dtype=torch.bool, device=X.device)
+        numeric[self.categories.columns_] = False
+        self.numeric_ = numeric.nonzero().flatten()
+        self.missing_ = torch.isnan(X).any(0) & numeric
+        if knots:  # on the imputed rows: a missing cell sits at the column's mean
+            self.quantile.fit(self.standardize(X)[:, self.numeric_].nan_to_num(0.0))
+        return self
+
+    @property
+    def missing_columns(self) -> list[int]:
+        """Numeric columns where the training rows had missing cells (each gets an indicator)."""
+        return self.missing_.nonzero().flatten().tolist()
+
+    def _numeric(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``(standardized numeric columns, missing cells at 0; indicators (n, m) or None)``."""
+        nan = torch.isnan(x)
+        numeric = torch.zeros_like(self.missing_)
+        numeric[self.numeric_] = True
+        unexpected = nan.any(0) & numeric & ~self.missing_
+        if bool(unexpected.any()):
+            j = int(unexpected.nonzero()[0])
+            i = int(nan[:, j].nonzero()[0])
+            raise ValueError(
+                f"x has a missing value (NaN) at row {i}, column {j}, a column that had none in "
+                f"the training rows; the model handles NaN only in columns {self.missing_columns}"
+                " (and in categorical columns)"
+            )
+        s = self.standardize(x)[:, self.numeric_]
+        if not bool(self.missing_.any()):
+            return s, None
+        s = torch.where(nan[:, self.numeric_], torch.zeros_like(s), s)
+        return s, nan[:, self.missing_].to(x.dtype)
+
+    def encode(self, x: Tensor, name: InputMapName) -> Tensor:
+        """Map ``x`` (n, d) with map ``name``: ``[map(s), c, m]``."""
+        s, indicators = self._numeric(x)
+        if name == "identity":
+            parts = [s]
+        else:
+            z = self.quantile(s)
+            parts = [z] if name == "quantile" else [s, z]
+        if self.categories.width:
+            parts.append(self.categories(x))
+        if indicators is not None:
+            parts.append(indicators)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def forward(self, x: Tensor) -> list[Tensor]:
+        """``x`` (n, d) as each tree sees it (each distinct map computed once)."""
+        mapped: dict[InputMapName, Tensor] = {}
+        for name in self.names:
+            if name not in mapped:
+                mapped[name] = self.encode(x, name)
+        return [mapped[name] for name in self.names]
+
+    def owners(self, name: InputMapName) -> Tensor:
+        """The input column each column of map ``name`` comes from, shape (d',)."""
+        numeric = self.numeric_.cpu()
+        parts = [numeric, numeric] if name == "quantile+raw" else [numeric]
+        parts += [self.categories.owners().cpu(), self.missing_.cpu().nonzero().flatten()]
+        return torch.cat(parts)
+
+    def fold(self, values: Tensor, name: InputMapName) -> Tensor:
+        """Per-column values of map ``name`` (..., d') summed back onto the inputs (..., d).
+
+        A feature gets the values of every column it feeds: its raw and rank columns under
+        ``"quantile+raw"``, its category indicators, its missing indicator.
+        """
+        owners = self.owners(name).to(values.device)
+        out = values.new_zeros(*values.shape[:-1], self.n_features)
+        return out.index_add(values.ndim - 1, owners, values)

@@ -1,0 +1,63 @@
+"""Category columns: codes to bounded one-hot blocks, in the core and the estimators."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from xrfm_torch import LeafConfig, xRFMTree
+from xrfm_torch.inputs.categories import ONE_HOT, CategoryColumns
+
+
+def seeded(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_codes_become_scaled_indicators_and_unknowns_none():
+    X = torch.tensor([[0.0, 5.0], [2.0, 5.0], [2.0, 1.0], [float("nan"), 3.0]])
+    cats = CategoryColumns().fit(X, [0])
+    assert cats.width == 2  # levels 0 and 2 seen; 1 never
+    out = cats(torch.tensor([[2.0, 0.0], [0.0, 0.0], [1.0, 0.0], [float("nan"), 0.0], [7.0, 0.0]]))
+    # slots by frequency: level 2 (twice) first, then level 0; level 1, NaN and 7 light none
+    expected = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    torch.testing.assert_close(out, expected * ONE_HOT)
+    assert math.isclose(float(torch.dist(out[0], out[1])), 1.0, rel_tol=1e-6)  # levels 1 apart
+    with pytest.raises(ValueError, match="integer codes >= 0 .*got 0.5"):
+        CategoryColumns().fit(torch.tensor([[0.5], [1.0]]), [0])
+
+
+def test_many_levels_cost_a_bounded_block():
+    g = seeded(1)
+    codes = torch.randint(0, 300, (5000, 1), generator=g).float()
+    codes[:2000] = 7.0  # one frequent level
+    cats = CategoryColumns(max_levels=16).fit(codes, [0])
+    assert cats.width == 16  # 15 most frequent levels + "other"
+    out = cats(codes)
+    assert torch.equal(out[:2000].argmax(1), torch.zeros(2000, dtype=torch.long))  # 7 ranks first
+    assert torch.allclose(out.sum(1), torch.full((5000,), ONE_HOT))  # every seen level lights one
+
+
+def test_a_tree_learns_a_categorical_effect_and_folds_its_importance():
+    g = seeded(2)
+    n = 2000
+    level = torch.randint(0, 5, (n,), generator=g)
+    x = torch.randn(n, 2, generator=g)
+    effect = torch.tensor([0.0, 2.0, -1.0, 3.0, 0.5])
+    y = effect[level] + 0.5 * x[:, 0]
+    X = torch.cat([x, level[:, None].float()], 1)
+    model = xRFMTree(
+        categorical_features=[2], leaf=LeafConfig(n_iters=2), input_transform="identity"
+    )
+    model.fit(X[:1500], y[:1500], X[1500:1700], y[1500:1700], generator=seeded())
+    assert model.leaves()[0].support_.shape[1] == 2 + 5  # 2 numeric + 5 indicators
+    rmse = float(((model(X[1700:])[:, 0] - y[1700:]) ** 2).mean().sqrt())
+    assert rmse < 0.15
+    imp = model.feature_importance()
+    assert imp.shape == (3,) and int(imp.argmax()) == 2  # the category carries most of y
+    # a level never seen in training and a missing category both light no indicator
+    row = X[1700:1702].clone()
+    row[0, 2], row[1, 2] = 9.0, float("nan")
+    assert torch.isfinite(model(row)).all()
+    assert model.get_config()["categorical_features"] == [2]
