@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -61,3 +62,38 @@ def test_a_tree_learns_a_categorical_effect_and_folds_its_importance():
     row[0, 2], row[1, 2] = 9.0, float("nan")
     assert torch.isfinite(model(row)).all()
     assert model.get_config()["categorical_features"] == [2]
+
+
+def test_estimators_read_text_categories_missing_cells_and_unseen_levels():
+    pd = pytest.importorskip("pandas")
+    from xrfm_torch import XRFMClassifier, XRFMRegressor
+
+    rng = np.random.default_rng(0)
+    n = 1200
+    city = rng.choice(["paris", "oslo", "lima", "cairo"], size=n)
+    num = rng.normal(size=n)
+    y = np.select([city == "paris", city == "oslo", city == "lima"], [2.0, -1.0, 0.5], 0.0) + num
+    df = pd.DataFrame({"city": city, "num": num, "flag": rng.normal(size=n)})
+    df.loc[::9, "city"] = None  # missing text cells
+    df.loc[::11, "flag"] = np.nan  # missing numbers
+    est = XRFMRegressor(n_iters=2, random_state=0).fit(df.iloc[:1000], y[:1000])
+    assert est.encoder_.categorical == [0] and list(est.encoder_.levels[0]) == [
+        "cairo",
+        "lima",
+        "oslo",
+        "paris",
+    ]
+    assert est.tree_.categorical_features == [0] and est.tree_.input_map.missing_columns == [2]
+    pred = est.predict(df.iloc[1000:])
+    seen = df.iloc[1000:]["city"].notna().to_numpy()
+    assert np.sqrt(np.mean((pred[seen] - y[1000:][seen]) ** 2)) < 0.3
+    new = df.iloc[1000:1003].copy()
+    new["city"] = ["tokyo", None, "paris"]  # unseen, missing, seen
+    assert np.isfinite(est.predict(new)).all()
+    # by name, and text in a numeric column is named in the error
+    XRFMRegressor(n_iters=1, categorical_features=["city"]).fit(df.iloc[:300], y[:300])
+    with pytest.raises(ValueError, match="column 'city' \\(index 0\\) has text 'paris' at row 0"):
+        XRFMRegressor(n_iters=1, categorical_features=None).fit(df.assign(city="paris"), y)
+    labels = np.where(y > 0.5, "high", "low")
+    clf = XRFMClassifier(n_iters=2, random_state=0).fit(df.iloc[:1000], labels[:1000])
+    assert clf.score(df.iloc[1000:], labels[1000:]) > 0.8

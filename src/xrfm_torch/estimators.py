@@ -1,7 +1,7 @@
 """scikit-learn estimators: :class:`XRFMRegressor` and :class:`XRFMClassifier`.
 
-Thin adapters around :class:`~xrfm_torch.xRFMTree`: numpy or pandas in (numeric columns), numpy
-out, labels of any type for the classifier, ``get_params``/``set_params``/``clone``. The fitted
+Thin adapters around :class:`~xrfm_torch.xRFMTree`: numpy or pandas in (numbers, text categories,
+missing cells), numpy out, labels of any type for the classifier, ``get_params``/``set_params``/``clone``. The fitted
 tree is ``tree_`` (head use, interpretation, ``state_dict``). Defaults are the core's: each
 parameter below defaults to the value of the same-named :class:`~xrfm_torch.LeafConfig` field or
 ``xRFMTree`` argument, read from there, so there is still one home for them.
@@ -23,6 +23,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from xrfm_torch.data.tabular import CategoricalSpec, TableEncoder, categorical_columns
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafConfig
 from xrfm_torch.tree import xRFMTree
@@ -55,6 +56,11 @@ class _XRFMEstimator(BaseEstimator):
         temperature: Soft-routing temperature; ``None`` tunes it on validation data.
         val_fraction: Share of the training rows held out for the validation-based choices when
             ``fit`` gets no ``eval_set``.
+        categorical_features: ``"auto"`` (a DataFrame's text, category and bool columns; the
+            text columns of an object array), a list of column indices or names, or ``None``.
+            Their levels are learned in ``fit`` (:class:`~xrfm_torch.data.tabular.TableEncoder`);
+            the trees see each as a one-hot block of at most 16 columns; a level ``fit`` never
+            saw, like a missing cell, lights none.
         random_state: Seed (int), ``numpy.random.RandomState``, or ``None`` (numpy's global
             generator draws one). An int gives the model ``xRFMTree`` fits with that seed.
         verbose: Show a progress bar over the leaf fits.
@@ -81,6 +87,7 @@ class _XRFMEstimator(BaseEstimator):
         n_trees: int = _TREE["n_trees"],
         temperature: float | None = _TREE["temperature"],
         val_fraction: float = _TREE["val_fraction"],
+        categorical_features: CategoricalSpec = "auto",
         random_state: int | np.random.RandomState | None = None,
         verbose: bool = False,
         device: str = "cpu",
@@ -96,6 +103,7 @@ class _XRFMEstimator(BaseEstimator):
         self.n_trees = n_trees
         self.temperature = temperature
         self.val_fraction = val_fraction
+        self.categorical_features = categorical_features
         self.random_state = random_state
         self.verbose = verbose
         self.device = device
@@ -114,7 +122,10 @@ class _XRFMEstimator(BaseEstimator):
     def _new_tree(self) -> xRFMTree:
         leaf = LeafConfig(**{k: getattr(self, k) for k in LEAF_PARAMS})
         tree_args = {k: getattr(self, k) for k in TREE_PARAMS}
-        return xRFMTree(self.kernel, task=self._task, leaf=leaf, **tree_args)
+        categorical = self.encoder_.categorical or None
+        return xRFMTree(
+            self.kernel, task=self._task, leaf=leaf, categorical_features=categorical, **tree_args
+        )
 
     def _generator(self) -> torch.Generator:
         if isinstance(self.random_state, (int, np.integer)):
@@ -143,14 +154,7 @@ class _XRFMEstimator(BaseEstimator):
         if eval_set is not None:
             if not (isinstance(eval_set, (tuple, list)) and len(eval_set) == 2):
                 raise ValueError("eval_set must be a pair (X_val, y_val)")
-            X_val = validate_data(
-                self,
-                eval_set[0],
-                reset=False,
-                dtype=[np.float64, np.float32],
-                ensure_all_finite="allow-nan",
-            )
-            val = (X_val, self._encode_y(eval_set[1], "eval_set y"))
+            val = (self._read(eval_set[0]), self._encode_y(eval_set[1], "eval_set y"))
         self.tree_ = self._new_tree()
         progress, bar = self._progress()
         try:
@@ -170,11 +174,29 @@ class _XRFMEstimator(BaseEstimator):
     def _encode_y(self, y: Any, name: str) -> np.ndarray:
         raise NotImplementedError
 
+    def _read_fit(self, X: Any, y: Any, **y_checks: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Check ``X`` and ``y``, learn the categorical columns' levels, give the float matrix."""
+        table = X
+        X, y = validate_data(
+            self, X, y, dtype=None, ensure_all_finite=False, ensure_min_samples=4, **y_checks
+        )
+        names = getattr(self, "feature_names_in_", None)
+        names = (
+            [str(n) for n in names] if names is not None else [f"x{j}" for j in range(X.shape[1])]
+        )
+        dtypes = getattr(table, "dtypes", None)  # a DataFrame's column dtypes
+        categorical = categorical_columns(X, self.categorical_features, names, dtypes)
+        self.encoder_ = TableEncoder.fit(X, categorical, names)
+        return self.encoder_.transform(X), y
+
+    def _read(self, X: Any) -> np.ndarray:
+        """``X`` as the float matrix of the fitted columns (codes for the categorical ones)."""
+        X = validate_data(self, X, reset=False, dtype=None, ensure_all_finite=False)
+        return self.encoder_.transform(X)
+
     def _scores(self, X: Any) -> torch.Tensor:
         check_is_fitted(self, "tree_")
-        X = validate_data(
-            self, X, reset=False, dtype=[np.float64, np.float32], ensure_all_finite="allow-nan"
-        )
+        X = self._read(X)
         with torch.no_grad():
             return self.tree_(self._tensor(X))
 
@@ -207,15 +229,12 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
         """Fit on ``X`` (n, d) and targets ``y`` (n,) or (n, c).
 
         Args:
-            X: Numeric array or DataFrame.
+            X: Array or DataFrame (text categories and missing cells allowed).
             y: Targets.
             eval_set: ``(X_val, y_val)`` for the validation-based choices; without it a seeded
                 ``val_fraction`` of the rows is held out (and then refitted on).
         """
-        X, y = validate_data(
-            self, X, y, dtype=[np.float64, np.float32], ensure_all_finite="allow-nan", y_numeric=True, multi_output=True,
-            ensure_min_samples=4,
-        )  # fmt: skip
+        X, y = self._read_fit(X, y, y_numeric=True, multi_output=True)
         self._y_ndim = np.ndim(y)
         return self._fit(X, self._encode_y(y, "y"), eval_set)
 
@@ -251,19 +270,12 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
         """Fit on ``X`` (n, d) and labels ``y`` (n,).
 
         Args:
-            X: Numeric array or DataFrame.
+            X: Array or DataFrame (text categories and missing cells allowed).
             y: Class labels (at least two classes).
             eval_set: ``(X_val, y_val)`` for the validation-based choices; without it a seeded
                 ``val_fraction`` of the rows is held out (and then refitted on).
         """
-        X, y = validate_data(
-            self,
-            X,
-            y,
-            dtype=[np.float64, np.float32],
-            ensure_all_finite="allow-nan",
-            ensure_min_samples=4,
-        )
+        X, y = self._read_fit(X, y)
         check_classification_targets(y)
         self.classes_ = np.unique(y)
         if len(self.classes_) < 2:

@@ -1,0 +1,129 @@
+"""Ordinary tables to the float matrix the model reads: numbers stay, text categories become codes.
+
+A categorical column's levels are the sorted distinct values of the training rows; a cell becomes
+its level's index (a code ``0 .. L-1``), a missing cell NaN, a level the training rows never had
+-1 (the model lights no indicator for either). Numeric columns become floats (missing cells NaN);
+a text cell in a numeric column is an error naming the column and row. numpy only: a pandas
+DataFrame is read through its columns' dtypes when one is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: ``"auto"``: text, category and bool columns of a DataFrame (text cells in an object array).
+CategoricalSpec = str | Sequence[int | str] | None
+
+
+def is_missing(values: np.ndarray) -> np.ndarray:
+    """Missing cells of an object column: None, NaN, pandas' NA/NaT (bool (n,))."""
+    out = np.zeros(len(values), dtype=bool)
+    for i, v in enumerate(values):
+        out[i] = v is None or (isinstance(v, float) and np.isnan(v)) or str(v) in ("<NA>", "NaT")
+    return out
+
+
+def categorical_columns(
+    X: np.ndarray,
+    spec: CategoricalSpec,
+    feature_names: Sequence[str] | None = None,
+    dtypes: Sequence[Any] | None = None,
+) -> list[int]:
+    """The indices of the categorical columns of ``X`` (2-D; ``dtypes``: a DataFrame's, if any)."""
+    n_cols = X.shape[1]
+    if spec is None:
+        return []
+    if isinstance(spec, str):
+        if spec != "auto":
+            raise ValueError(f"categorical_features must be 'auto', None or a list, got {spec!r}")
+        if dtypes is not None:
+            kinds = ("category", "string", "str")
+            return [j for j, dt in enumerate(dtypes) if dt.kind in "OUSb" or str(dt) in kinds]
+        if X.dtype.kind in "US":
+            return list(range(n_cols))
+        if X.dtype.kind != "O":
+            return []
+        return [j for j in range(n_cols) if any(isinstance(v, str) for v in X[:, j])]
+    names = list(feature_names) if feature_names is not None else None
+    out = []
+    for c in spec:
+        if isinstance(c, str):
+            if names is None or c not in names:
+                raise ValueError(f"categorical feature {c!r} is not a column name")
+            out.append(names.index(c))
+        elif not 0 <= int(c) < n_cols:
+            raise ValueError(f"categorical feature index {c} is out of range for {n_cols} columns")
+        else:
+            out.append(int(c))
+    return sorted(set(out))
+
+
+@dataclass
+class TableEncoder:
+    """Learned levels of the categorical columns; :meth:`transform` gives the float matrix.
+
+    Attributes:
+        categorical: Indices of the categorical columns.
+        levels: Per categorical column, its training levels (sorted by their text).
+        names: Column names (for messages).
+    """
+
+    categorical: list[int]
+    levels: list[np.ndarray]
+    names: list[str]
+
+    @classmethod
+    def fit(cls, X: np.ndarray, categorical: Sequence[int], names: Sequence[str]) -> TableEncoder:
+        """Learn the levels of ``X``'s categorical columns (``X``: 2-D, any dtype)."""
+        levels = []
+        for j in categorical:
+            col = X[:, j]
+            present = col[~is_missing(col)] if col.dtype.kind == "O" else col
+            values = dict.fromkeys(present.tolist())  # distinct, in order of appearance
+            levels.append(np.array(sorted(values, key=str), dtype=object))
+        return cls(list(categorical), levels, list(names))
+
+    def transform(self, X: np.ndarray) -> np.ndarray:
+        """``X`` (n, d) as float64: numeric columns as floats, categorical ones as codes."""
+        out = np.empty(X.shape, dtype=np.float64)
+        cat = set(self.categorical)
+        for j in range(X.shape[1]):
+            if j not in cat:
+                out[:, j] = self._numeric(X[:, j], j)
+        for j, levels in zip(self.categorical, self.levels):
+            col = X[:, j]
+            index = {v: k for k, v in enumerate(levels.tolist())}
+            missing = is_missing(col) if col.dtype.kind == "O" else np.zeros(len(col), dtype=bool)
+            codes = [-1.0 if v not in index else float(index[v]) for v in col.tolist()]
+            out[:, j] = np.where(missing, np.nan, codes)
+        return out
+
+    def _numeric(self, col: np.ndarray, j: int) -> np.ndarray:
+        if col.dtype.kind in "fiub":
+            values = col.astype(np.float64)
+        else:
+            values = np.empty(len(col), dtype=np.float64)
+            missing = is_missing(col)
+            for i, v in enumerate(col.tolist()):
+                if missing[i]:
+                    values[i] = np.nan
+                    continue
+                try:
+                    values[i] = float(v)
+                except (TypeError, ValueError) as err:
+                    if isinstance(v, str):
+                        raise ValueError(
+                            f"column {self.names[j]!r} (index {j}) has text {v!r} at row {i}; "
+                            "name it in categorical_features to read it as categories"
+                        ) from err
+                    raise
+        if np.isinf(values).any():
+            i = int(np.isinf(values).nonzero()[0][0])
+            raise ValueError(
+                f"Input X contains infinity: column {self.names[j]!r} (index {j}), row {i}"
+            )
+        return values
