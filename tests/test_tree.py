@@ -432,3 +432,13 @@ def test_missing_cells_are_imputed_and_flagged_where_the_training_rows_had_them(
     bad[1, 3] = float("nan")
     with pytest.raises(ValueError, match=r"row 1, column 3.*handles NaN only in columns \[0\]"):
         model(bad)
+    # told to expect missing cells anywhere: a NaN in column 3 is that column's training mean
+    anywhere = xRFMTree(
+        max_leaf_size=2000,
+        leaf=LeafConfig(n_iters=2),
+        input_transform="identity",
+        missing_values="any",
+    ).fit(X[:1200], y[:1200], X[1200:1350], y[1200:1350], generator=seeded())
+    mean_filled = bad.clone()
+    mean_filled[1, 3] = float(X[:1200, 3].mean())
+    torch.testing.assert_close(anywhere(bad), anywhere(mean_filled))

@@ -67,8 +67,9 @@ class _XRFMEstimator(BaseEstimator):
         device: Torch device of the fit (``"cpu"``, ``"cuda"``).
         dtype: ``"float32"`` or ``"float64"``.
 
-    Missing cells (NaN) are handled in the columns where the training rows had some (the training
-    mean plus a missing indicator); NaN in another column at prediction is an error.
+    Missing cells (NaN, None, empty) are handled in every column: a numeric one's training mean,
+    plus a missing indicator where the training rows had missing cells; a categorical one lights
+    no level.
     ``sample_weight`` is not supported: ``fit`` has no such argument.
     """
 
@@ -124,7 +125,12 @@ class _XRFMEstimator(BaseEstimator):
         tree_args = {k: getattr(self, k) for k in TREE_PARAMS}
         categorical = self.encoder_.categorical or None
         return xRFMTree(
-            self.kernel, task=self._task, leaf=leaf, categorical_features=categorical, **tree_args
+            self.kernel,
+            task=self._task,
+            leaf=leaf,
+            categorical_features=categorical,
+            missing_values="any",  # tables: a missing cell may turn up in any column
+            **tree_args,
         )
 
     def _generator(self) -> torch.Generator:

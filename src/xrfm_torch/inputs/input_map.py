@@ -22,6 +22,8 @@ InputMapName = Literal["identity", "quantile", "quantile+raw"]
 InputTransform = InputMapName | Literal["auto"] | Sequence[InputMapName]
 #: Every map, in the order the ``"auto"`` probe visits them.
 INPUT_MAPS: tuple[InputMapName, ...] = get_args(InputMapName)
+#: Where NaN is accepted in numeric columns: only where the training rows had some, or anywhere.
+MissingValues = Literal["seen", "any"]
 
 
 class InputMap(ResizableBuffers):
@@ -34,8 +36,9 @@ class InputMap(ResizableBuffers):
       (heavy tails) per feature.
     - ``c``: the categorical columns' one-hot blocks (:class:`CategoryColumns`).
     - ``m``: a 0/1 indicator for each numeric column that had missing cells (NaN) in the training
-      rows; there a missing cell becomes the column's training mean (0 in ``s``). NaN in any other
-      numeric column is an error; in a categorical column it lights no indicator.
+      rows; there a missing cell becomes the column's training mean (0 in ``s``). NaN in another
+      numeric column is an error (``missing_values="seen"``) or also the training mean, without
+      an indicator (``"any"``); in a categorical column it lights no indicator.
 
     Trees of one model may see different maps (an ensemble over maps); the map of each tree is a
     buffer (``maps_``, indices into :data:`INPUT_MAPS`), so a checkpoint restores it.
@@ -43,14 +46,20 @@ class InputMap(ResizableBuffers):
     Args:
         n_quantiles: Knots per feature of the quantile scores.
         max_levels: Most indicator columns per categorical column.
+        missing_values: ``"seen"`` or ``"any"`` (see above).
     """
 
     maps_: Tensor
     missing_: Tensor
     numeric_: Tensor
 
-    def __init__(self, n_quantiles: int = 1000, max_levels: int = 16) -> None:
+    def __init__(
+        self, n_quantiles: int = 1000, max_levels: int = 16, missing_values: MissingValues = "seen"
+    ) -> None:
         super().__init__()
+        if missing_values not in ("seen", "any"):
+            raise ValueError(f"missing_values must be 'seen' or 'any', got {missing_values!r}")
+        self.missing_values: MissingValues = missing_values
         self.standardize = Standardize()
         self.quantile = QuantileNormal(n_quantiles)
         self.categories = CategoryColumns(max_levels)
@@ -105,7 +114,7 @@ class InputMap(ResizableBuffers):
         numeric = torch.zeros_like(self.missing_)
         numeric[self.numeric_] = True
         unexpected = nan.any(0) & numeric & ~self.missing_
-        if bool(unexpected.any()):
+        if self.missing_values == "seen" and bool(unexpected.any()):
             j = int(unexpected.nonzero()[0])
             i = int(nan[:, j].nonzero()[0])
             raise ValueError(
@@ -114,9 +123,10 @@ class InputMap(ResizableBuffers):
                 " (and in categorical columns)"
             )
         s = self.standardize(x)[:, self.numeric_]
+        if bool(unexpected.any()) or bool(self.missing_.any()):
+            s = torch.where(nan[:, self.numeric_], torch.zeros_like(s), s)
         if not bool(self.missing_.any()):
             return s, None
-        s = torch.where(nan[:, self.numeric_], torch.zeros_like(s), s)
         return s, nan[:, self.missing_].to(x.dtype)
 
     def encode(self, x: Tensor, name: InputMapName) -> Tensor:

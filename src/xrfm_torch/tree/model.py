@@ -13,7 +13,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xrfm_torch.inputs.choice import check_input_transform, choose_maps
-from xrfm_torch.inputs.input_map import INPUT_MAPS, InputMap, InputMapName, InputTransform
+from xrfm_torch.inputs.input_map import (
+    INPUT_MAPS,
+    InputMap,
+    InputMapName,
+    InputTransform,
+    MissingValues,
+)
 from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
@@ -97,6 +103,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             (:class:`~xrfm_torch.inputs.categories.CategoryColumns`). Missing cells (NaN) of
             numeric columns are handled where the training rows had some
             (:class:`~xrfm_torch.inputs.input_map.InputMap`).
+        missing_values: ``"seen"``: NaN at prediction in a numeric column the training rows had
+            no missing cells in is an error; ``"any"``: it is the column's training mean.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -132,6 +140,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         max_input_maps: int = 2,
         set_leaf_fraction: float = 0.5,
         categorical_features: Sequence[int] | None = None,
+        missing_values: MissingValues = "seen",
     ) -> None:
         super().__init__()
         if leaf is not None and not isinstance(leaf, LeafConfig):
@@ -168,7 +177,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             if categorical_features is None
             else [check_int(c, "categorical_features entry", 0) for c in categorical_features]
         )
-        self.input_map = InputMap()
+        self.missing_values: MissingValues = missing_values
+        self.input_map = InputMap(missing_values=missing_values)
         self.task: Task = task
         self.targets = TargetCoding(task)  # standardized targets or one-hot class codes
         if task == "regression" and self.leaf.criterion != "mse":
