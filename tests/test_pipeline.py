@@ -211,3 +211,39 @@ def test_train_py_multirun(tmp_path):
     runs = sorted(tmp_path.glob("debug/multiruns/*/*/metrics.yaml"))
     assert len(runs) == 2
     assert proc.stdout.count("test/rmse") == 2
+
+
+def test_a_csv_table_with_text_missing_cells_and_text_labels(tmp_path):
+    pytest.importorskip("pandas")
+    rng = np.random.default_rng(0)
+    n = 1500
+    color = rng.choice(["red", "green", "blue"], size=n)
+    x = rng.normal(size=n)
+    score = x + np.select([color == "red", color == "green"], [1.5, -1.5], 0.0)
+    label = np.where(score > 0, "yes", "no")
+    lines = ["color,x,z,label"]
+    for i in range(n):
+        c = "" if i % 13 == 0 else color[i]  # empty cells: missing
+        z = "" if i % 17 == 0 else f"{rng.normal():.6f}"
+        lines.append(f"{c},{x[i]:.6f},{z},{label[i]}")
+    path = tmp_path / "data.csv"  # where compose_with points dataset=csv
+    path.write_text("\n".join(lines) + "\n")
+    cfg = compose_with(
+        [
+            "dataset=csv",
+            f"dataset.path={path}",
+            "dataset.target=label",
+            "model.leaf.n_iters=2",
+            "callbacks=none",
+            "logger=none",
+            "trainer.enable_progress_bar=false",
+        ],
+        tmp_path,
+    )
+    result = run(cfg)
+    dm, system = result["objects"]["datamodule"], result["objects"]["system"]
+    assert dm.task == "classification" and dm.categorical_features == [0] and dm.has_missing
+    tree = system.tree
+    assert tree.categorical_features == [0] and tree.missing_values == "any"
+    assert tree.input_map.missing_columns == [2]  # z: missing numbers get an indicator
+    assert result["metrics"]["test/accuracy"] > 0.9

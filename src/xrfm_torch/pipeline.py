@@ -45,7 +45,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     dm: TabularDataModule = hydra.utils.instantiate(cfg.dataset)
     dm.prepare_data()
     dm.setup("fit")
-    tree = hydra.utils.instantiate(cfg.model, task=dm.task)  # the dataset decides the task
+    tree = hydra.utils.instantiate(cfg.model, **dm.model_kwargs())  # task, columns: the data's
     system: XRFMLitModule = hydra.utils.instantiate(cfg.system, tree=tree, **dm.system_kwargs())
     callbacks = _instantiate_group(cfg.get("callbacks"))
     loggers = _instantiate_group(cfg.get("logger"))

@@ -34,7 +34,9 @@ class Standardizer:
 
     @classmethod
     def fit(cls, x: np.ndarray) -> Standardizer:
-        """Statistics of ``x`` (n, k) or (n,)."""
+        """Statistics of ``x`` (n, k) or (n,); missing cells (NaN) are left out."""
+        if np.isnan(x).any():
+            return cls(np.nanmean(x, 0), np.nanstd(x, 0) + 1e-12)
         return cls(x.mean(0), x.std(0) + 1e-12)
 
     def transform(self, x: np.ndarray) -> np.ndarray:
@@ -67,14 +69,18 @@ def prepare(
     *,
     regression: bool = True,
     feature_names: list[str] | None = None,
+    categorical: list[int] | None = None,
 ) -> ProtocolData:
     """Split and standardize ``X`` (n, d) and ``y`` (n,) exactly as the protocol says.
 
     Targets of the returned splits are standardized for regression (use ``y_scaler.inverse`` on
-    predictions); classification labels are returned unchanged.
+    predictions); classification labels are returned unchanged. ``categorical`` columns hold
+    category codes and are left as they are; missing cells (NaN) stay missing.
     """
     tr, va, te = protocol_split(len(X), seed)
     xs = Standardizer.fit(X[tr])
+    if categorical:
+        xs.mean[categorical], xs.std[categorical] = 0.0, 1.0
     ys = Standardizer.fit(y[tr]) if regression else None
 
     def tx(rows: np.ndarray) -> np.ndarray:

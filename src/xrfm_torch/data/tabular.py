@@ -127,3 +127,66 @@ class TableEncoder:
                 f"Input X contains infinity: column {self.names[j]!r} (index {j}), row {i}"
             )
         return values
+
+
+@dataclass
+class Table:
+    """A table read for the model: float features (codes for categories, NaN missing), targets.
+
+    Attributes:
+        X: Features, (n, d) float64.
+        y: Targets (n,): floats (regression) or class indices ``0 .. K-1`` (classification).
+        names: Feature names.
+        categorical: Indices of the categorical columns.
+        classes: The class labels in index order (classification), else ``None``.
+    """
+
+    X: np.ndarray
+    y: np.ndarray
+    names: list[str]
+    categorical: list[int]
+    classes: np.ndarray | None
+
+
+def read_table(path: Any, target: str | int | None = None, task: str | None = None) -> Table:
+    """Read a CSV table with pandas: text categories, empty cells, text labels.
+
+    Args:
+        path: A ``.csv`` or ``.csv.gz`` file with a header row.
+        target: Target column name or index (default: the last column).
+        task: ``"regression"``, ``"classification"``, or ``None``: classification when the target
+            column is text, else regression.
+    """
+    try:
+        import pandas as pd
+    except ImportError as err:  # pragma: no cover - pandas is a dev/tables extra
+        raise ImportError(
+            "reading tables with text cells needs pandas: pip install 'xrfm-torch[tables]'"
+        ) from err
+    df = pd.read_csv(path)
+    columns = [str(c) for c in df.columns]
+    if target is None:
+        j = len(columns) - 1
+    elif isinstance(target, str):
+        if target not in columns:
+            raise ValueError(f"{path}: no column named {target!r}; columns are {columns}")
+        j = columns.index(target)
+    else:
+        j = int(target) % len(columns)
+    y_raw = df.iloc[:, j]
+    features = df.drop(columns=df.columns[j])
+    names = [str(c) for c in features.columns]
+    if y_raw.isna().any():
+        i = int(np.flatnonzero(y_raw.isna().to_numpy())[0])
+        raise ValueError(f"{path}: the target column {columns[j]!r} is missing at row {i}")
+    if task is None:
+        task = "regression" if y_raw.dtype.kind in "fiu" else "classification"
+    X_obj = features.to_numpy(dtype=object)
+    categorical = categorical_columns(X_obj, "auto", names, list(features.dtypes))
+    X = TableEncoder.fit(X_obj, categorical, names).transform(X_obj)
+    if task == "classification":
+        classes, y = np.unique(y_raw.to_numpy(), return_inverse=True)
+        return Table(X, y.astype(np.float64), names, categorical, classes)
+    if y_raw.dtype.kind not in "fiu":
+        raise ValueError(f"{path}: regression target {columns[j]!r} has text cells")
+    return Table(X, y_raw.to_numpy(np.float64), names, categorical, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from xrfm_torch.data.protocol import ProtocolData, Task, prepare
 from xrfm_torch.data.registry import DATASETS, read_csv
 from xrfm_torch.data.sources import download_openml, load_openml, make_synthetic
+from xrfm_torch.data.tabular import read_table
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +72,17 @@ class TabularDataModule(pl.LightningDataModule):
             raise ValueError(f"task must be 'regression' or 'classification', got {task!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        # resolve the task before saving hparams, so they agree with the system's
+        # resolve the task before saving hparams, so they agree with the system's (a CSV table with
+        # a text target, read with pandas, turns it into classification in setup)
+        self._task_given = task is not None
         task = task or (DATASETS[name].task if name in DATASETS else "regression")  # type: ignore[assignment]
         self.save_hyperparameters()
         self.name = name
         self.task: Task = task  # type: ignore[assignment]
         self.data: ProtocolData | None = None
         self.datasets: dict[str, TensorDataset] = {}
+        self.categorical_features: list[int] = []  # columns of category codes (CSV tables)
+        self.has_missing = False  # whether any feature cell is missing (NaN)
 
     def prepare_data(self) -> None:
         if self.name == "openml":
@@ -88,7 +94,19 @@ class TabularDataModule(pl.LightningDataModule):
         if self.name in DATASETS:
             return DATASETS[self.name].loader()
         if self.name == "csv":
-            return read_csv(Path(hp["path"]).expanduser(), hp["target"] if hp["target"] else -1)
+            path = Path(hp["path"]).expanduser()
+            try:  # a table of numbers: read as such (without pandas)
+                return read_csv(path, hp["target"] if hp["target"] else -1)
+            except ValueError as err:  # text or empty cells: pandas reads them
+                if importlib.util.find_spec("pandas") is None:
+                    raise ValueError(
+                        f"{err}; tables with text or empty cells need pandas: "
+                        "pip install 'xrfm-torch[tables]'"
+                    ) from err
+            table = read_table(path, hp["target"], self.task if self._task_given else None)
+            self.task = "classification" if table.classes is not None else "regression"
+            self.categorical_features = table.categorical
+            return table.X, table.y, table.names
         if self.name == "openml":
             return load_openml(int(hp["openml_id"]), hp["cache_dir"], hp["target"])
         return make_synthetic(hp["n_samples"], hp["n_features"], hp["noise"], hp["seed"])
@@ -100,8 +118,14 @@ class TabularDataModule(pl.LightningDataModule):
         regression = self.task == "regression"
         if not regression and (np.any(y != np.round(y)) or y.min() < 0):
             raise ValueError("classification targets must be integer labels 0..K-1")
+        self.has_missing = bool(np.isnan(X).any())
         self.data = prepare(
-            X, y, int(self.hparams["seed"]), regression=regression, feature_names=names
+            X,
+            y,
+            int(self.hparams["seed"]),
+            regression=regression,
+            feature_names=names,
+            categorical=self.categorical_features,
         )
         d = self.data
         for split, (Xs, ys) in {
@@ -139,6 +163,16 @@ class TabularDataModule(pl.LightningDataModule):
     def feature_names(self) -> list[str]:
         """Names of the input columns."""
         return self._loaded().feature_names
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :class:`~xrfm_torch.xRFMTree` that depend on the data."""
+        self._loaded()
+        kw: dict[str, Any] = {"task": self.task}
+        if self.categorical_features:
+            kw["categorical_features"] = self.categorical_features
+        if self.has_missing:  # a table with empty cells: expect them in any column
+            kw["missing_values"] = "any"
+        return kw
 
     def system_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :class:`~xrfm_torch.lit.XRFMLitModule` that depend on the data."""
