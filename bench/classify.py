@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import ROOT
+from bench.common import ROOT, run_module_child, write_table
 
 
 def measure(path: Path, seed: int, criterion: str, threads: int) -> dict:
@@ -87,25 +85,9 @@ def main() -> None:
         for name in names:
             for seed in a.seeds:
                 for criterion in a.criteria:
-                    cmd = [
-                        sys.executable,
-                        "-m",
-                        "bench.classify",
-                        "--one",
-                        str(files[name]),
-                        str(seed),
-                    ]
-                    cmd += [criterion, "--threads", str(a.threads)]
-                    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-                    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-                    if proc.returncode != 0 or not lines:
-                        sys.exit(f"{name} seed {seed} {criterion} failed:\n{proc.stderr[-2000:]}")
-                    row = {
-                        "dataset": name,
-                        "seed": seed,
-                        "criterion": criterion,
-                        **json.loads(lines[-1]),
-                    }
+                    args = ["--one", str(files[name]), str(seed), criterion]
+                    child = run_module_child("bench.classify", [*args, "--threads", str(a.threads)])
+                    row = {"dataset": name, "seed": seed, "criterion": criterion, **child}
                     rows.append(row)
                     fh.write(json.dumps(row) + "\n")
                     fh.flush()
@@ -125,9 +107,7 @@ def main() -> None:
             f"{100 * r['accuracy']:.2f} % | {r['brier']:.4f} | {auroc} | {r['fit_s']:.1f} | "
             f"{' & '.join(r['input_maps'])}, {r['leaves']} |"
         )
-    command = "python -m bench.classify " + " ".join(sys.argv[1:])
-    (a.out / "results.md").write_text(f"Command: `{command}`\n\n" + "\n".join(lines) + "\n")
-    print(f"results in {a.out}")
+    write_table(a.out, "bench.classify", lines)
 
 
 if __name__ == "__main__":

@@ -164,3 +164,21 @@ def run_isolated(args: list[str], timeout: float) -> dict[str, Any]:
     if proc.returncode != 0 or not lines:
         return {"error": (proc.stderr or proc.stdout)[-800:]}
     return json.loads(lines[-1])
+
+
+def run_module_child(module: str, args: list[str]) -> dict[str, Any]:
+    """Run ``python -m MODULE ARGS`` from the repository root; its last JSON line, or exit."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        sys.exit(f"python -m {module} {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def write_table(out: Path, module: str, lines: list[str]) -> None:
+    """``out/results.md``: the command that made it, then the markdown table ``lines``."""
+    command = f"python -m {module} " + " ".join(sys.argv[1:])
+    (out / "results.md").write_text(f"Command: `{command}`\n\n" + "\n".join(lines) + "\n")
+    print(f"results in {out}")

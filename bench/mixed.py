@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import ROOT
+from bench.common import ROOT, run_module_child, write_table
 
 CLASSIFICATION = {"adult"}
 
@@ -78,14 +76,8 @@ def main() -> None:
         for name in a.datasets:
             for seed in a.seeds:
                 path = a.data_dir / f"{name}.csv.gz"
-                cmd = [sys.executable, "-m", "bench.mixed", "--one", str(path), str(seed)]
-                proc = subprocess.run(
-                    [*cmd, "--threads", str(a.threads)], capture_output=True, text=True, cwd=ROOT
-                )
-                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-                if proc.returncode != 0 or not lines:
-                    sys.exit(f"{name} seed {seed} failed:\n{proc.stderr[-2000:]}")
-                row = {"dataset": name, "seed": seed, **json.loads(lines[-1])}
+                args = ["--one", str(path), str(seed), "--threads", str(a.threads)]
+                row = {"dataset": name, "seed": seed, **run_module_child("bench.mixed", args)}
                 rows.append(row)
                 fh.write(json.dumps(row) + "\n")
                 fh.flush()
@@ -105,9 +97,7 @@ def main() -> None:
             f"| {r['dataset']} | {r['seed']} | {' | '.join(cells)} | {r['fit_s']:.1f} | "
             f"{r['leaves']} | {r['columns_seen']} |"
         )
-    command = "python -m bench.mixed " + " ".join(sys.argv[1:])
-    (a.out / "results.md").write_text(f"Command: `{command}`\n\n" + "\n".join(table) + "\n")
-    print(f"results in {a.out}")
+    write_table(a.out, "bench.mixed", table)
 
 
 if __name__ == "__main__":
