@@ -52,9 +52,9 @@ def test_openml_from_prepared_cache(tmp_path):
     with gzip.open(tmp_path / "123.csv.gz", "wt") as fh:
         fh.write("f1,f2,goal\n" + "\n".join(f"{i},{2 * i},{3 * i}" for i in range(20)))
     (tmp_path / "123.json").write_text(json.dumps({"id": 123, "name": "toy", "target": "goal"}))
-    X, y, names = load_openml(123, tmp_path)
-    assert names == ["f1", "f2"]
-    np.testing.assert_array_equal(y, 3 * np.arange(20))
+    table = load_openml(123, tmp_path)
+    assert table.names == ["f1", "f2"] and table.categorical == []
+    np.testing.assert_array_equal(table.y, 3 * np.arange(20))
     dm = TabularDataModule("openml", openml_id=123, cache_dir=str(tmp_path))
     dm.prepare_data()  # cached: no network needed
     dm.setup()
@@ -63,14 +63,48 @@ def test_openml_from_prepared_cache(tmp_path):
         load_openml(999, tmp_path)
 
 
-def test_parse_arff():
-    text = "% comment\n@RELATION t\n@ATTRIBUTE x NUMERIC\n@ATTRIBUTE 'y' REAL\n@DATA\n1,2\n3,?\n"
-    data, names = parse_arff(text)
-    assert names == ["x", "y"]
-    assert data[0].tolist() == [1.0, 2.0]
-    assert np.isnan(data[1, 1])
-    with pytest.raises(ValueError, match="not numeric"):
-        parse_arff("@ATTRIBUTE c {a,b}\n@DATA\na\n")
+def test_parse_arff_reads_numeric_and_nominal_attributes():
+    text = (
+        "% comment\n@RELATION t\n@ATTRIBUTE x NUMERIC\n@ATTRIBUTE 'y' REAL\n"
+        "@ATTRIBUTE colour {'dark red', blue}\n@ATTRIBUTE class {'>50K','<=50K'}\n@DATA\n"
+        "1,2,'dark red','>50K'\n3,?,blue,'<=50K'\n5,6,?,'>50K'\n"
+    )
+    names, nominal, rows = parse_arff(text)
+    assert names == ["x", "y", "colour", "class"] and nominal == [False, False, True, True]
+    assert rows == [
+        ["1", "2", "dark red", ">50K"],
+        ["3", "", "blue", "<=50K"],
+        ["5", "6", "", ">50K"],
+    ]
+    with pytest.raises(ValueError, match="unsupported type 'date'"):
+        parse_arff("@ATTRIBUTE c date\n@DATA\n1\n")
+    with pytest.raises(ValueError, match="has 1 cells for 2 attributes"):
+        parse_arff("@ATTRIBUTE a NUMERIC\n@ATTRIBUTE b NUMERIC\n@DATA\n1\n")
+
+
+def test_openml_cache_with_nominal_attributes_reads_as_a_table(tmp_path):
+    pytest.importorskip("pandas")
+    import csv
+    import io
+
+    names, _, rows = parse_arff(
+        "@ATTRIBUTE x NUMERIC\n@ATTRIBUTE colour {red, blue}\n@ATTRIBUTE class {no, yes}\n@DATA\n"
+        + "\n".join(
+            f"{i},{'red' if i % 2 else 'blue'},{'yes' if i % 3 else 'no'}" for i in range(30)
+        )
+        + "\n1,?,no\n"
+    )
+    buf = io.StringIO()
+    csv.writer(buf).writerows([names, *rows])  # what download_openml caches
+    with gzip.open(tmp_path / "7.csv.gz", "wt") as fh:
+        fh.write(buf.getvalue())
+    (tmp_path / "7.json").write_text(json.dumps({"id": 7, "target": "class"}))
+    table = load_openml(7, tmp_path)
+    assert table.categorical == [1] and list(table.classes) == ["no", "yes"]
+    assert np.isnan(table.X[-1, 1])  # the missing nominal cell
+    dm = TabularDataModule("openml", openml_id=7, cache_dir=str(tmp_path))
+    dm.setup()
+    assert dm.task == "classification" and dm.categorical_features == [1] and dm.num_classes == 2
 
 
 def test_synthetic_is_the_protocol_task():

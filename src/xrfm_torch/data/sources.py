@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xrfm_torch.data.registry import read_csv
+from xrfm_torch.data.tabular import Table, read_any
 
 log = logging.getLogger(__name__)
 
@@ -43,32 +43,52 @@ def make_synthetic(
     return X.astype(np.float64), y.astype(np.float64), [f"x{i}" for i in range(n_features)]
 
 
-def parse_arff(text: str) -> tuple[np.ndarray, list[str]]:
-    """Parse a dense, all-numeric ARFF file into ``(data (n, k), attribute names)``."""
+def parse_arff(text: str) -> tuple[list[str], list[bool], list[list[str]]]:
+    """Parse a dense ARFF file: ``(attribute names, which are nominal, rows of text cells)``.
+
+    Numeric and nominal (``{a, b, ...}``) and string attributes are read; a missing cell (``?``)
+    becomes an empty cell. Quoted values (single or double quotes) are unquoted.
+    """
     names: list[str] = []
-    rows: list[list[float]] = []
+    nominal: list[bool] = []
+    rows: list[list[str]] = []
     in_data = False
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("%"):
             continue
-        low = line.lower()
         if not in_data:
+            low = line.lower()
             if low.startswith("@attribute"):
-                parts = line.split(None, 2)
-                name = parts[1].strip("'\"")
-                kind = parts[2].strip().lower() if len(parts) > 2 else ""
-                if not kind.startswith(("numeric", "real", "integer")):
-                    raise ValueError(f"ARFF attribute {name!r} is not numeric ({kind!r})")
+                parts = line.split(None, 1)[1]
+                if parts[0] in "'\"":
+                    end = parts.index(parts[0], 1)
+                    name, kind = parts[1:end], parts[end + 1 :].strip()
+                else:
+                    name, _, kind = parts.partition(" ")
+                kind_low = kind.strip().lower()
+                if kind_low.startswith(("numeric", "real", "integer")):
+                    nominal.append(False)
+                elif kind_low.startswith(("{", "string")):
+                    nominal.append(True)
+                else:
+                    raise ValueError(f"ARFF attribute {name!r} has an unsupported type {kind!r}")
                 names.append(name)
             elif low.startswith("@data"):
                 in_data = True
             continue
-        values = next(csv.reader([line]))
-        rows.append([float("nan") if v.strip() == "?" else float(v) for v in values])
+        if line.startswith("{"):
+            raise ValueError("sparse ARFF data is not supported")
+        quote = "'" if "'" in line else '"'
+        values = next(csv.reader([line], quotechar=quote, skipinitialspace=True))
+        if len(values) != len(names):
+            raise ValueError(
+                f"ARFF row {len(rows)} has {len(values)} cells for {len(names)} attributes"
+            )
+        rows.append(["" if v.strip() == "?" else v.strip() for v in values])
     if not in_data:
         raise ValueError("ARFF text has no @data section")
-    return np.asarray(rows, dtype=np.float64).reshape(-1, len(names)), names
+    return names, nominal, rows
 
 
 def _cache_paths(openml_id: int, cache_dir: Path) -> tuple[Path, Path]:
@@ -78,7 +98,7 @@ def _cache_paths(openml_id: int, cache_dir: Path) -> tuple[Path, Path]:
 def download_openml(
     openml_id: int, cache_dir: str | Path | None = None, timeout: float = 30.0
 ) -> Path:
-    """Download an all-numeric OpenML dataset into the cache (CSV + metadata JSON); needs network."""
+    """Download an OpenML dataset into the cache (CSV with text cells + metadata JSON); needs network."""
     cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
     data_path, meta_path = _cache_paths(openml_id, cache)
     if data_path.exists() and meta_path.exists():
@@ -86,12 +106,12 @@ def download_openml(
     with urllib.request.urlopen(OPENML_API.format(id=openml_id), timeout=timeout) as resp:
         desc = json.load(resp)["data_set_description"]
     with urllib.request.urlopen(desc["url"], timeout=timeout) as resp:
-        data, names = parse_arff(resp.read().decode("utf-8"))
+        names, _, rows = parse_arff(resp.read().decode("utf-8"))
     cache.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(names)
-    writer.writerows(data.tolist())
+    writer.writerows(rows)
     with gzip.open(data_path, "wt") as fh:
         fh.write(buf.getvalue())
     meta = {
@@ -106,12 +126,15 @@ def download_openml(
 
 
 def load_openml(
-    openml_id: int, cache_dir: str | Path | None = None, target: str | None = None
-) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    openml_id: int,
+    cache_dir: str | Path | None = None,
+    target: str | None = None,
+    task: str | None = None,
+) -> Table:
     """Load an OpenML dataset from the local cache (``download_openml`` fills it).
 
-    The cache holds ``{id}.csv.gz`` (header row, numeric cells) and ``{id}.json`` with the default
-    target attribute.
+    The cache holds ``{id}.csv.gz`` (header row; text cells for nominal attributes) and
+    ``{id}.json`` with the default target attribute. Read like any CSV table (:func:`read_any`).
     """
     cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
     data_path, meta_path = _cache_paths(openml_id, cache)
@@ -121,4 +144,4 @@ def load_openml(
             f"{meta_path.name}); run with network access once so prepare_data can download it"
         )
     meta = json.loads(meta_path.read_text())
-    return read_csv(data_path, target or meta["target"])
+    return read_any(data_path, target or meta["target"], task)

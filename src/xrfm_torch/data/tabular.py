@@ -9,11 +9,14 @@ DataFrame is read through its columns' dtypes when one is given.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from xrfm_torch.data.registry import read_csv
 
 #: ``"auto"``: text, category and bool columns of a DataFrame (text cells in an object array).
 CategoricalSpec = str | Sequence[int | str] | None
@@ -190,3 +193,21 @@ def read_table(path: Any, target: str | int | None = None, task: str | None = No
     if y_raw.dtype.kind not in "fiu":
         raise ValueError(f"{path}: regression target {columns[j]!r} has text cells")
     return Table(X, y_raw.to_numpy(np.float64), names, categorical, None)
+
+
+def read_any(path: Any, target: str | int | None = None, task: str | None = None) -> Table:
+    """A CSV table: read as numbers when it holds only numbers, else with pandas.
+
+    Numbers go through :func:`~xrfm_torch.data.registry.read_csv` (no pandas needed); a table with
+    text or empty cells through :func:`read_table`.
+    """
+    try:
+        X, y, names = read_csv(path, target if target is not None else -1)
+    except ValueError as err:  # text or empty cells
+        if importlib.util.find_spec("pandas") is None:
+            raise ValueError(
+                f"{err}; tables with text or empty cells need pandas: "
+                "pip install 'xrfm-torch[tables]'"
+            ) from err
+        return read_table(path, target, task)
+    return Table(X, y, names, [], None)

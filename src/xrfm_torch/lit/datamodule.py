@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
@@ -13,9 +12,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from xrfm_torch.data.protocol import ProtocolData, Task, prepare
-from xrfm_torch.data.registry import DATASETS, read_csv
+from xrfm_torch.data.registry import DATASETS
 from xrfm_torch.data.sources import download_openml, load_openml, make_synthetic
-from xrfm_torch.data.tabular import read_table
+from xrfm_torch.data.tabular import read_any
 
 log = logging.getLogger(__name__)
 
@@ -93,22 +92,16 @@ class TabularDataModule(pl.LightningDataModule):
         hp = self.hparams
         if self.name in DATASETS:
             return DATASETS[self.name].loader()
-        if self.name == "csv":
-            path = Path(hp["path"]).expanduser()
-            try:  # a table of numbers: read as such (without pandas)
-                return read_csv(path, hp["target"] if hp["target"] else -1)
-            except ValueError as err:  # text or empty cells: pandas reads them
-                if importlib.util.find_spec("pandas") is None:
-                    raise ValueError(
-                        f"{err}; tables with text or empty cells need pandas: "
-                        "pip install 'xrfm-torch[tables]'"
-                    ) from err
-            table = read_table(path, hp["target"], self.task if self._task_given else None)
-            self.task = "classification" if table.classes is not None else "regression"
+        if self.name in ("csv", "openml"):
+            task = self.task if self._task_given else None
+            if self.name == "csv":
+                table = read_any(Path(hp["path"]).expanduser(), hp["target"], task)
+            else:
+                table = load_openml(int(hp["openml_id"]), hp["cache_dir"], hp["target"], task)
+            if table.classes is not None:  # a text target
+                self.task = "classification"
             self.categorical_features = table.categorical
             return table.X, table.y, table.names
-        if self.name == "openml":
-            return load_openml(int(hp["openml_id"]), hp["cache_dir"], hp["target"])
         return make_synthetic(hp["n_samples"], hp["n_features"], hp["noise"], hp["seed"])
 
     def setup(self, stage: str | None = None) -> None:
