@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,17 @@ class DatasetSpec:
     loader: Callable[[], tuple[np.ndarray, np.ndarray, list[str]]]
 
 
+def target_column(header: list[str], target: str | int | None, path: Any) -> int:
+    """The index of the target column: by name, by (negative) index, or the last (``None``)."""
+    if target is None:
+        return len(header) - 1
+    if isinstance(target, str):
+        if target not in header:
+            raise ValueError(f"{path}: no column named {target!r}; columns are {header}")
+        return header.index(target)
+    return int(target) % len(header)
+
+
 def read_csv(path: str | Path, target: str | int = -1) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Read a numeric CSV (optionally gzipped) with a header row.
 
@@ -49,12 +61,7 @@ def read_csv(path: str | Path, target: str | int = -1) -> tuple[np.ndarray, np.n
         data = np.loadtxt(fh, delimiter=",", dtype=np.float64, ndmin=2)
     if data.shape[1] != len(header):
         raise ValueError(f"{path}: header has {len(header)} columns, data has {data.shape[1]}")
-    if isinstance(target, str):
-        if target not in header:
-            raise ValueError(f"{path}: no column named {target!r}; columns are {header}")
-        j = header.index(target)
-    else:
-        j = int(target) % len(header)
+    j = target_column(header, target, path)
     names = [h for i, h in enumerate(header) if i != j]
     X = np.delete(data, j, axis=1)
     y = data[:, j]

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from xrfm_torch.data.registry import read_csv
+from xrfm_torch.data.registry import read_csv, target_column
 
 #: ``"auto"``: text, category and bool columns of a DataFrame (text cells in an object array).
 CategoricalSpec = str | Sequence[int | str] | None
@@ -168,14 +168,7 @@ def read_table(path: Any, target: str | int | None = None, task: str | None = No
         ) from err
     df = pd.read_csv(path)
     columns = [str(c) for c in df.columns]
-    if target is None:
-        j = len(columns) - 1
-    elif isinstance(target, str):
-        if target not in columns:
-            raise ValueError(f"{path}: no column named {target!r}; columns are {columns}")
-        j = columns.index(target)
-    else:
-        j = int(target) % len(columns)
+    j = target_column(columns, target, path)
     y_raw = df.iloc[:, j]
     features = df.drop(columns=df.columns[j])
     names = [str(c) for c in features.columns]
@@ -202,7 +195,7 @@ def read_any(path: Any, target: str | int | None = None, task: str | None = None
     text or empty cells through :func:`read_table`.
     """
     try:
-        X, y, names = read_csv(path, target if target is not None else -1)
+        X, y, names = read_csv(path, -1 if target is None else target)
     except ValueError as err:  # text or empty cells
         if importlib.util.find_spec("pandas") is None:
             raise ValueError(

@@ -110,24 +110,25 @@ class InputMap(ResizableBuffers):
 
     def _numeric(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """``(standardized numeric columns, missing cells at 0; indicators (n, m) or None)``."""
-        nan = torch.isnan(x)
-        numeric = torch.zeros_like(self.missing_)
-        numeric[self.numeric_] = True
-        unexpected = nan.any(0) & numeric & ~self.missing_
-        if self.missing_values == "seen" and bool(unexpected.any()):
-            j = int(unexpected.nonzero()[0])
-            i = int(nan[:, j].nonzero()[0])
-            raise ValueError(
-                f"x has a missing value (NaN) at row {i}, column {j}, a column that had none in "
-                f"the training rows; the model handles NaN only in columns {self.missing_columns}"
-                " (and in categorical columns)"
-            )
-        s = self.standardize(x)[:, self.numeric_]
-        if bool(unexpected.any()) or bool(self.missing_.any()):
-            s = torch.where(nan[:, self.numeric_], torch.zeros_like(s), s)
-        if not bool(self.missing_.any()):
+        cols = self.numeric_
+        nan = torch.isnan(x[:, cols])
+        expected = self.missing_[cols]  # numeric columns with training NaN, in ``cols`` order
+        if self.missing_values == "seen":
+            unexpected = nan.any(0) & ~expected
+            if bool(unexpected.any()):
+                k = int(unexpected.nonzero()[0])
+                i, j = int(nan[:, k].nonzero()[0]), int(cols[k])
+                raise ValueError(
+                    f"x has a missing value (NaN) at row {i}, column {j}, a column that had none "
+                    f"in the training rows; the model handles NaN only in columns "
+                    f"{self.missing_columns} (and in categorical columns)"
+                )
+        s = self.standardize(x)[:, cols]
+        if bool(nan.any()):
+            s = torch.where(nan, torch.zeros_like(s), s)
+        if not bool(expected.any()):
             return s, None
-        return s, nan[:, self.missing_].to(x.dtype)
+        return s, nan[:, expected].to(x.dtype)
 
     def encode(self, x: Tensor, name: InputMapName) -> Tensor:
         """Map ``x`` (n, d) with map ``name``: ``[map(s), c, m]``."""

@@ -183,10 +183,9 @@ def fit_trees(
     if data.holdout is None:
         grown.refit()
     if temperature is None and any(tree.n_leaves > 1 for tree in grown.trees):
-        xs = [imap.encode(data.X_val, name) for name in grown.maps]
         errs = temperature_errors(
             grown.trees,
-            xs,
+            [mapped.X_val for mapped in grown.data],  # each tree's map, encoded once per map
             data.y_val,
             grid,
             keep_mass=keep_mass,

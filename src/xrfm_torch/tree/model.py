@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any, cast
 
 import torch
@@ -177,9 +176,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             if categorical_features is None
             else [check_int(c, "categorical_features entry", 0) for c in categorical_features]
         )
-        self.missing_values: MissingValues = missing_values
         self.input_map = InputMap(missing_values=missing_values)
-        self.task: Task = task
         self.targets = TargetCoding(task)  # standardized targets or one-hot class codes
         if task == "regression" and self.leaf.criterion != "mse":
             raise ValueError(
@@ -206,6 +203,16 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         if not isinstance(model, cls):
             raise TypeError(f"the config builds a {type(model).__name__}, not a {cls.__name__}")
         return model
+
+    @property
+    def task(self) -> Task:
+        """``"regression"`` or ``"classification"`` (held by :attr:`targets`)."""
+        return self.targets.task
+
+    @property
+    def missing_values(self) -> MissingValues:
+        """Where NaN is accepted in numeric columns (held by :attr:`input_map`)."""
+        return self.input_map.missing_values
 
     def _leaf_fitting(self) -> LeafFitting:
         return LeafFitting(
@@ -306,8 +313,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             knots=self.input_transform != "identity",
             categorical=self.categorical_features or (),
         )
-        codes = self.targets.fit(data.y)
-        data = replace(data, y=codes.encode(data.y), y_val=codes.encode(data.y_val, "y_val"))
+        data = self.targets.fit(data.y).encode_data(data)
         maps = choose_maps(
             self.input_transform,
             self.input_map,
@@ -386,8 +392,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             n_features=self.n_features_in_,
             allow_nan=True,
         )
-        codes = self.targets
-        data = replace(data, y=codes.encode(data.y), y_val=codes.encode(data.y_val, "y_val"))
+        data = self.targets.encode_data(data)
         trees = self.partition_trees()
         # the input and target maps keep their statistics: the routing was learned on them
         new = refit_trees(

@@ -11,6 +11,7 @@ Probabilities are the scores clipped to ``[CLIP, 1 - CLIP]`` and renormalized pe
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 import torch
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from xrfm_torch.inputs.transforms import Standardize
 from xrfm_torch.leaf.criteria import class_probabilities
+from xrfm_torch.leaf.data import FitData
 from xrfm_torch.numerics.state import ResizableBuffers
 
 #: What a model predicts: real values, or one of ``K`` classes.
@@ -92,6 +94,10 @@ class TargetCoding(ResizableBuffers):
                 f"{name} has label {int(labels.max())}, but the model was fitted on {k} classes"
             )
         return torch.nn.functional.one_hot(labels, k).to(y.dtype)
+
+    def encode_data(self, data: FitData) -> FitData:
+        """``data`` with its training and validation targets coded (:meth:`encode`)."""
+        return replace(data, y=self.encode(data.y), y_val=self.encode(data.y_val, "y_val"))
 
     def decode(self, scores: Tensor) -> Tensor:
         """The leaves' outputs in the targets' units (regression) or as class scores (n, K)."""
