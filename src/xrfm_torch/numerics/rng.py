@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 
 def own_generator(generator: torch.Generator | None) -> torch.Generator:
@@ -15,8 +14,3 @@ def own_generator(generator: torch.Generator | None) -> torch.Generator:
     if generator is not None:
         return generator
     return torch.Generator().manual_seed(torch.initial_seed())
-
-
-def restart(generator: torch.Generator, state: Tensor) -> None:
-    """Set ``generator`` back to ``state`` (from ``generator.get_state()``)."""
-    generator.set_state(state)
