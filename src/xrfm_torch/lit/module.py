@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 import lightning.pytorch as pl
@@ -14,10 +14,9 @@ from torchmetrics import MetricCollection
 from xrfm_torch.data.protocol import Task
 from xrfm_torch.lit.metrics import make_metrics
 from xrfm_torch.tree import xRFMTree
+from xrfm_torch.tree.grow import Progress
 
 log = logging.getLogger(__name__)
-
-ProgressFn = Callable[[int, int, int], None]
 
 
 def collect(loader: Any, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -100,7 +99,7 @@ class XRFMLitModule(pl.LightningModule):
         self.train_metrics = make_metrics(task, num_classes, prefix="train/")
         self.val_metrics = make_metrics(task, num_classes, prefix="val/")
         self.test_metrics = make_metrics(task, num_classes, prefix="test/")
-        self.fit_progress: list[ProgressFn] = []  # filled by callbacks (e.g. FitProgressBar)
+        self.fit_progress: list[Progress] = []  # filled by callbacks (e.g. FitProgressBar)
         self.fit_data: dict[str, tuple[Tensor, Tensor]] = {}  # model-space data of the last fit
 
     # ---- fitting -------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,15 +20,12 @@ from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import FitData
-from xrfm_torch.tree.grow import TreeLayout, fit_leaves, grow_tree
+from xrfm_torch.tree.grow import Progress, TreeLayout, fit_leaves, grow_tree
 from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.splits import SplitRule
 from xrfm_torch.tree.temperature import temperature_errors
 
 log = logging.getLogger(__name__)
-
-#: ``progress(tree_index, leaves_done, leaves_total)`` after each leaf fit.
-Progress = Callable[[int, int, int], None]
 
 
 @dataclass(frozen=True)

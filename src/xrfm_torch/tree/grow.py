@@ -21,6 +21,9 @@ from xrfm_torch.tree.splits import Split, SplitRule, balanced_split
 
 log = logging.getLogger(__name__)
 
+#: ``progress(tree_index, leaves_done, leaves_total)`` after each leaf fit.
+Progress = Callable[[int, int, int], None]
+
 
 @dataclass
 class TreeLayout:
@@ -206,7 +209,7 @@ def fit_leaves(
     max_borrow_fraction: float,
     refit_borrowed: bool,
     generator: torch.Generator | None,
-    progress: Callable[[int, int, int], None] | None = None,
+    progress: Progress | None = None,
     tree_index: int = 0,
 ) -> tuple[list[LeafRFM], list[Tensor | None]]:
     """Fit one LeafRFM per leaf of ``layout`` on the rows routed to it.

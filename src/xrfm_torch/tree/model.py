@@ -34,6 +34,7 @@ from xrfm_torch.numerics.checks import (
 from xrfm_torch.numerics.config import from_config, to_config
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.fit import LeafFitting, fit_trees, refit_trees
+from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.interpret import (
     ImportanceSource,
     feature_importance,
@@ -284,7 +285,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         y_val: Tensor | None = None,
         *,
         generator: torch.Generator | None = None,
-        progress: Callable[[int, int, int], None] | None = None,
+        progress: Progress | None = None,
     ) -> xRFMTree:
         """Grow the tree(s), fit every leaf, tune the routing temperature.
 
