@@ -1,6 +1,7 @@
 """Classification: xrfm_torch with each validation criterion, on the protocol split.
 
     python -m bench.classify --data-dir PATH/TO/clf_num --criteria mse logloss error --seeds 0
+    python -m bench.classify --criteria mse --options '{"class_coding": "prevalence"}'
 
 For every table (``NAME.csv.gz``, integer labels in ``target``), seed and criterion, fits
 ``xRFMTree(task="classification", leaf=LeafConfig(criterion=...))`` with the validation rows given
@@ -20,7 +21,7 @@ import numpy as np
 from bench.common import ROOT, run_module_child, write_table
 
 
-def measure(path: Path, seed: int, criterion: str, threads: int) -> dict:
+def measure(path: Path, seed: int, criterion: str, threads: int, options: dict) -> dict:
     """Fit and score one (table, seed, criterion) in this process."""
     import torch
 
@@ -31,7 +32,8 @@ def measure(path: Path, seed: int, criterion: str, threads: int) -> dict:
     X, y, names = read_csv(path, "target")
     d = prepare(X, y, seed, regression=False, feature_names=names)
     t = torch.from_numpy
-    model = xRFMTree(task="classification", leaf=LeafConfig(criterion=criterion))  # type: ignore[arg-type]
+    leaf = LeafConfig(criterion=criterion)  # type: ignore[arg-type]
+    model = xRFMTree(task="classification", leaf=leaf, **options)
     start = time.perf_counter()
     model.fit(
         t(d.X_train),
@@ -71,11 +73,13 @@ def main() -> None:
     ap.add_argument("--criteria", nargs="+", default=["mse", "logloss", "error"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--options", default="{}", help="JSON keyword arguments for xRFMTree")
     ap.add_argument("--out", type=Path, default=Path("bench-classify"))
     ap.add_argument("--one", nargs=3, metavar=("PATH", "SEED", "CRITERION"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:  # the child process
-        print(json.dumps(measure(Path(a.one[0]), int(a.one[1]), a.one[2], a.threads)))
+        row = measure(Path(a.one[0]), int(a.one[1]), a.one[2], a.threads, json.loads(a.options))
+        print(json.dumps(row))
         return
     files = {p.name.removesuffix(".csv.gz"): p for p in sorted(a.data_dir.glob("*.csv.gz"))}
     names = a.datasets or sorted(files)
@@ -86,8 +90,10 @@ def main() -> None:
             for seed in a.seeds:
                 for criterion in a.criteria:
                     args = ["--one", str(files[name]), str(seed), criterion]
-                    child = run_module_child("bench.classify", [*args, "--threads", str(a.threads)])
+                    args += ["--threads", str(a.threads), "--options", a.options]
+                    child = run_module_child("bench.classify", args)
                     row = {"dataset": name, "seed": seed, "criterion": criterion, **child}
+                    row["options"] = json.loads(a.options)
                     rows.append(row)
                     fh.write(json.dumps(row) + "\n")
                     fh.flush()

@@ -27,7 +27,9 @@ def test_labels_in_probabilities_out(k):
     X, y = planted_classes(1500, k, seed=0)
     Xv, yv = planted_classes(400, k, seed=1)
     Xt, yt = planted_classes(600, k, seed=2)
-    model = xRFMTree(task="classification", max_leaf_size=600, leaf=LeafConfig(n_iters=2))
+    model = xRFMTree(
+        task="classification", calibration="clip", max_leaf_size=600, leaf=LeafConfig(n_iters=2)
+    )
     model.fit(X, y, Xv, yv, generator=seeded())
     assert model.n_leaves > 1 and int(model.targets.n_classes_) == k
     scores = model(Xt)

@@ -270,3 +270,52 @@ def test_batch_krr_training_lowers_the_in_batch_krr_loss():
     assert held_loss() < 0.9 * before
     with pytest.raises(ValueError, match="sgd_loss"):
         XRFMHeadModule(in_features=6, sgd_loss="mse")
+
+
+def test_linear_sgd_loss_trains_the_encoder_then_the_tree_is_fitted_on_its_final_features():
+    dm = TabularDataModule("synthetic", n_samples=1500, n_features=6, seed=0, batch_size=128)
+    dm.setup()
+    tree = xRFMTree(
+        max_leaf_size=400, temperature=0.0, input_transform="identity", leaf=LeafConfig(n_iters=1)
+    )
+    module = XRFMHeadModule(
+        tree, in_features=6, hidden=(32,), lr=3e-3, sgd_loss="linear", **dm.system_kwargs()
+    )
+    Xv, yv = next(iter(dm.val_dataloader()))[:2]
+
+    def probe_loss() -> float:
+        with torch.no_grad():
+            return float(((module.probe(module.encoder(Xv))[:, 0] - yv) ** 2).mean())
+
+    module.probe(module.encoder(Xv[:2]))  # materialize the lazy layer to measure it first
+    before = probe_loss()
+    trainer = quiet_trainer(6)
+    trainer.fit(module, datamodule=dm)
+    assert probe_loss() < 0.8 * before  # the probe and the encoder learned
+    # the head was then fitted in closed form on every training row's final features
+    X, y = module.raw_data["all"]
+    Hv = module.features(module.raw_data["val"][0])
+    again = xRFMTree(
+        max_leaf_size=400, temperature=0.0, input_transform="identity", leaf=LeafConfig(n_iters=1)
+    ).fit(
+        module.features(X),
+        y,
+        Hv,
+        module.raw_data["val"][1],
+        generator=torch.Generator().manual_seed(0),
+    )
+    torch.testing.assert_close(module(Xv), again(module.features(Xv)))
+    # for classes the probe's loss is the cross-entropy of its logits
+    clf = XRFMHeadModule(
+        xRFMTree(task="classification", input_transform="identity"),
+        in_features=6,
+        hidden=(32,),
+        sgd_loss="linear",
+        task="classification",
+        num_classes=3,
+    )
+    x, labels = torch.randn(16, 6), torch.arange(16) % 3
+    clf.probe(clf.features(x))  # materialize (setup does this in a fit)
+    expected = nn.functional.cross_entropy(clf.probe(clf.encoder(x)), labels)
+    clf.log = lambda *a, **k: None  # type: ignore[method-assign]  (no trainer attached)
+    torch.testing.assert_close(clf.training_step((x, labels), 0), expected)

@@ -1,9 +1,12 @@
-"""xRFM as a head: ``encoder -> xRFMTree``, the encoder trained by SGD through the tree.
+"""xRFM as a head: ``encoder -> xRFMTree``, the encoder trained by SGD, the head in closed form.
 
-The tree's leaves are fitted in closed form on encoder features of a fixed *support* share of the
-training rows; SGD minimizes the loss on the *other* rows (a support row's own prediction nearly
-interpolates its target, so its gradient would only pull the encoder back to stale features).
-:class:`RefitXRFM` re-fits the tree on the current features every few epochs.
+With ``sgd_loss="head"`` the tree's leaves are fitted in closed form on encoder features of a fixed
+*support* share of the training rows; SGD minimizes the loss on the *other* rows (a support row's
+own prediction nearly interpolates its target, so its gradient would only pull the encoder back to
+stale features). :class:`RefitXRFM` re-fits the tree on the current features every few epochs.
+With ``sgd_loss="linear"`` the encoder is trained through a linear layer (softmax cross-entropy for
+classes) on every training row, and the closed-form head replaces that layer when training ends:
+the features are those of the usual network, the head is fitted to them (``docs/design.md``).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from xrfm_torch.tree import xRFMTree
 
 log = logging.getLogger(__name__)
 
-#: What SGD minimizes: the fitted head's loss, or that of a KRR solved inside each batch.
-SgdLoss = Literal["head", "batch_krr"]
+#: What SGD minimizes: the fitted head's loss, that of a KRR solved inside each batch, or that of
+#: a linear layer the closed-form head replaces at the end.
+SgdLoss = Literal["head", "batch_krr", "linear"]
+SGD_LOSSES: tuple[SgdLoss, ...] = ("head", "batch_krr", "linear")
 
 
 def mlp_encoder(hidden: Sequence[int] = (64, 64), out_features: int = 16) -> nn.Sequential:
@@ -115,7 +120,10 @@ class XRFMHeadModule(XRFMLitModule):
             coefficients fixed between refits; trains trainable routing too). ``"batch_krr"``:
             :func:`batch_krr_loss` with the tree's kernel and ``reg`` (coefficients re-solved in
             every batch, differentiably; needs batches of a few hundred rows or more; the tree
-            only serves validation and the final fit).
+            only serves validation and the final fit). ``"linear"``: a linear layer on the
+            features (attribute ``probe``) trained with the encoder on all training rows (mean
+            squared error, or cross-entropy for classes); the tree serves validation and, fitted
+            on all training rows when training ends, replaces it.
         task, num_classes, target_mean, target_std, seed, feature_names: As in
             :class:`~xrfm_torch.lit.XRFMLitModule`.
     """
@@ -162,14 +170,19 @@ class XRFMHeadModule(XRFMLitModule):
             raise ValueError(f"support_fraction must be in (0, 1), got {support_fraction!r}")
         if lr <= 0:
             raise ValueError(f"lr must be positive, got {lr!r}")
-        if sgd_loss not in ("head", "batch_krr"):
-            raise ValueError(f"sgd_loss must be 'head' or 'batch_krr', got {sgd_loss!r}")
+        if sgd_loss not in SGD_LOSSES:
+            raise ValueError(f"sgd_loss must be one of {SGD_LOSSES}, got {sgd_loss!r}")
         if encoder is None and residual:
             d = in_features if in_features is not None else len(feature_names or [])
             if d < 1:
                 raise ValueError("the residual encoder needs in_features or feature_names")
             encoder = ResidualMLP(d, list(hidden))
         self.encoder = encoder if encoder is not None else mlp_encoder(list(hidden), out_features)
+        if sgd_loss == "linear":
+            outputs = (
+                num_classes if task == "classification" else torch.as_tensor(target_mean).numel()
+            )
+            self.probe: nn.Module = nn.LazyLinear(int(outputs or 1))
         self.automatic_optimization = True
         self.register_buffer("support_mask", torch.empty(0, dtype=torch.bool))
         self.raw_data: dict[str, tuple[Tensor, Tensor]] = {}
@@ -197,6 +210,8 @@ class XRFMHeadModule(XRFMLitModule):
             mask = torch.zeros(int(rows.max()) + 1, dtype=torch.bool, device=self.device)
             mask[rows[chosen]] = True
             self.support_mask = mask
+        if self.hparams["sgd_loss"] == "linear":
+            self.probe(self.features(X[:2]))  # materialize the lazy layer before the optimizer
         self.raw_data = {
             "support": (X[chosen], self.encode_targets(y[chosen])),
             "all": (X, self.encode_targets(y)),
@@ -259,6 +274,14 @@ class XRFMHeadModule(XRFMLitModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor | None:  # type: ignore[override]
         x, y = batch[0], batch[1]
+        if self.hparams["sgd_loss"] == "linear":
+            out = self.probe(self.encoder(x))
+            if self.hparams["task"] == "classification":
+                loss = torch.nn.functional.cross_entropy(out, y.long())
+            else:
+                loss = torch.nn.functional.mse_loss(out, y.to(out.dtype).reshape(len(y), -1))
+            self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(x))
+            return loss
         if self.hparams["sgd_loss"] == "batch_krr":
             if len(x) < 4:
                 return None

@@ -23,7 +23,7 @@ from xrfm_torch.leaf.data import FitData
 from xrfm_torch.tree.grow import Progress, TreeLayout, fit_leaves, grow_tree
 from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.splits import SplitRule
-from xrfm_torch.tree.temperature import temperature_errors
+from xrfm_torch.tree.temperature import averaged_predictions, temperature_errors
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +85,15 @@ class GrownTrees:
         maps: The input map of each tree.
         data: The (mapped) data each tree was fitted on.
         pending: Per tree, per leaf, the training rows of its final solve (``None``: done).
+        val_scores: The averaged trees' outputs on the validation rows at the chosen temperature,
+            taken before held-out rows join the leaves (when asked for; probability calibration).
     """
 
     trees: list[PartitionTree]
     maps: list[InputMapName]
     data: list[FitData]
     pending: list[list[Tensor | None]]
+    val_scores: Tensor | None = None
 
     def refit(self) -> None:
         """Run the pending final solves (each leaf re-solved on its rows, same ``M`` and kernel)."""
@@ -117,6 +120,7 @@ def fit_trees(
     max_soft_leaves: int,
     generator: torch.Generator,
     progress: Progress | None = None,
+    val_scores: bool = False,
 ) -> tuple[GrownTrees, float | None]:
     """Grow the trees, fit their leaves, run the final solves, choose the routing temperature.
 
@@ -142,6 +146,7 @@ def fit_trees(
         max_soft_leaves: Soft routing evaluates at most this many leaves per row.
         generator: CPU random generator; each map's trees start from its state at the call.
         progress: Called as ``progress(tree, leaves_done, leaves_total)`` after each leaf fit.
+        val_scores: Keep the model's validation outputs (``GrownTrees.val_scores``).
 
     Returns:
         The fitted trees, and the temperature (``None``: not given, and nothing to tune).
@@ -195,6 +200,14 @@ def fit_trees(
             temperature,
             fitting.leaf.criterion,
             ", ".join(f"{e:.4g}" for e in errs),
+        )
+    if val_scores:
+        grown.val_scores = averaged_predictions(
+            grown.trees,
+            [mapped.X_val for mapped in grown.data],
+            0.0 if temperature is None else temperature,
+            keep_mass=keep_mass,
+            max_leaves=max_soft_leaves,
         )
     if data.holdout is not None:
         grown.refit()

@@ -44,7 +44,7 @@ from xrfm_torch.tree.interpret import (
 )
 from xrfm_torch.tree.partition import PartitionTree, empty_trees
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
-from xrfm_torch.tree.targets import TargetCoding, Task
+from xrfm_torch.tree.targets import Calibration, ClassCoding, TargetCoding, Task
 from xrfm_torch.tree.temperature import DEFAULT_TEMPERATURE_GRID, temperature_errors
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,13 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         task: ``"regression"`` (targets (n,) or (n, c), in any units; ``forward`` predicts in
             them) or ``"classification"`` (labels ``0 .. K-1``; the leaves fit one-hot codes,
             ``forward`` gives class scores (n, K) and :meth:`predict_proba` probabilities).
+        class_coding: Classification codes (:mod:`xrfm_torch.tree.targets`): ``"one_hot"`` or
+            ``"prevalence"`` (one-hot minus the training class prior; a leaf far from its rows
+            predicts the prior). ``"prevalence"`` needs the squared-error (Brier) criterion.
+        calibration: Classification probabilities (:mod:`xrfm_torch.leaf.criteria`):
+            ``"clip"`` (scores clipped to [1e-3, 1 - 1e-3], renormalized), ``"softmax"``
+            (``softmax(a * scores)``, ``a`` fitted on the validation rows) or ``"auto"`` (the
+            softmax where it beats clipping on the validation rows by 2 paired standard errors).
         leaf: Every leaf's settings (:class:`~xrfm_torch.leaf.config.LeafConfig`, default
             ``LeafConfig()``): ``tau = leaf.n_iters``, the stopping rules, ``diag``, the post-hoc
             exponent and ridge searches, the linear part, warm solves.
@@ -121,6 +128,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         kernel: Kernel | str | Callable[[], Kernel] | None = None,
         *,
         task: Task = "regression",
+        class_coding: ClassCoding = "one_hot",
+        calibration: Calibration = "auto",
         leaf: LeafConfig | None = None,
         max_leaf_size: int = 10_000,
         split_rule: SplitRule | None = None,
@@ -178,10 +187,15 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             else [check_int(c, "categorical_features entry", 0) for c in categorical_features]
         )
         self.input_map = InputMap(missing_values=missing_values)
-        self.targets = TargetCoding(task)  # standardized targets or one-hot class codes
+        self.targets = TargetCoding(task, class_coding, calibration)
         if task == "regression" and self.leaf.criterion != "mse":
             raise ValueError(
                 f"criterion {self.leaf.criterion!r} needs task='classification'; regression uses 'mse'"
+            )
+        if class_coding == "prevalence" and self.leaf.criterion != "mse":
+            raise ValueError(
+                f"class_coding='prevalence' needs criterion 'mse' (the Brier score), got "
+                f"{self.leaf.criterion!r}: the other criteria read the codes as class scores"
             )
         self.trees = nn.ModuleList()
         self.register_buffer("temperature_", torch.tensor(0.0))
@@ -204,6 +218,16 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         if not isinstance(model, cls):
             raise TypeError(f"the config builds a {type(model).__name__}, not a {cls.__name__}")
         return model
+
+    @property
+    def calibration(self) -> Calibration:
+        """How class scores become probabilities (:meth:`TargetCoding.calibrate`)."""
+        return self.targets.calibration
+
+    @property
+    def class_coding(self) -> ClassCoding:
+        """How class labels are coded for the leaves (:mod:`xrfm_torch.tree.targets`)."""
+        return self.targets.class_coding
 
     @property
     def task(self) -> Task:
@@ -345,7 +369,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             trainable=self.trainable_routing,
             generator=generator,
             progress=progress,
+            val_scores=self.task == "classification",
         )
+        if grown.val_scores is not None:
+            scale = self.targets.calibrate(self.targets.decode(grown.val_scores), data.y_val)
+            log.info("probabilities: %s", f"softmax, scale {scale:.4g}" if scale else "clipped")
         self.trees = nn.ModuleList(grown.trees)
         self.input_map.set_maps(grown.maps)
         self.temperature_ = torch.tensor(0.0, dtype=data.X.dtype, device=data.X.device)
@@ -499,7 +527,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         return self.targets.decode(out)
 
     def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
-        """Class probabilities (n, K): the scores clipped to [1e-3, 1 - 1e-3], rows summing to 1."""
+        """Class probabilities (n, K), rows summing to 1: clipped scores, or their fitted softmax."""
         return self.targets.probabilities(self(x, temperature))
 
     # ---- loading into a fresh module -----------------------------------------------------------

@@ -2,28 +2,43 @@
 
 Regression targets are standardized with training statistics (predictions come back in the
 targets' units), so the model does not depend on their scale. Class labels ``0 .. K-1`` become
-one-hot rows (the reference's ``zero_one`` coding, also for two classes); the leaves regress on them
-and every choice made on validation data minimizes the leaves' criterion on these codes
-(the Brier score by default, :mod:`xrfm_torch.leaf.criteria`).
-Probabilities are the scores clipped to ``[CLIP, 1 - CLIP]`` and renormalized per row
-(:func:`xrfm_torch.leaf.criteria.class_probabilities`).
+one-hot rows (the reference's ``zero_one`` coding, also for two classes) or, with
+``class_coding="prevalence"``, one-hot rows minus the training class prior ``π``: a leaf then
+predicts ``π`` where its kernel sees no training row, as the reference's ``prevalence`` simplex code
+does. That code is these rows in an orthonormal basis of the sum-zero plane, so KRR, the AGOP and
+the squared error are the same under either (KRR is linear in the targets, a rotation keeps norms);
+its decoding ``π + score`` needs no matrix inverse. The leaves regress on the codes and every
+choice made on validation data minimizes the leaves' criterion on them (the Brier score by default,
+:mod:`xrfm_torch.leaf.criteria`). Probabilities are the decoded scores clipped to
+``[CLIP, 1 - CLIP]`` and renormalized per row (:func:`xrfm_torch.leaf.criteria.class_probabilities`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from xrfm_torch.inputs.transforms import Standardize
-from xrfm_torch.leaf.criteria import class_probabilities
+from xrfm_torch.leaf.criteria import (
+    choose_softmax_scale,
+    class_probabilities,
+    fit_softmax_scale,
+)
 from xrfm_torch.leaf.data import FitData
 from xrfm_torch.numerics.state import ResizableBuffers
 
 #: What a model predicts: real values, or one of ``K`` classes.
 Task = Literal["regression", "classification"]
+#: How class labels are coded for the leaves (module docstring).
+ClassCoding = Literal["one_hot", "prevalence"]
+CLASS_CODINGS: tuple[ClassCoding, ...] = ("one_hot", "prevalence")
+#: How class scores become probabilities: clipped, a softmax fitted on validation rows, or the
+#: one of the two a paired test on them supports (:mod:`xrfm_torch.leaf.criteria`).
+Calibration = Literal["auto", "clip", "softmax"]
+CALIBRATIONS: tuple[Calibration, ...] = ("auto", "clip", "softmax")
 
 
 class TargetCoding(ResizableBuffers):
@@ -31,22 +46,49 @@ class TargetCoding(ResizableBuffers):
 
     Args:
         task: ``"regression"`` (targets (n, c) standardized) or ``"classification"`` (labels
-            ``0 .. K-1``, one per row, coded one-hot: (n, K)).
+            ``0 .. K-1``, one per row, coded (n, K)).
+        class_coding: ``"one_hot"`` or ``"prevalence"`` (one-hot minus the training prior).
+        calibration: ``"clip"``, ``"softmax"`` or ``"auto"`` (:meth:`calibrate`).
 
     Buffers:
-        ``scaler.center_``, ``scaler.scale_`` (c,) for regression; ``n_classes_`` () for
-        classification (0 until fitted).
+        ``scaler.center_``, ``scaler.scale_`` (c,) for regression; ``n_classes_`` (),
+        ``prior_`` (K,) (zeros for ``"one_hot"``) and ``softmax_scale_`` () (0: clipping) for
+        classification.
     """
 
     n_classes_: Tensor
+    prior_: Tensor
+    softmax_scale_: Tensor
 
-    def __init__(self, task: Task = "regression") -> None:
+    def __init__(
+        self,
+        task: Task = "regression",
+        class_coding: ClassCoding = "one_hot",
+        calibration: Calibration = "auto",
+    ) -> None:
         super().__init__()
         if task not in ("regression", "classification"):
             raise ValueError(f"task must be 'regression' or 'classification', got {task!r}")
+        if class_coding not in CLASS_CODINGS:
+            raise ValueError(f"class_coding must be one of {CLASS_CODINGS}, got {class_coding!r}")
+        if calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
         self.task: Task = task
+        self.class_coding: ClassCoding = class_coding
+        self.calibration: Calibration = calibration
         self.scaler = Standardize()
         self.register_buffer("n_classes_", torch.tensor(0))
+        self.register_buffer("prior_", torch.zeros(0))
+        self.register_buffer("softmax_scale_", torch.tensor(0.0))
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        # states saved before class codings existed have no prior: it was zeros (one-hot)
+        if prefix + "n_classes_" in state_dict and prefix + "prior_" not in state_dict:
+            k = int(state_dict[prefix + "n_classes_"])
+            state_dict[prefix + "prior_"] = torch.zeros(k, device=self.prior_.device)
+        if prefix + "n_classes_" in state_dict and prefix + "softmax_scale_" not in state_dict:
+            state_dict[prefix + "softmax_scale_"] = torch.tensor(0.0)  # it clipped
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     @property
     def is_fitted(self) -> bool:
@@ -77,10 +119,13 @@ class TargetCoding(ResizableBuffers):
         if self.task == "regression":
             self.scaler.fit(y)
             return self
-        k = int(self.labels(y).max()) + 1
+        labels = self.labels(y)
+        k = int(labels.max()) + 1
         if k < 2:
             raise ValueError(f"classification needs at least 2 classes, got labels 0 .. {k - 1}")
         self.n_classes_ = torch.tensor(k, device=y.device)
+        prior = torch.bincount(labels, minlength=k).to(y.dtype) / len(labels)
+        self.prior_ = prior if self.class_coding == "prevalence" else torch.zeros_like(prior)
         return self
 
     def encode(self, y: Tensor, name: str = "y") -> Tensor:
@@ -93,7 +138,7 @@ class TargetCoding(ResizableBuffers):
             raise ValueError(
                 f"{name} has label {int(labels.max())}, but the model was fitted on {k} classes"
             )
-        return torch.nn.functional.one_hot(labels, k).to(y.dtype)
+        return torch.nn.functional.one_hot(labels, k).to(y.dtype) - self.prior_.to(y.dtype)
 
     def encode_data(self, data: FitData) -> FitData:
         """``data`` with its training and validation targets coded (:meth:`encode`)."""
@@ -101,10 +146,42 @@ class TargetCoding(ResizableBuffers):
 
     def decode(self, scores: Tensor) -> Tensor:
         """The leaves' outputs in the targets' units (regression) or as class scores (n, K)."""
-        return self.scaler.inverse(scores) if self.task == "regression" else scores
+        if self.task == "regression":
+            return self.scaler.inverse(scores)
+        return scores + self.prior_.to(scores.dtype)  # affine: commutes with mixing leaves
+
+    @torch.no_grad()
+    def calibrate(self, scores: Tensor, y_val: Tensor) -> float:
+        """Choose how scores become probabilities, from validation rows the leaves did not fit.
+
+        ``"clip"`` keeps clipping, ``"softmax"`` fits the scale ``a`` of ``softmax(a * scores)``
+        by validation log-loss, ``"auto"`` takes the softmax only where it beats clipping by
+        ``SOFTMAX_MARGIN`` paired standard errors (:func:`~xrfm_torch.leaf.criteria.choose_softmax_scale`).
+
+        Args:
+            scores: Decoded class scores of the validation rows (n_val, K).
+            y_val: Their codes (:meth:`encode`), (n_val, K).
+
+        Returns:
+            The scale (0: clipping).
+        """
+        if self.task != "classification" or self.calibration == "clip" or len(scores) == 0:
+            scale = 0.0
+        else:
+            labels = (y_val + self.prior_.to(y_val.dtype)).argmax(1)
+            if self.calibration == "softmax":
+                scale = fit_softmax_scale(scores, labels)
+            else:
+                scale = choose_softmax_scale(scores, labels)
+        self.softmax_scale_ = torch.tensor(scale, device=scores.device)
+        return scale
 
     def probabilities(self, scores: Tensor) -> Tensor:
-        """Class probabilities (n, K) from scores: clipped to ``[CLIP, 1 - CLIP]``, rows sum to 1."""
+        """Class probabilities (n, K) from decoded scores, rows summing to 1.
+
+        Scores clipped to ``[CLIP, 1 - CLIP]`` and renormalized, or ``softmax(a * scores)`` where
+        :meth:`calibrate` chose a scale ``a``.
+        """
         if self.task != "classification":
             raise ValueError("probabilities need a classification model (task='classification')")
-        return class_probabilities(scores)
+        return class_probabilities(scores, float(self.softmax_scale_))

@@ -70,3 +70,20 @@ def temperature_errors(
         else:
             errors.append(validation_errors(pred, y_val, criterion)[0])
     return errors
+
+
+@torch.no_grad()
+def averaged_predictions(
+    trees: Sequence[PartitionTree],
+    xs: Sequence[Tensor],
+    temperature: float,
+    *,
+    keep_mass: float,
+    max_leaves: int,
+) -> Tensor:
+    """The averaged ``trees``' outputs (n, c) at ``temperature``; ``xs`` as each tree sees the rows."""
+    preds = []
+    for tree, x in zip(trees, xs):
+        w = tree.weights(x, temperature, keep_mass=keep_mass, max_leaves=max_leaves)
+        preds.append((w[:, :, None] * tree.leaf_predictions(x, w > 0)).sum(1))
+    return torch.stack(preds).mean(0)

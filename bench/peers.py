@@ -1,0 +1,278 @@
+"""Classification and mixed-type tables: our estimators beside the GBDTs, RealMLP and the reference.
+
+    python -m bench.peers --data-dir PATH/TO/datasets --seeds 0 1 2
+    python -m bench.peers --tables clf_num/pol mixed/adult --models ours xgboost realmlp
+
+One run, one protocol (``design`` notes: seeded 70/10/20 split, numeric columns standardized with
+training statistics, log-loss objective, early stopping on the validation rows). Each model gets
+the tables as its authors intend:
+
+- ``ours``: ``XRFMClassifier`` / ``XRFMRegressor`` on the raw DataFrame (text columns, missing
+  cells), validation rows as ``eval_set``;
+- ``xgboost`` / ``lightgbm``: pandas ``category`` columns (training categories; unseen → missing);
+  ``catboost``: ``cat_features`` with a missing cell as its own text value. 2000 trees (CatBoost
+  3000), learning rate 0.05, early stopping 100;
+- ``realmlp``: pytabkit's ``RealMLP_TD_Classifier`` / ``_Regressor`` with default settings, category
+  columns by name, numeric missing cells mean-imputed plus one indicator per such column (it refuses
+  NaN);
+- ``xrfm_default`` / ``xrfm_d``: the reference ``xrfm`` (defaults / XRFM_D with
+  ``classification_mode="prevalence"``) on one-hot training categories (missing or unseen = all
+  zeros) plus the imputed numeric columns and indicators.
+
+Scores on the test rows: log-loss (probabilities clipped to [1e-15, 1], renormalized), accuracy and
+AUROC (binary), or RMSE. Each (table, seed, model) runs in its own process. Needs the ``bench`` extra
+and ``pytabkit``. Writes ``results.jsonl`` and ``results.md`` (means over seeds) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import ROOT, XRFM_D_PARAMS, run_module_child, write_table
+
+MODELS = ["ours", "xgboost", "lightgbm", "catboost", "realmlp", "xrfm_default", "xrfm_d"]
+TABLES = [
+    "clf_num/pol",
+    "clf_num/house_16H",
+    "clf_num/california",
+    "clf_num/electricity",
+    "mixed/adult",
+    "mixed/ames",
+]
+REGRESSION = {"mixed/ames"}
+
+
+def split_table(path: Path, seed: int):
+    """Protocol split of ``path``: (X_train, y_train, X_val, y_val, X_test, y_test), text columns."""
+    import pandas as pd
+
+    from xrfm_torch.data import protocol_split
+
+    df = pd.read_csv(path)
+    X, y = df.drop(columns="target"), df["target"].to_numpy()
+    text = [c for c in X.columns if not pd.api.types.is_numeric_dtype(X[c])]
+    num = [c for c in X.columns if c not in text]
+    tr, va, te = protocol_split(len(df), seed)
+    parts = [X.iloc[tr].copy(), X.iloc[va].copy(), X.iloc[te].copy()]
+    mean, std = parts[0][num].mean(), parts[0][num].std(ddof=0) + 1e-12
+    for p in parts:
+        p[num] = (p[num] - mean) / std
+    return parts, (y[tr], y[va], y[te]), text
+
+
+def as_categories(parts: list, text: list[str]) -> list:
+    """pandas ``category`` columns with the training rows' categories (others become missing)."""
+    out = [p.copy() for p in parts]
+    for c in text:
+        levels = sorted(parts[0][c].dropna().unique())
+        for p in out:
+            p[c] = p[c].astype("category").cat.set_categories(levels)
+    return out
+
+
+def impute(parts: list, text: list[str], one_hot: bool) -> list:
+    """Numeric missing cells → training mean + indicator; text → one-hot (``one_hot``) or a value."""
+    import pandas as pd
+
+    num = [c for c in parts[0].columns if c not in text]
+    holes = [c for c in num if parts[0][c].isna().any()]
+    mean = parts[0][num].mean()
+    out = []
+    for p in parts:
+        q = p[num].fillna(mean)
+        for c in holes:
+            q[f"{c}__missing"] = p[c].isna().astype(float)
+        if one_hot:
+            for c in text:
+                for level in sorted(parts[0][c].dropna().unique()):
+                    q[f"{c}={level}"] = (p[c] == level).astype(float)
+        else:
+            q = pd.concat([q, p[text].fillna("__missing__").astype(str)], axis=1)
+        out.append(q)
+    return out
+
+
+def fit_peer(model: str, parts: list, ys: tuple, text: list[str], classify: bool, seed: int):
+    """Fit ``model``; returns (test scores: probabilities (n, K) or predictions (n,), fit s)."""
+    import torch
+
+    ytr, yva, _ = ys
+    start = time.perf_counter()
+    if model == "ours":
+        from xrfm_torch import XRFMClassifier, XRFMRegressor
+
+        m = (XRFMClassifier if classify else XRFMRegressor)(random_state=seed)
+        m.fit(parts[0], ytr, eval_set=(parts[1], yva))
+    elif model in ("xgboost", "lightgbm"):
+        cat = as_categories(parts, text)
+        if model == "xgboost":
+            import xgboost as xgb
+
+            cls = xgb.XGBClassifier if classify else xgb.XGBRegressor
+            m = cls(
+                n_estimators=2000,
+                learning_rate=0.05,
+                early_stopping_rounds=100,
+                n_jobs=2,
+                random_state=seed,
+                enable_categorical=True,
+            )
+            m.fit(cat[0], ytr, eval_set=[(cat[1], yva)], verbose=False)
+        else:
+            import lightgbm as lgb
+
+            cls = lgb.LGBMClassifier if classify else lgb.LGBMRegressor
+            m = cls(n_estimators=2000, learning_rate=0.05, n_jobs=2, random_state=seed, verbose=-1)
+            m.fit(cat[0], ytr, eval_set=[(cat[1], yva)], callbacks=[lgb.early_stopping(100, False)])
+        parts = cat
+    elif model == "catboost":
+        import catboost as cb
+
+        parts = [p.copy() for p in parts]
+        for p in parts:
+            p[text] = p[text].fillna("__missing__").astype(str)
+        cls = cb.CatBoostClassifier if classify else cb.CatBoostRegressor
+        m = cls(
+            iterations=3000,
+            learning_rate=0.05,
+            thread_count=2,
+            random_seed=seed,
+            verbose=False,
+            early_stopping_rounds=100,
+            allow_writing_files=False,
+            cat_features=text,
+        )
+        m.fit(parts[0], ytr, eval_set=(parts[1], yva))
+    elif model == "realmlp":
+        from pytabkit import RealMLP_TD_Classifier, RealMLP_TD_Regressor
+
+        parts = impute(parts, text, one_hot=False)
+        cls = RealMLP_TD_Classifier if classify else RealMLP_TD_Regressor
+        m = cls(n_threads=2, device="cpu", random_state=seed)
+        m.fit(parts[0], ytr, parts[1], yva, cat_col_names=text)
+    elif model in ("xrfm_default", "xrfm_d"):
+        from xrfm import xRFM
+
+        parts = impute(parts, text, one_hot=True)
+        kw: dict = (
+            {}
+            if model == "xrfm_default"
+            else {
+                "rfm_params": XRFM_D_PARAMS,
+                "overlap_fraction": 0.1,
+                "classification_mode": "prevalence",
+            }
+        )
+        m = xRFM(device="cpu", verbose=False, random_state=seed, n_threads=2, **kw)
+        t = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float32))  # noqa: E731
+        mu, sd = (0.0, 1.0) if classify else (float(np.mean(ytr)), float(np.std(ytr)))
+        # regression targets standardized as in bench.run (the reference has no intercept)
+        yt = (
+            (lambda a: torch.as_tensor(a).long())
+            if classify
+            else (lambda a: t((a - mu) / sd)[:, None])
+        )
+        m.fit(t(parts[0]), yt(ytr), t(parts[1]), yt(yva))
+        if not classify:
+            fit_s = time.perf_counter() - start
+            return np.asarray(m.predict(t(parts[2]))).ravel() * sd + mu, fit_s
+        parts = [t(p) for p in parts]
+    else:
+        raise ValueError(f"unknown model {model!r}")
+    fit_s = time.perf_counter() - start
+    out = m.predict_proba(parts[2]) if classify else m.predict(parts[2])
+    out = out.cpu().numpy() if torch.is_tensor(out) else np.asarray(out)
+    return out.reshape(len(ys[2]), -1) if classify else out.ravel(), fit_s
+
+
+def measure(path: Path, seed: int, model: str, threads: int) -> dict:
+    """Fit and score one (table, seed, model) in this process."""
+    import torch
+
+    torch.set_num_threads(threads)
+    name = f"{path.parent.name}/{path.name.removesuffix('.csv.gz')}"
+    classify = name not in REGRESSION
+    parts, ys, text = split_table(path, seed)
+    if classify:  # labels 0 .. K-1 for every peer (string labels are the estimators' own test)
+        classes = np.unique(ys[0])
+        ys = tuple(np.searchsorted(classes, y) for y in ys)
+    out, fit_s = fit_peer(model, parts, ys, text, classify, seed)
+    yt = ys[2]
+    row: dict = {"fit_s": fit_s}
+    if classify:
+        p = np.clip(out, 1e-15, 1)
+        p = p / p.sum(1, keepdims=True)
+        row["logloss"] = float(-np.log(p[np.arange(len(yt)), yt]).mean())
+        row["accuracy"] = float((p.argmax(1) == yt).mean())
+        if p.shape[1] == 2:
+            from sklearn.metrics import roc_auc_score
+
+            row["auroc"] = float(roc_auc_score(yt, p[:, 1]))
+    else:
+        row["rmse"] = float(np.sqrt(np.mean((out - yt) ** 2)))
+    return row
+
+
+def summary(rows: list[dict], tables: list[str], models: list[str]) -> list[str]:
+    """Markdown: mean log-loss (accuracy) or RMSE, and mean fit seconds, per table and model."""
+    lines = ["| table | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
+    for tab in tables:
+        cells = []
+        for m in models:
+            rs = [r for r in rows if r["table"] == tab and r["model"] == m and "error" not in r]
+            if not rs:
+                cells.append("—")
+                continue
+            fit = statistics.mean(r["fit_s"] for r in rs)
+            if "logloss" in rs[0]:
+                ll = statistics.mean(r["logloss"] for r in rs)
+                acc = 100 * statistics.mean(r["accuracy"] for r in rs)
+                cells.append(f"{ll:.4f} ({acc:.2f} %, {fit:.1f} s, n={len(rs)})")
+            else:
+                rmse = statistics.mean(r["rmse"] for r in rs)
+                cells.append(f"{rmse:.4f} ({fit:.1f} s, n={len(rs)})")
+        lines.append(f"| {tab} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--tables", nargs="+", default=TABLES)
+    ap.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path("bench-peers"))
+    ap.add_argument("--one", nargs=3, metavar=("PATH", "SEED", "MODEL"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(measure(Path(a.one[0]), int(a.one[1]), a.one[2], a.threads)))
+        return
+    a.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with (a.out / "results.jsonl").open("a") as fh:
+        for seed in a.seeds:
+            for tab in a.tables:
+                for model in a.models:
+                    path = a.data_dir / f"{tab}.csv.gz"
+                    args = ["--one", str(path), str(seed), model, "--threads", str(a.threads)]
+                    row = {"table": tab, "seed": seed, "model": model}
+                    try:
+                        row.update(run_module_child("bench.peers", args))
+                    except SystemExit as err:  # one failing peer does not end the run
+                        row["error"] = str(err)[-600:]
+                    rows.append(row)
+                    fh.write(json.dumps(row) + "\n")
+                    fh.flush()
+                    print(json.dumps(row), flush=True)
+    write_table(a.out, "bench.peers", summary(rows, a.tables, a.models))
+
+
+if __name__ == "__main__":
+    main()
