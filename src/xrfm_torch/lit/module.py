@@ -52,8 +52,8 @@ class XRFMLitModule(pl.LightningModule):
 
     Regression targets may be standardized by the datamodule; ``target_mean``/``target_std`` map
     predictions back so metrics and ``predict_step`` are in original units. Classification fits the tree
-    on one-hot labels and turns its outputs into probabilities by clamping to ``[1e-3, 1 - 1e-3]`` and
-    renormalizing (the reference's ``zero_one`` mode).
+    on class labels and turns its outputs into probabilities with ``tree.predict_proba``'s rule
+    (clipped scores, or their softmax calibrated on the validation rows).
 
     Args:
         tree: The (unfitted) model. Excluded from hyperparameters; its config goes into checkpoints.
