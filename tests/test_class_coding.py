@@ -125,7 +125,7 @@ def test_prevalence_with_a_criterion_that_reads_scores_is_refused():
         xRFMTree(task="classification", class_coding="simplex")  # type: ignore[arg-type]
 
 
-def test_the_softmax_scale_minimizes_the_log_loss_and_stays_clipped():
+def test_the_softmax_scale_minimizes_the_unclipped_log_loss_and_the_output_is_clipped():
     g = seeded(8)
     labels = torch.randint(0, 4, (300,), generator=g)
     scores = torch.eye(4, dtype=torch.float64)[labels] + 0.4 * torch.randn(
@@ -133,7 +133,7 @@ def test_the_softmax_scale_minimizes_the_log_loss_and_stays_clipped():
     )
     a = fit_softmax_scale(scores, labels)
     grid = torch.logspace(-2, 4, 4001, dtype=torch.float64)
-    losses = torch.stack([row_logloss(class_probabilities(scores, t), labels).mean() for t in grid])
+    losses = torch.stack([row_logloss(torch.softmax(t * scores, 1), labels).mean() for t in grid])
     assert a == pytest.approx(float(grid[losses.argmin()]), rel=5e-3)
     p = class_probabilities(scores, 1e4)  # however sharp: clipped, rows summing to 1
     assert float(p.min()) >= CLIP / (1 + 3 * CLIP) and float(p.max()) <= 1 - CLIP
@@ -183,3 +183,20 @@ def test_the_tree_calibrates_on_its_validation_rows(calibration):
     del state["targets.softmax_scale_"]  # a state saved before calibration existed: clipping
     fresh.load_state_dict(state)
     torch.testing.assert_close(fresh.predict_proba(Xt), class_probabilities(scores))
+
+
+def test_one_confident_mistake_keeps_the_softmax_scale_finite():
+    # clipped, a confident mistake costs the same at any sharper scale, so a fit of the clipped
+    # loss runs to the search bound; the unclipped loss charges it and stops
+    g = seeded(13)
+    labels = torch.randint(0, 10, (200,), generator=g)
+    scores = torch.eye(10, dtype=torch.float64)[labels] + 0.05 * torch.randn(
+        200, 10, generator=g, dtype=torch.float64
+    )
+    scores[0] = torch.eye(10, dtype=torch.float64)[(labels[0] + 1) % 10]  # wrong and sure of it
+    a = fit_softmax_scale(scores, labels)
+    assert 1.0 < a < 100.0
+    clipped = torch.stack(
+        [row_logloss(class_probabilities(scores, t), labels).mean() for t in (a, 1e4)]
+    )
+    assert clipped[1] < clipped[0]  # what the clipped objective would have preferred

@@ -58,11 +58,13 @@ def row_logloss(p: Tensor, labels: Tensor) -> Tensor:
 def fit_softmax_scale(
     scores: Tensor, labels: Tensor, low: float = 1e-2, high: float = 1e4
 ) -> float:
-    """The ``a`` in ``[low, high]`` minimizing the mean log-loss of ``class_probabilities(scores, a)``.
+    """The ``a`` in ``[low, high]`` minimizing the mean log-loss of ``softmax(a * scores)``.
 
-    Without the clipping the loss is convex in ``a`` (log-sum-exp of logits linear in ``a``); the
-    clipping only flattens it where rows are already within ``CLIP`` of certain. A golden-section
-    search over ``log a`` finds the minimum to ~1e-6 relative in 60 steps, without autograd.
+    The unclipped loss is convex in ``a`` (log-sum-exp of logits linear in ``a``), so a
+    golden-section search over ``log a`` finds its minimum to ~1e-6 relative in 60 steps, without
+    autograd. It is fitted unclipped although the probabilities are clipped afterwards: with the
+    clipping a confident mistake costs the same at any sharper scale, and on validation rows with
+    few mistakes the fit then ran to ``high`` (digits features: test log-loss 0.093 vs 0.029).
 
     Args:
         scores: Class scores (n, K).
@@ -73,7 +75,7 @@ def fit_softmax_scale(
     s = scores.double()
 
     def loss(log_a: float) -> float:
-        return float(row_logloss(class_probabilities(s, math.exp(log_a)), labels).mean())
+        return float(row_logloss(torch.softmax(math.exp(log_a) * s, 1), labels).mean())
 
     a, b = math.log(low), math.log(high)
     ratio = (math.sqrt(5) - 1) / 2
