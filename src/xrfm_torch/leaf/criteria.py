@@ -12,9 +12,10 @@ criterion's value is their mean. The per-row losses also feed the paired signifi
 
 Probabilities from class scores: clipped to ``[CLIP, 1 - CLIP]`` and renormalized (the reference's
 rule), or, where a validation test says so (:func:`choose_softmax_scale`), ``softmax(a * scores)``
-with the scale ``a`` fitted on the validation rows, clipped alike. Clipping the scores charges ``-log(CLIP / (1 + ...))``
-(about 7) for every row whose true class scored at or below 0, however close; with many classes
-that dominates the log-loss, where the softmax grades such rows by how far they are off.
+with the scale ``a`` fitted on the validation rows, clipped alike. Clipping the scores charges
+``-log(CLIP / (1 + ...))`` (about 7) for every row whose true class scored at or below 0, however
+close; with many classes that dominates the log-loss, where the softmax grades such rows by how
+far they are off.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ CRITERIA: tuple[Criterion, ...] = ("mse", "logloss", "error")
 
 #: Class scores are clipped to ``[CLIP, 1 - CLIP]`` before renormalizing (as the reference does).
 CLIP = 1e-3
-
 
 #: The softmax replaces clipping only when its validation log-loss is lower by this many paired
 #: standard errors (it has a parameter fitted on the same rows).
@@ -120,7 +120,7 @@ def validation_errors(pred: Tensor, target: Tensor, criterion: Criterion) -> tup
         return float(per_row.mean()) / pred.shape[1], per_row
     true = target.argmax(1, keepdim=True)
     if criterion == "logloss":
-        per_row = -class_probabilities(pred).gather(1, true)[:, 0].log()
+        per_row = row_logloss(class_probabilities(pred), true[:, 0])
     elif criterion == "error":
         per_row = (pred.argmax(1, keepdim=True) != true)[:, 0].to(pred.dtype)
     else:

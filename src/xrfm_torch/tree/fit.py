@@ -23,7 +23,7 @@ from xrfm_torch.leaf.data import FitData
 from xrfm_torch.tree.grow import Progress, TreeLayout, fit_leaves, grow_tree
 from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.splits import SplitRule
-from xrfm_torch.tree.temperature import averaged_predictions, temperature_errors
+from xrfm_torch.tree.temperature import prediction_errors, temperature_predictions
 
 log = logging.getLogger(__name__)
 
@@ -184,31 +184,26 @@ def fit_trees(
                 break
     if data.holdout is None:
         grown.refit()
+    xs = [mapped.X_val for mapped in grown.data]  # each tree's map, encoded once per map
+    scores = None
     if temperature is None and any(tree.n_leaves > 1 for tree in grown.trees):
-        errs = temperature_errors(
-            grown.trees,
-            [mapped.X_val for mapped in grown.data],  # each tree's map, encoded once per map
-            data.y_val,
-            grid,
-            keep_mass=keep_mass,
-            max_leaves=max_soft_leaves,
-            criterion=fitting.leaf.criterion,
+        preds = temperature_predictions(
+            grown.trees, xs, grid, keep_mass=keep_mass, max_leaves=max_soft_leaves
         )
-        temperature = float(grid[min(range(len(errs)), key=lambda i: errs[i])])
+        errs = prediction_errors(preds, data.y_val, fitting.leaf.criterion)
+        best = min(range(len(errs)), key=lambda i: errs[i])
+        temperature, scores = float(grid[best]), preds[best]
         log.info(
             "tuned temperature %.4g (val %s %s)",
             temperature,
             fitting.leaf.criterion,
             ", ".join(f"{e:.4g}" for e in errs),
         )
-    if val_scores:
-        grown.val_scores = averaged_predictions(
-            grown.trees,
-            [mapped.X_val for mapped in grown.data],
-            0.0 if temperature is None else temperature,
-            keep_mass=keep_mass,
-            max_leaves=max_soft_leaves,
-        )
+    if val_scores and scores is None:  # nothing searched: the one temperature the model uses
+        scores = temperature_predictions(
+            grown.trees, xs, [temperature or 0.0], keep_mass=keep_mass, max_leaves=max_soft_leaves
+        )[0]
+    grown.val_scores = scores if val_scores else None
     if data.holdout is not None:
         grown.refit()
     return grown, temperature

@@ -9,8 +9,9 @@ does. That code is these rows in an orthonormal basis of the sum-zero plane, so 
 the squared error are the same under either (KRR is linear in the targets, a rotation keeps norms);
 its decoding ``π + score`` needs no matrix inverse. The leaves regress on the codes and every
 choice made on validation data minimizes the leaves' criterion on them (the Brier score by default,
-:mod:`xrfm_torch.leaf.criteria`). Probabilities are the decoded scores clipped to
-``[CLIP, 1 - CLIP]`` and renormalized per row (:func:`xrfm_torch.leaf.criteria.class_probabilities`).
+:mod:`xrfm_torch.leaf.criteria`). Probabilities are the decoded scores, or their softmax with a
+scale fitted on validation rows (:meth:`TargetCoding.calibrate`), clipped to ``[CLIP, 1 - CLIP]``
+and renormalized per row (:func:`xrfm_torch.leaf.criteria.class_probabilities`).
 """
 
 from __future__ import annotations
@@ -82,12 +83,12 @@ class TargetCoding(ResizableBuffers):
         self.register_buffer("softmax_scale_", torch.tensor(0.0))
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
-        # states saved before class codings existed have no prior: it was zeros (one-hot)
-        if prefix + "n_classes_" in state_dict and prefix + "prior_" not in state_dict:
+        # states saved before class codings and calibration existed: a zero prior (one-hot codes)
+        # and a zero softmax scale (clipping) are what they used
+        if prefix + "n_classes_" in state_dict:
             k = int(state_dict[prefix + "n_classes_"])
-            state_dict[prefix + "prior_"] = torch.zeros(k, device=self.prior_.device)
-        if prefix + "n_classes_" in state_dict and prefix + "softmax_scale_" not in state_dict:
-            state_dict[prefix + "softmax_scale_"] = torch.tensor(0.0)  # it clipped
+            state_dict.setdefault(prefix + "prior_", torch.zeros(k, device=self.prior_.device))
+            state_dict.setdefault(prefix + "softmax_scale_", torch.tensor(0.0))
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     @property
@@ -179,8 +180,8 @@ class TargetCoding(ResizableBuffers):
     def probabilities(self, scores: Tensor) -> Tensor:
         """Class probabilities (n, K) from decoded scores, rows summing to 1.
 
-        Scores clipped to ``[CLIP, 1 - CLIP]`` and renormalized, or ``softmax(a * scores)`` where
-        :meth:`calibrate` chose a scale ``a``.
+        Scores, or ``softmax(a * scores)`` where :meth:`calibrate` chose a scale ``a``, clipped to
+        ``[CLIP, 1 - CLIP]`` and renormalized.
         """
         if self.task != "classification":
             raise ValueError("probabilities need a classification model (task='classification')")

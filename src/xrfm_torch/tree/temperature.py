@@ -19,17 +19,15 @@ DEFAULT_TEMPERATURE_GRID: list[float] = [0.0] + [
 
 
 @torch.no_grad()
-def temperature_errors(
+def temperature_predictions(
     trees: Sequence[PartitionTree],
     xs: Sequence[Tensor],
-    y_val: Tensor,
     grid: Sequence[float],
     *,
     keep_mass: float,
     max_leaves: int,
-    criterion: Criterion = "mse",
-) -> list[float]:
-    """Validation MSE of the averaged ``trees`` for each temperature in ``grid``.
+) -> list[Tensor]:
+    """The averaged ``trees``' outputs (n_val, c) at each temperature in ``grid``.
 
     Each leaf is evaluated once on the validation rows where some temperature of the grid gives
     it weight (shape (n_val, L, c), zero elsewhere); each temperature then only recomputes the
@@ -40,13 +38,10 @@ def temperature_errors(
     Args:
         trees: Fitted trees (their leaves are used as they are), averaged.
         xs: The validation inputs as each tree sees them (its input map), shapes (n_val, d_t).
-        y_val: Validation targets, shape (n_val,) or (n_val, c).
         grid: Temperatures (0 = hard routing).
         keep_mass: Soft routing keeps each row's top leaves covering this weight mass.
         max_leaves: Soft routing evaluates at most this many leaves per row.
-        criterion: The validation criterion (:mod:`xrfm_torch.leaf.criteria`).
     """
-    y_val = as_float_targets(y_val, "y_val", n_rows=xs[0].shape[0], dtype=xs[0].dtype)
     pairs = list(zip(trees, xs))
 
     def weights(tree: PartitionTree, x: Tensor, temp: float) -> Tensor:  # (n_val, L)
@@ -58,32 +53,41 @@ def temperature_errors(
         for temp in grid:  # the weights are recomputed below: (n_val, L) per temperature is cheap
             used |= weights(tree, x, temp) > 0
         leaf_preds.append(tree.leaf_predictions(x, used))  # (n_val, L, c)
-    errors = []
-    for temp in grid:
-        preds = [
-            (weights(tree, x, temp)[:, :, None] * P).sum(1)
-            for (tree, x), P in zip(pairs, leaf_preds)
-        ]
-        pred = torch.stack(preds).mean(0)
-        if criterion == "mse":  # over all entries at once (the same value, summed in one pass)
-            errors.append(float(((pred - y_val) ** 2).mean()))
-        else:
-            errors.append(validation_errors(pred, y_val, criterion)[0])
-    return errors
+    return [
+        torch.stack(
+            [
+                (weights(tree, x, temp)[:, :, None] * P).sum(1)
+                for (tree, x), P in zip(pairs, leaf_preds)
+            ]
+        ).mean(0)
+        for temp in grid
+    ]
 
 
-@torch.no_grad()
-def averaged_predictions(
+def prediction_errors(
+    preds: Sequence[Tensor], y_val: Tensor, criterion: Criterion = "mse"
+) -> list[float]:
+    """The validation criterion's value of each prediction (n_val, c) against ``y_val``."""
+    y_val = as_float_targets(y_val, "y_val", n_rows=preds[0].shape[0], dtype=preds[0].dtype)
+    if criterion == "mse":  # over all entries at once (the same value, summed in one pass)
+        return [float(((pred - y_val) ** 2).mean()) for pred in preds]
+    return [validation_errors(pred, y_val, criterion)[0] for pred in preds]
+
+
+def temperature_errors(
     trees: Sequence[PartitionTree],
     xs: Sequence[Tensor],
-    temperature: float,
+    y_val: Tensor,
+    grid: Sequence[float],
     *,
     keep_mass: float,
     max_leaves: int,
-) -> Tensor:
-    """The averaged ``trees``' outputs (n, c) at ``temperature``; ``xs`` as each tree sees the rows."""
-    preds = []
-    for tree, x in zip(trees, xs):
-        w = tree.weights(x, temperature, keep_mass=keep_mass, max_leaves=max_leaves)
-        preds.append((w[:, :, None] * tree.leaf_predictions(x, w > 0)).sum(1))
-    return torch.stack(preds).mean(0)
+    criterion: Criterion = "mse",
+) -> list[float]:
+    """Validation error of the averaged ``trees`` for each temperature in ``grid``.
+
+    :func:`temperature_predictions` scored by :func:`prediction_errors` (``y_val``: (n_val,) or
+    (n_val, c); ``criterion``: :mod:`xrfm_torch.leaf.criteria`).
+    """
+    preds = temperature_predictions(trees, xs, grid, keep_mass=keep_mass, max_leaves=max_leaves)
+    return prediction_errors(preds, y_val, criterion)
