@@ -70,7 +70,19 @@ def test_buffers_vs_parameters():
     assert names == {"raw_temperature", "trees.0.split_vectors_", "trees.0.thresholds_"}
     assert all(
         n.endswith(
-            ("alpha_", "support_", "sqrt_m_", "bandwidth", "best_iter_", "val_errors_", "reg_")
+            (
+                "alpha_",
+                "support_",
+                "sqrt_m_",
+                "bandwidth",
+                "best_iter_",
+                "val_errors_",
+                "reg_",
+                "noise_coef_",
+                "noise_mean_",
+                "signal_var_",
+                "factor_",
+            )
         )
         for n, _ in trainable.named_buffers()
         if ".leaves." in n

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
+from xrfm_torch.kernels.distance import row_chunks
 from xrfm_torch.kernels.linear import features_or_none, linear_grad, summed_predict
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import fit_data
 from xrfm_torch.leaf.iteration import run_iterations
+from xrfm_torch.leaf.posterior import (
+    cholesky_factor,
+    loo_residuals,
+    moments,
+    noise_model,
+    signal_variance,
+    system_matrix,
+)
 from xrfm_torch.leaf.selection import Candidate
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
@@ -38,7 +48,11 @@ class LeafRFM(ResizableBuffers):
     Buffers (after ``fit``):
         ``support_`` (n, d), ``alpha_`` (n, c), ``sqrt_m_`` (d,) or (d, d), ``best_iter_`` (),
         ``val_errors_`` (tau + 1,) with NaN for iterations not run, ``reg_`` () the ridge in use;
-        the bandwidth is ``kernel.bandwidth``.
+        the bandwidth is ``kernel.bandwidth``. After :meth:`fit_posterior`: ``noise_coef_`` (n, c)
+        and ``noise_mean_`` (c,) of the log-noise model, ``signal_var_`` (c,) the
+        marginal-likelihood scale (:mod:`xrfm_torch.leaf.posterior`). The Cholesky factor they use
+        is cached in ``factor_`` but not saved (it is as large as the kernel matrix): a loaded leaf
+        factors again on first use.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -54,6 +68,10 @@ class LeafRFM(ResizableBuffers):
     best_iter_: Tensor
     val_errors_: Tensor
     reg_: Tensor
+    noise_coef_: Tensor
+    noise_mean_: Tensor
+    signal_var_: Tensor
+    factor_: Tensor
 
     def __init__(
         self, kernel: Kernel | str | None = None, config: LeafConfig | None = None
@@ -73,6 +91,17 @@ class LeafRFM(ResizableBuffers):
         self.register_buffer("best_iter_", torch.tensor(-1))
         self.register_buffer("val_errors_", torch.empty(0))
         self.register_buffer("reg_", torch.tensor(self.config.reg, dtype=torch.float64))
+        self.register_buffer("noise_coef_", torch.empty(0, 0))
+        self.register_buffer("noise_mean_", torch.empty(0))
+        self.register_buffer("signal_var_", torch.empty(0))
+        self.register_buffer("factor_", torch.empty(0, 0), persistent=False)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        # leaves saved before the posterior existed: no noise model (fit_posterior adds one)
+        for name, empty in (("noise_coef_", (0, 0)), ("noise_mean_", (0,)), ("signal_var_", (0,))):
+            state_dict.setdefault(prefix + name, torch.empty(empty))
+        self._forget_posterior()
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     # ---- state ---------------------------------------------------------------------------------
     @property
@@ -177,6 +206,7 @@ class LeafRFM(ResizableBuffers):
             return
         self.alpha_ = alpha.contiguous()
         self.support_ = X_all.detach().clone()
+        self._forget_posterior()
 
     def _store(self, X: Tensor, best: Candidate) -> None:
         d = X.shape[1]
@@ -192,6 +222,7 @@ class LeafRFM(ResizableBuffers):
         self.reg_ = torch.tensor(best.reg, dtype=torch.float64, device=X.device)
         self.sqrt_m_ = sqrt_m.detach().to(device=X.device, dtype=X.dtype)
         self.best_iter_ = torch.tensor(best.t, device=X.device)
+        self._forget_posterior()
 
     @torch.no_grad()
     def refit(self, X: Tensor, y: Tensor) -> LeafRFM:
@@ -218,7 +249,92 @@ class LeafRFM(ResizableBuffers):
         )
         self.alpha_ = alpha.contiguous()
         self.support_ = X.detach().clone()
+        self._forget_posterior()
         return self
+
+    # ---- Gaussian-process view -----------------------------------------------------------------
+    def _forget_posterior(self) -> None:
+        """Drop the factor and noise model (stale once the support or coefficients change)."""
+        self.factor_ = self.factor_.new_empty(0, 0)
+        self.noise_coef_ = self.noise_coef_.new_empty(0, 0)
+        self.noise_mean_ = self.noise_mean_.new_empty(0)
+        self.signal_var_ = self.signal_var_.new_empty(0)
+
+    @property
+    def has_posterior(self) -> bool:
+        """Whether :meth:`fit_posterior` has run for the current support."""
+        return self.noise_coef_.numel() > 0
+
+    @torch.no_grad()
+    def posterior_factor(self) -> Tensor:
+        """Lower Cholesky factor of ``K + U U^T + reg I`` on the support (cached), (n, n).
+
+        In the leaf's dtype, or float64 where that factorization fails (a tiny ridge).
+        """
+        self._check_fitted()
+        n = self.support_.shape[0]
+        if self.factor_.shape != (n, n):
+            xs = transform(self.support_, self.sqrt_m_)
+            dtype = self.config.solve_dtype or xs.dtype
+            for attempt in (dtype, torch.float64) if dtype != torch.float64 else (dtype,):
+                # float64 from the distances on: float32 kernel values of rows close together
+                # can be indefinite by more than a tiny ridge
+                A = system_matrix(
+                    self.kernel, xs.to(attempt), float(self.reg_), self.config.linear_mix
+                )
+                L = cholesky_factor(A)
+                if L is not None:
+                    break
+            if L is None:
+                raise RuntimeError(
+                    f"the leaf's system matrix (n={n}, reg={float(self.reg_):g}) is not positive "
+                    "definite even in float64; fit with a larger reg"
+                )
+            self.factor_ = L
+        return self.factor_
+
+    @torch.no_grad()
+    def fit_posterior(self) -> LeafRFM:
+        """Fit the log-noise model on leave-one-out residuals and the marginal-likelihood scale.
+
+        Costs one triangular inverse of the cached factor (about one more factorization).
+        """
+        L = self.posterior_factor()
+        loo = loo_residuals(L, self.alpha_)
+        beta, z_mean = noise_model(L, loo)
+        dtype = self.alpha_.dtype
+        self.noise_coef_, self.noise_mean_ = beta.to(dtype), z_mean.to(dtype)
+        self.signal_var_ = signal_variance(L, self.alpha_).to(dtype)
+        return self
+
+    def moments(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Mean (n, c), latent GP variance ``v`` (n,) and log-noise estimate ``g`` (n, c) at ``x``.
+
+        ``v`` is in units of the process scale (``signal_var_`` times it is the GP's latent
+        variance); rows are processed in chunks so that no more than the kernel's ``chunk_bytes``
+        of (support x rows) intermediates exist at once. Differentiable in ``x``.
+        """
+        self._check_input(x)
+        if not self.has_posterior:
+            raise RuntimeError("the leaf has no posterior; call .fit_posterior() first")
+        L = self.posterior_factor()
+        per_row = self.support_.shape[0] * x.element_size() * 4
+        parts = [
+            moments(
+                self.kernel,
+                self.sqrt_m_,
+                self.support_,
+                x[rows],
+                L,
+                self.alpha_,
+                self.noise_coef_,
+                self.noise_mean_,
+                self.config.linear_mix,
+            )
+            for rows in row_chunks(x.shape[0], per_row, self.kernel.chunk_bytes)
+        ]
+        mean, v, g = (torch.cat(p) for p in zip(*parts))
+        return mean, v, g
 
     def _support_linear_grad(self) -> Tensor | float:
         """Input gradient of the fitted leaf's linear part, (1, c, d), or 0 when it is off."""

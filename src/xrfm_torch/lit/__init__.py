@@ -1,5 +1,6 @@
 """Lightning pieces: the system, the datamodule and evaluation callbacks (imports the core)."""
 
+from xrfm_torch.lit.calibration import IntervalCalibration
 from xrfm_torch.lit.callbacks import (
     AGOPFeatureImportance,
     FitProgressBar,
@@ -14,6 +15,7 @@ from xrfm_torch.lit.module import XRFMLitModule
 __all__ = [
     "AGOPFeatureImportance",
     "FitProgressBar",
+    "IntervalCalibration",
     "LeafMetrics",
     "RefitXRFM",
     "TabularDataModule",

@@ -37,6 +37,39 @@ class LogLoss(Metric):
         return (self.total / self.count).float()
 
 
+class GaussianNLL(Metric):
+    """Mean Gaussian negative log-likelihood per target entry.
+
+    ``mean(log(2 pi std^2) / 2 + (y - mean)^2 / (2 std^2))`` over rows and outputs, in the units of
+    the inputs (original target units give the figure papers report).
+    """
+
+    higher_is_better = False
+    is_differentiable = True
+    full_state_update = False
+    total: Tensor
+    count: Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("total", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.tensor(0), dist_reduce_fx="sum")
+
+    def update(self, mean: Tensor, std: Tensor, target: Tensor) -> None:
+        if not mean.shape == std.shape == target.shape:
+            raise ValueError(
+                f"mean, std and target must have one shape, got {tuple(mean.shape)}, "
+                f"{tuple(std.shape)}, {tuple(target.shape)}"
+            )
+        var = std.double() ** 2
+        r = target.double() - mean.double()
+        self.total += (0.5 * (torch.log(2 * torch.pi * var) + r * r / var)).sum()
+        self.count += target.numel()
+
+    def compute(self) -> Tensor:
+        return (self.total / self.count).float()
+
+
 class _ClassProbs(Metric):
     """Adapter: feed an (n, K) probability matrix to a metric that wants (n,) for binary tasks."""
 

@@ -12,7 +12,7 @@ from torch import Tensor
 from torchmetrics import MetricCollection
 
 from xrfm_torch.data.protocol import Task
-from xrfm_torch.lit.metrics import make_metrics
+from xrfm_torch.lit.metrics import GaussianNLL, make_metrics
 from xrfm_torch.tree import xRFMTree
 from xrfm_torch.tree.grow import Progress
 
@@ -99,6 +99,9 @@ class XRFMLitModule(pl.LightningModule):
         self.train_metrics = make_metrics(task, num_classes, prefix="train/")
         self.val_metrics = make_metrics(task, num_classes, prefix="val/")
         self.test_metrics = make_metrics(task, num_classes, prefix="test/")
+        # a tree with predictive variances: Gaussian NLL on rows it did not fit
+        self.val_nll = GaussianNLL() if tree.uncertainty != "none" else None
+        self.test_nll = GaussianNLL() if tree.uncertainty != "none" else None
         self.fit_progress: list[Progress] = []  # filled by callbacks (e.g. FitProgressBar)
         self.fit_data: dict[str, tuple[Tensor, Tensor]] = {}  # model-space data of the last fit
 
@@ -189,6 +192,11 @@ class XRFMLitModule(pl.LightningModule):
         out = raw * self.target_std + self.target_mean
         return out[:, 0] if out.shape[1] == 1 else out
 
+    def to_output_std(self, std: Tensor) -> Tensor:
+        """Predictive standard deviations (n, c) in original units, shaped like :meth:`to_output`."""
+        out = std * self.target_std
+        return out[:, 0] if out.shape[1] == 1 else out
+
     def original_targets(self, y: Tensor) -> Tensor:
         """Batch targets in original units (regression targets arrive standardized)."""
         if self.hparams["task"] == "classification":
@@ -197,11 +205,20 @@ class XRFMLitModule(pl.LightningModule):
 
     def _evaluate(self, batch: Any, stage: str) -> dict[str, Tensor]:
         x, y = batch[0], self.original_targets(batch[1])
-        pred = self.to_output(self(x))
+        nll = cast(GaussianNLL | None, getattr(self, f"{stage}_nll", None))
+        out: dict[str, Tensor] = {"x": x, "y": y}
+        if nll is not None:
+            mean, std = self.tree(self.tree_inputs(x), return_std=True)
+            out["pred"] = pred = self.to_output(mean)
+            out["std"] = std = self.to_output_std(std)
+            nll.update(pred, std, y)
+            self.log(f"{stage}/nll", nll, on_step=False, on_epoch=True, batch_size=len(x))
+        else:
+            out["pred"] = pred = self.to_output(self(x))
         metrics = cast(MetricCollection, getattr(self, f"{stage}_metrics"))
         metrics.update(pred, y)
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(x))
-        return {"x": x, "y": y, "pred": pred}
+        return out
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate(batch, "train")  # evaluation only: nothing to optimize

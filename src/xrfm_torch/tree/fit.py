@@ -24,6 +24,7 @@ from xrfm_torch.tree.grow import Progress, TreeLayout, fit_leaves, grow_tree
 from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.splits import SplitRule
 from xrfm_torch.tree.temperature import prediction_errors, temperature_predictions
+from xrfm_torch.tree.uncertainty import Moments, model_moments
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ class GrownTrees:
         pending: Per tree, per leaf, the training rows of its final solve (``None``: done).
         val_scores: The averaged trees' outputs on the validation rows at the chosen temperature,
             taken before held-out rows join the leaves (when asked for; probability calibration).
+        val_moments: The mixed leaf Gaussians on the validation rows at the chosen temperature,
+            taken before held-out rows join the leaves (when asked for; variance calibration).
     """
 
     trees: list[PartitionTree]
@@ -94,6 +97,13 @@ class GrownTrees:
     data: list[FitData]
     pending: list[list[Tensor | None]]
     val_scores: Tensor | None = None
+    val_moments: Moments | None = None
+
+    def fit_posteriors(self) -> None:
+        """Give every leaf its Gaussian-process view (:meth:`LeafRFM.fit_posterior`)."""
+        for tree in self.trees:
+            for leaf in tree.leaf_list():
+                leaf.fit_posterior()
 
     def refit(self) -> None:
         """Run the pending final solves (each leaf re-solved on its rows, same ``M`` and kernel)."""
@@ -121,6 +131,7 @@ def fit_trees(
     generator: torch.Generator,
     progress: Progress | None = None,
     val_scores: bool = False,
+    posterior: bool = False,
 ) -> tuple[GrownTrees, float | None]:
     """Grow the trees, fit their leaves, run the final solves, choose the routing temperature.
 
@@ -147,6 +158,9 @@ def fit_trees(
         generator: CPU random generator; each map's trees start from its state at the call.
         progress: Called as ``progress(tree, leaves_done, leaves_total)`` after each leaf fit.
         val_scores: Keep the model's validation outputs (``GrownTrees.val_scores``).
+        posterior: Fit the leaves' posteriors and keep the validation moments
+            (``GrownTrees.val_moments``); held-out rows join the leaves after that, and the final
+            leaves fit theirs again.
 
     Returns:
         The fitted trees, and the temperature (``None``: not given, and nothing to tune).
@@ -204,8 +218,15 @@ def fit_trees(
             grown.trees, xs, [temperature or 0.0], keep_mass=keep_mass, max_leaves=max_soft_leaves
         )[0]
     grown.val_scores = scores if val_scores else None
+    if posterior:
+        grown.fit_posteriors()
+        grown.val_moments = model_moments(
+            grown.trees, xs, temperature or 0.0, keep_mass=keep_mass, max_leaves=max_soft_leaves
+        )
     if data.holdout is not None:
         grown.refit()
+        if posterior:
+            grown.fit_posteriors()
     return grown, temperature
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast, overload
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,7 @@ from xrfm_torch.tree.partition import PartitionTree, empty_trees
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
 from xrfm_torch.tree.targets import Calibration, ClassCoding, TargetCoding, Task
 from xrfm_torch.tree.temperature import DEFAULT_TEMPERATURE_GRID, temperature_errors
+from xrfm_torch.tree.uncertainty import Uncertainty, VarianceModel, check_uncertainty, model_moments
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,13 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             (:class:`~xrfm_torch.inputs.input_map.InputMap`).
         missing_values: ``"seen"``: NaN at prediction in a numeric column the training rows had
             no missing cells in is an error; ``"any"``: it is the column's training mean.
+        uncertainty: Predictive variances (regression; :mod:`xrfm_torch.tree.uncertainty`):
+            ``"none"``, ``"gp"`` (each leaf's Gaussian process with its marginal-likelihood
+            scale) or ``"calibrated"`` (the log-variance from the leaves' GP variance, their
+            leave-one-out noise model and the mean, fitted on validation rows). Enables
+            ``forward(x, return_std=True)`` and :meth:`predict_interval`; the fit pays about one
+            more factorization per leaf (two with held-out validation rows) and keeps each leaf's
+            Cholesky factor in memory (not in the state dict).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -150,6 +158,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         set_leaf_fraction: float = 0.5,
         categorical_features: Sequence[int] | None = None,
         missing_values: MissingValues = "seen",
+        uncertainty: Uncertainty = "none",
     ) -> None:
         super().__init__()
         if leaf is not None and not isinstance(leaf, LeafConfig):
@@ -197,6 +206,10 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
                 f"class_coding='prevalence' needs criterion 'mse' (the Brier score), got "
                 f"{self.leaf.criterion!r}: the other criteria read the codes as class scores"
             )
+        self.uncertainty = check_uncertainty(uncertainty)
+        if self.uncertainty != "none" and task != "regression":
+            raise ValueError(f"uncertainty={uncertainty!r} needs task='regression'")
+        self.variance = None if self.uncertainty == "none" else VarianceModel(self.uncertainty)
         self.trees = nn.ModuleList()
         self.register_buffer("temperature_", torch.tensor(0.0))
         if self.trainable_routing:
@@ -370,7 +383,10 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             generator=generator,
             progress=progress,
             val_scores=self.task == "classification",
+            posterior=self.variance is not None,
         )
+        if self.variance is not None and grown.val_moments is not None:
+            self.variance.fit(grown.val_moments, data.y_val)
         if grown.val_scores is not None:
             scale = self.targets.calibrate(self.targets.decode(grown.val_scores), data.y_val)
             log.info("probabilities: %s", f"softmax, scale {scale:.4g}" if scale else "clipped")
@@ -430,6 +446,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         for tree, leaves in zip(trees, new):
             for index, leaf in leaves.items():
                 tree.leaves[index] = leaf
+                if self.variance is not None:  # the variance model keeps its coefficients
+                    leaf.fit_posterior()
         return self
 
     # ---- interpretation ------------------------------------------------------------------------
@@ -501,15 +519,32 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         )
 
     # ---- prediction ----------------------------------------------------------------------------
-    def forward(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+    @overload
+    def forward(
+        self,
+        x: Tensor,
+        temperature: float | Tensor | None = None,
+        *,
+        return_std: Literal[False] = False,
+    ) -> Tensor: ...
+    @overload
+    def forward(
+        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: Literal[True]
+    ) -> tuple[Tensor, Tensor]: ...
+    def forward(
+        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Predict, averaging over trees.
 
         Args:
             x: Inputs, shape (n, d), same dtype and device as the model.
             temperature: Override the fitted ``temperature_`` (0 = hard routing).
+            return_std: Also return the predictive standard deviation (a model fitted with
+                ``uncertainty`` other than ``"none"``), in the targets' units; differentiable
+                like the mean.
 
         Returns:
-            Predictions, shape (n, c).
+            Predictions, shape (n, c); with ``return_std``, ``(mean, std)``, both (n, c).
         """
         self._check_fitted()
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:
@@ -519,12 +554,54 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         # infinities are errors; NaN only where the training rows had missing cells (input map)
         check_finite(x, "x", allow_nan=True)
         temp = self.current_temperature if temperature is None else temperature
+        if return_std:
+            return self._mean_std(x, temp)
         outs = [
             tree(xt, temp, keep_mass=self.keep_mass, max_leaves=self.max_soft_leaves)
             for tree, xt in zip(self.partition_trees(), self.input_map(x))
         ]
         out = outs[0] if len(outs) == 1 else torch.stack(outs).mean(0)
         return self.targets.decode(out)
+
+    def _mean_std(self, x: Tensor, temperature: float | Tensor) -> tuple[Tensor, Tensor]:
+        if self.variance is None:
+            raise ValueError(
+                "return_std needs a model fitted with uncertainty='calibrated' or 'gp' "
+                f"(this one has uncertainty={self.uncertainty!r})"
+            )
+        trees = self.partition_trees()
+        for tree in trees:
+            for leaf in tree.leaf_list():
+                if not leaf.has_posterior:  # e.g. a state saved before the posterior existed
+                    leaf.fit_posterior()
+        m = model_moments(
+            trees,
+            self.input_map(x),
+            temperature,
+            keep_mass=self.keep_mass,
+            max_leaves=self.max_soft_leaves,
+        )
+        std = self.variance(m).sqrt() * self.targets.scaler.scale_.to(m.mean.dtype)
+        return self.targets.decode(m.mean), std
+
+    def predict_interval(
+        self, x: Tensor, coverage: float = 0.9, temperature: float | Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Central predictive interval ``mean -/+ z std`` with ``z`` the normal quantile.
+
+        Args:
+            x: Inputs, shape (n, d).
+            coverage: Probability mass inside the interval, in (0, 1).
+            temperature: Override the fitted routing temperature.
+
+        Returns:
+            ``(lower, upper)``, each (n, c), in the targets' units.
+        """
+        if not 0.0 < float(coverage) < 1.0:
+            raise ValueError(f"coverage must be in (0, 1), got {coverage!r}")
+        mean, std = self(x, temperature, return_std=True)
+        z = float(torch.special.ndtri(torch.tensor(0.5 + float(coverage) / 2, dtype=torch.float64)))
+        return mean - z * std, mean + z * std
 
     def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
         """Class probabilities (n, K), rows summing to 1: clipped scores, or their fitted softmax."""
