@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.func import jacrev
 
+from conftest import plain_leaf, planted
+from xrfm_torch import LeafConfig
 from xrfm_torch.kernels import LaplaceKernel
 from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd, top_eigenvector
 
@@ -60,3 +63,27 @@ def test_top_eigenvector_of_planted_matrix():
     top = top_eigenvector(G)
     torch.testing.assert_close(top, -v)  # sign: largest-magnitude entry positive
     assert abs(float(top.norm()) - 1) < 1e-12
+
+
+def test_agop_ridge_is_the_gp_rfm_m_plus_lambda_identity():
+    """``M = G / max G + lambda_M I`` (seed 001), in the leaf's iteration as in the function."""
+    G = torch.tensor([[4.0, 2.0], [2.0, 1.0]], dtype=torch.float64)
+    expected = torch.tensor([[1.3, 0.5], [0.5, 0.55]], dtype=torch.float64)
+    torch.testing.assert_close(normalize_agop(G, 0.0, 0.3), expected)
+    torch.testing.assert_close(normalize_agop(G.diagonal(), 0.0, 0.3), expected.diagonal())
+    X, y = planted(400, d=5, dtype=torch.float64)
+    args = {"reg": 1e-3, "diag": False, "early_stop_multiplier": None}
+    first = plain_leaf(LaplaceKernel(3.0), n_iters=0, **args).fit(
+        X[:320], y[:320], X[320:], y[320:]
+    )
+    second = plain_leaf(LaplaceKernel(3.0), n_iters=1, agop_ridge=0.25, **args).fit(
+        X[:320], y[:320], X[320:], y[320:]
+    )
+    assert int(second.best_iter_) == 1
+    G0 = first.agop()
+    torch.testing.assert_close(
+        second.M, G0 / G0.max() + 0.25 * torch.eye(5, dtype=torch.float64), rtol=1e-6, atol=1e-9
+    )
+    assert float(torch.linalg.eigvalsh(second.M).min()) >= 0.25 - 1e-9
+    with pytest.raises(ValueError, match="agop_ridge"):
+        LeafConfig(agop_ridge=-1.0)

@@ -273,3 +273,39 @@ def test_lightning_logs_nll_and_writes_the_coverage_report(tmp_path):
     assert result["test/coverage90"] == pytest.approx(interval_coverage(z, [0.9])[0])
     with pytest.raises(ValueError, match="levels must be in"):
         IntervalCalibration(levels=[0.5, 1.0])
+
+
+@pytest.mark.parametrize("user_val", [True, False])
+def test_posterior_reuses_the_final_solves_factor(monkeypatch, user_val):
+    """Each leaf's cached factor is that of its own system; with user validation data (final
+    solve = the chosen model's factor continued by the bordered solve) nothing is factored again."""
+    import xrfm_torch.leaf.model as leaf_module
+    from xrfm_torch.kernels import transform
+    from xrfm_torch.leaf.posterior import system_matrix
+
+    calls = []
+    real = leaf_module.cholesky_factor
+    monkeypatch.setattr(leaf_module, "cholesky_factor", lambda A: calls.append(1) or real(A))
+    X, y, _ = heteroscedastic(900, 0)
+    Xv, yv, _ = heteroscedastic(300, 1)
+    model = xRFMTree(
+        leaf=LeafConfig(n_iters=1, linear_mix=0.5),
+        uncertainty="gp",
+        max_leaf_size=500,
+        overlap_fraction=0.1,
+    ).double()
+    val = (Xv, yv) if user_val else ()
+    model.fit(X, y, *val, generator=torch.Generator().manual_seed(0))
+    leaves = model.partition_trees()[0].leaf_list()
+    assert len(leaves) >= 2
+    if user_val:
+        assert calls == []
+    for leaf in leaves:
+        xs = transform(leaf.support_, leaf.sqrt_m_)
+        A = system_matrix(leaf.kernel, xs, float(leaf.reg_), leaf.config.linear_mix)
+        L = leaf.factor_
+        assert L.shape == A.shape
+        torch.testing.assert_close(L @ L.mT, A, rtol=1e-9, atol=1e-9)
+    plain = xRFMTree(leaf=LeafConfig(n_iters=1), max_leaf_size=500).double()
+    plain.fit(X, y, *val, generator=torch.Generator().manual_seed(0))
+    assert all(lf.factor_.numel() == 0 for lf in plain.partition_trees()[0].leaf_list())

@@ -49,6 +49,9 @@ class LeafConfig:
         diag: Diagonal ``M`` (``True``), full (``False``) or ``"auto"``: from ``G_0`` fit both at
             ``t = 1`` and continue with the one of lower validation error (one extra solve).
         eps: Normalization constant in ``G / (eps + max G)``.
+        agop_ridge: ``lambda_M``: every update is ``M = G / (eps + max G) + lambda_M I``, which
+            penalizes off-diagonal structure (relative to the diagonal) and keeps all directions
+            (0: the plain AGOP). The option of the GP-RFM uncertainty paper.
         adaptive_bandwidth: If set, before each solve the bandwidth becomes this multiple of the
             median pairwise distance in the current M-space (2000-row subsample).
         early_stop_multiplier: Stop once ``E_t > multiplier * min_s E_s``; ``None`` never stops.
@@ -85,6 +88,7 @@ class LeafConfig:
     reg: float = 1e-3
     diag: DiagMode = "auto"
     eps: float = 1e-30
+    agop_ridge: float = 0.0
     adaptive_bandwidth: float | None = None
     early_stop_multiplier: float | None = 1.1
     patience: int | None = 3
@@ -109,6 +113,7 @@ class LeafConfig:
             raise ValueError(f"diag must be True, False or 'auto', got {self.diag!r}")
         put(self, "diag", "auto" if self.diag == "auto" else bool(self.diag))
         put(self, "eps", check_positive(self.eps, "eps", allow_zero=True))
+        put(self, "agop_ridge", check_positive(self.agop_ridge, "agop_ridge", allow_zero=True))
         if self.adaptive_bandwidth is not None:
             put(
                 self,

@@ -210,11 +210,11 @@ def run_iterations(
             break
         elif mode is None:
             cands = [
-                step(sqrt_psd(normalize_agop(Gm, cfg.eps)), agop, diag=dg)
+                step(sqrt_psd(normalize_agop(Gm, cfg.eps, cfg.agop_ridge)), agop, diag=dg)
                 for dg, Gm in ((True, G.diagonal()), (False, G))
             ]
         else:
-            cands = [step(sqrt_psd(normalize_agop(G, cfg.eps)), agop, diag=mode)]
+            cands = [step(sqrt_psd(normalize_agop(G, cfg.eps, cfg.agop_ridge)), agop, diag=mode)]
         for c, _ in cands:
             c.t = t
             if math.isfinite(c.err) and (best is None or c.err < best.err):

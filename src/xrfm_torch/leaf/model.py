@@ -26,7 +26,7 @@ from xrfm_torch.leaf.selection import Candidate
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.numerics.solvers import solve_bordered, solve_krr
+from xrfm_torch.numerics.solvers import krr_workspace, solve_bordered, solve_krr
 from xrfm_torch.numerics.state import ResizableBuffers
 
 
@@ -85,6 +85,9 @@ class LeafRFM(ResizableBuffers):
         # earlier fit selected (bandwidth_factors, kernel_exponents, adaptive_bandwidth)
         self._kernel_start = (self.kernel.q, float(self.kernel.bandwidth))
         self._chosen_diag = self.config.diag is not False
+        #: Keep the final solve's Cholesky factor for :meth:`fit_posterior` (the tree sets it
+        #: when it fits posteriors; otherwise the factor, as large as the kernel matrix, is freed).
+        self.keep_factor = False
         self.register_buffer("support_", torch.empty(0, 0))
         self.register_buffer("alpha_", torch.empty(0, 0))
         self.register_buffer("sqrt_m_", torch.empty(0))
@@ -179,6 +182,8 @@ class LeafRFM(ResizableBuffers):
         fitted = run_iterations(self.kernel, cfg, X, y, data.X_val, data.y_val, generator)
         best, self.val_errors_, self._chosen_diag, factored = fitted
         self._store(X, best)
+        if self.keep_factor and factored is not None:
+            self._keep(factored[1], X.shape[0])
         if extra is not None and extra[0].shape[0] > 0:
             X_b = as_float_matrix(extra[0], "extra X", n_features=X.shape[1]).to(X)
             y_b = as_float_targets(extra[1], "extra y", n_rows=X_b.shape[0], dtype=X.dtype)
@@ -193,20 +198,31 @@ class LeafRFM(ResizableBuffers):
     ) -> None:
         """Final solve on ``X`` then ``X_b``: continue the chosen model's factor when at hand."""
         X_all, y_all = torch.cat([X, X_b]), torch.cat([y, y_b])
-        alpha = None
+        alpha, out = None, None
         if factored is not None:
             K_ss, F = factored
             xs, xb = transform(X, self.sqrt_m_), transform(X_b, self.sqrt_m_)
             K_sb = self.kernel.from_distance(self.kernel.distance(xs, xb))  # (n, b)
             K_bb = self.kernel.from_distance(self.kernel.distance(xb, xb))  # (b, b)
             U = features_or_none(torch.cat([xs, xb]), self.config.linear_mix)
-            alpha = solve_bordered(F, K_ss, K_sb, K_bb, y_all, float(self.reg_), features=U)
+            n = X_all.shape[0]
+            out = F.new_empty(n, n) if self.keep_factor else None
+            alpha = solve_bordered(
+                F, K_ss, K_sb, K_bb, y_all, float(self.reg_), features=U, factor_out=out
+            )
         if alpha is None:
             self.refit(X_all, y_all)
             return
         self.alpha_ = alpha.contiguous()
         self.support_ = X_all.detach().clone()
         self._forget_posterior()
+        if out is not None:
+            self.factor_ = out
+
+    def _keep(self, workspace: Tensor, n: int) -> None:
+        """Cache a solver workspace's factor of this support's system (if it holds one)."""
+        if workspace.shape[0] >= n and bool(workspace[0, 0].isfinite()):
+            self.factor_ = workspace[:n, :n]
 
     def _store(self, X: Tensor, best: Candidate) -> None:
         d = X.shape[1]
@@ -240,16 +256,21 @@ class LeafRFM(ResizableBuffers):
         xs = transform(X, self.sqrt_m_)
         R = self.kernel.distance(xs, xs)  # (n, n); the kernel values overwrite it: one buffer
         K = self.kernel.from_distance(R, out=R)
+        n, dtype = X.shape[0], self.config.solve_dtype or K.dtype
+        workspace = krr_workspace(n, dtype, K.device) if self.keep_factor else None
         alpha = solve_krr(
             K,
             y,
             float(self.reg_),
             solve_dtype=self.config.solve_dtype,
             features=features_or_none(xs, self.config.linear_mix),
+            workspace=workspace,
         )
         self.alpha_ = alpha.contiguous()
         self.support_ = X.detach().clone()
         self._forget_posterior()
+        if workspace is not None:
+            self._keep(workspace, n)
         return self
 
     # ---- Gaussian-process view -----------------------------------------------------------------
@@ -297,7 +318,7 @@ class LeafRFM(ResizableBuffers):
     def fit_posterior(self) -> LeafRFM:
         """Fit the log-noise model on leave-one-out residuals and the marginal-likelihood scale.
 
-        Costs one triangular inverse of the cached factor (about one more factorization).
+        Costs one inverse from the cached factor (about two more factorizations).
         """
         L = self.posterior_factor()
         loo = loo_residuals(L, self.alpha_)

@@ -66,11 +66,10 @@ def cholesky_factor(A: Tensor) -> Tensor | None:
 def loo_residuals(L: Tensor, alpha: Tensor) -> Tensor:
     """Leave-one-out residuals ``r_i = alpha_i / (A^{-1})_{ii}`` from ``A = L L^T``: (n, c).
 
-    ``(A^{-1})_{ii}`` is the squared norm of column ``i`` of ``L^{-1}`` (one triangular inverse).
+    ``A^{-1}`` from the factor (LAPACK ``potri``, about 1.5x faster than a triangular solve
+    against the identity, which does not know its right-hand side is triangular).
     """
-    eye = torch.eye(L.shape[0], dtype=L.dtype, device=L.device)
-    Linv = torch.linalg.solve_triangular(L, eye, upper=False)
-    diag_inv = (Linv * Linv).sum(0)  # (n,)
+    diag_inv = torch.cholesky_inverse(L).diagonal()  # (n,)
     return alpha.to(L.dtype) / diag_inv[:, None]
 
 

@@ -29,9 +29,19 @@ def agop_from_grads(grads: Tensor, *, diag: bool = False) -> Tensor:
     return (g.mT @ g) / n
 
 
-def normalize_agop(G: Tensor, eps: float = 1e-30) -> Tensor:
-    """Entry-wise max normalization ``G / (eps + max_ij G_ij)`` (not trace normalization)."""
-    return G / (eps + G.max())
+def normalize_agop(G: Tensor, eps: float = 1e-30, ridge: float = 0.0) -> Tensor:
+    """Entry-wise max normalization ``G / (eps + max_ij G_ij) + ridge I`` (not trace normalization).
+
+    ``ridge`` is the ``lambda_M`` of "Uncertainty Estimation with Recursive Feature Machines"
+    (Gedon et al.): it shrinks the off-diagonal entries relative to the diagonal and keeps every
+    direction in the metric, so no input is switched off entirely. ``G``: (d,) diagonal or (d, d).
+    """
+    M = G / (eps + G.max())
+    if ridge == 0.0:
+        return M
+    if M.ndim == 1:
+        return M + ridge
+    return M + ridge * torch.eye(M.shape[0], dtype=M.dtype, device=M.device)
 
 
 def sqrt_psd(M: Tensor) -> Tensor:

@@ -283,6 +283,7 @@ def solve_bordered(
     reg: float,
     *,
     features: Tensor | None = None,
+    factor_out: Tensor | None = None,
 ) -> Tensor | None:
     """Solve the KRR system of rows ``S`` plus ``b`` new rows ``B`` from the factor of ``S``'s.
 
@@ -302,6 +303,8 @@ def solve_bordered(
         y: Targets of ``S`` then ``B``, shape (n_S + b, c).
         reg: The ridge ``A_SS`` was factored with.
         features: Optional low-rank part ``U`` of ``S`` then ``B``, shape (n_S + b, r).
+        factor_out: Optional (n_S + b, n_S + b) buffer that receives the lower factor of the
+            whole bordered matrix, ``[[L, 0], [W^T, L_B]]`` (valid only when ``alpha`` is returned).
 
     Returns:
         ``alpha`` (n_S + b, c) in the dtype of ``y``, or ``None`` when the factor is marked
@@ -337,4 +340,9 @@ def solve_bordered(
     res = float(((r.double() - rhs.double()) ** 2).sum())
     if not res <= float((rhs.double() ** 2).sum()):
         return None
+    if factor_out is not None:
+        factor_out[:n, :n].copy_(L)  # cholesky_ex zeroes the upper triangle
+        factor_out[:n, n:].zero_()
+        factor_out[n:, :n].copy_(W.mT)
+        factor_out[n:, n:].copy_(L_b)
     return alpha.to(y.dtype)

@@ -39,6 +39,7 @@ class LeafFitting:
         min_leaf_val: A leaf with fewer validation rows borrows training rows.
         max_borrow_fraction: At most this share of a leaf's training rows is borrowed.
         refit_borrowed: The final solve adds the borrowed (or held-out) rows back.
+        keep_factor: Leaves keep their final solve's Cholesky factor for their posterior.
     """
 
     kernel: Kernel
@@ -46,10 +47,13 @@ class LeafFitting:
     min_leaf_val: int
     max_borrow_fraction: float
     refit_borrowed: bool
+    keep_factor: bool = False
 
     def new_leaf(self) -> LeafRFM:
         """A fresh, unfitted leaf."""
-        return LeafRFM(self.kernel, self.leaf)
+        leaf = LeafRFM(self.kernel, self.leaf)
+        leaf.keep_factor = self.keep_factor
+        return leaf
 
     def fit(
         self,

@@ -254,7 +254,12 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
 
     def _leaf_fitting(self) -> LeafFitting:
         return LeafFitting(
-            self.kernel, self.leaf, self.min_leaf_val, self.max_borrow_fraction, self.refit_borrowed
+            self.kernel,
+            self.leaf,
+            self.min_leaf_val,
+            self.max_borrow_fraction,
+            self.refit_borrowed,
+            keep_factor=self.uncertainty != "none",
         )
 
     def new_leaf(self) -> LeafRFM:
