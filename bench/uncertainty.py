@@ -2,6 +2,7 @@
 
     python -m bench.uncertainty --seeds 0 1 2
     python -m bench.uncertainty --datasets pol --models ours_gp catboost_unc --seeds 0
+    python -m bench.uncertainty --models ours --agop-ridge 0.1     # seed 001's M = G + lambda_M I
 
 Protocol split (seeded 70/10/20, inputs standardized with training statistics). Every model gets
 the training rows, the validation rows for its choices, and predicts a mean and a standard
@@ -64,7 +65,7 @@ def scores(y: np.ndarray, mean: np.ndarray, std: np.ndarray) -> dict[str, float]
     return out
 
 
-def measure(path: Path, seed: int, model: str, threads: int) -> dict:
+def measure(path: Path, seed: int, model: str, threads: int, agop_ridge: float = 0.0) -> dict:
     """Fit and score one (dataset, seed, model) in this process."""
     import torch
 
@@ -77,13 +78,13 @@ def measure(path: Path, seed: int, model: str, threads: int) -> dict:
     y_test = inv(d.y_test)
     row: dict = {}
     if model in ("ours", "ours_gp"):
-        from xrfm_torch import xRFMTree
+        from xrfm_torch import LeafConfig, xRFMTree
 
         t = torch.from_numpy
         kind = "calibrated" if model == "ours" else "gp"
         fitted = {}
         for unc in ("none", kind):  # the same seed: the same means, with and without variances
-            m = xRFMTree(uncertainty=unc)
+            m = xRFMTree(uncertainty=unc, leaf=LeafConfig(agop_ridge=agop_ridge))
             s = time.perf_counter()
             m.fit(
                 t(d.X_train),
@@ -168,10 +169,14 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("bench-uncertainty"))
+    ap.add_argument(
+        "--agop-ridge", type=float, default=0.0, help="LeafConfig.agop_ridge (lambda_M) for ours"
+    )
     ap.add_argument("--one", nargs=3, metavar=("PATH", "SEED", "MODEL"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print(json.dumps(measure(Path(a.one[0]), int(a.one[1]), a.one[2], a.threads)))
+        path, seed, model = Path(a.one[0]), int(a.one[1]), a.one[2]
+        print(json.dumps(measure(path, seed, model, a.threads, a.agop_ridge)))
         return
     files = {p.name.removesuffix(".csv.gz"): p for p in sorted(a.data_dir.glob("*.csv.gz"))}
     names = a.datasets or sorted(files, key=lambda n: files[n].stat().st_size)
@@ -182,7 +187,10 @@ def main() -> None:
             for ds in names:
                 for model in a.models:
                     args = ["--one", str(files[ds]), str(seed), model, "--threads", str(a.threads)]
+                    args += ["--agop-ridge", str(a.agop_ridge)]
                     row = {"dataset": ds, "seed": seed, "model": model}
+                    if a.agop_ridge and model != "catboost_unc":
+                        row["agop_ridge"] = a.agop_ridge
                     try:
                         row.update(run_module_child("bench.uncertainty", args))
                     except SystemExit as err:  # one failing run does not end the run
