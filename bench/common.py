@@ -48,9 +48,11 @@ def fit_predict(
     torch.set_num_threads(threads)
     inv = d.y_scaler.inverse
     if model == "ours":
-        from xrfm_torch import xRFMTree
+        from xrfm_torch import LeafConfig, xRFMTree
 
         t = torch.from_numpy
+        if isinstance(options.get("leaf"), dict):  # JSON: {"leaf": {"iter_rows": 3000}}
+            options = {**options, "leaf": LeafConfig(**options["leaf"])}
         m = xRFMTree(**options)
         s = time.perf_counter()
         m.fit(

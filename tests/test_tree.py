@@ -442,3 +442,26 @@ def test_missing_cells_are_imputed_and_flagged_where_the_training_rows_had_them(
     mean_filled = bad.clone()
     mean_filled[1, 3] = float(X[:1200, 3].mean())
     torch.testing.assert_close(anywhere(bad), anywhere(mean_filled))
+
+
+def test_large_fit_iterates_on_subsamples_only_above_its_row_count():
+    """Above ``large_fit_rows`` the leaves are those of ``LeafConfig(iter_rows=...)``; at or below
+    it, the fit is the plain one."""
+    X, y = planted(900, d=4, seed=5, dtype=torch.float64)
+    Xq = planted(50, d=4, seed=6, dtype=torch.float64)[0]
+    cfg = LeafConfig(n_iters=3)
+
+    def fit(leaf, **kw):
+        model = xRFMTree(leaf=leaf, max_leaf_size=400, **kw).double()
+        return model.fit(X, y, generator=torch.Generator().manual_seed(0))
+
+    large = fit(cfg, large_fit_rows=500, large_fit_iter_rows=150)
+    explicit = fit(cfg.replace(iter_rows=150), large_fit_rows=None)
+    plain = fit(cfg, large_fit_rows=None)
+    torch.testing.assert_close(large(Xq), explicit(Xq), rtol=0, atol=0)
+    assert not torch.allclose(large(Xq), plain(Xq))
+    torch.testing.assert_close(fit(cfg, large_fit_rows=900)(Xq), plain(Xq), rtol=0, atol=0)
+    # the final solves still see every row of a leaf
+    assert sum(lf.support_.shape[0] for lf in large.leaves()) >= 900
+    with pytest.raises(ValueError, match="large_fit_rows"):
+        xRFMTree(large_fit_rows=0)
