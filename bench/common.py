@@ -7,6 +7,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -152,19 +153,56 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_isolated(args: list[str], timeout: float) -> dict[str, Any]:
-    """Run ``python -m bench.worker ARGS`` in a fresh process; parse its last JSON line."""
+def run_isolated(args: list[str], timeout: float, ranks: int = 1) -> dict[str, Any]:
+    """Run ``python -m bench.worker ARGS`` in a fresh process; parse its last JSON line.
+
+    With ``ranks > 1``, that many worker processes form a gloo process group (a file rendezvous)
+    and fit one distributed model (``xRFMTree(distributed=True)``); the result is rank 0's, with
+    ``peak_rss_mb`` the sum over the ranks and ``peak_rss_mb_ranks`` each rank's.
+    """
     env = dict(os.environ)
     cmd = [sys.executable, "-m", "bench.worker", *args]
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {timeout:.0f}s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": (proc.stderr or proc.stdout)[-800:]}
+    if ranks == 1:
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+            )
+        except subprocess.TimeoutExpired:
+            return {"error": f"timeout after {timeout:.0f}s"}
+        return _last_json(proc.returncode, proc.stdout, proc.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        rdv = ["--world", str(ranks), "--rendezvous", str(Path(tmp) / "rendezvous")]
+        procs = [
+            subprocess.Popen(
+                [*cmd, "--rank", str(r), *rdv],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=ROOT,
+            )
+            for r in range(ranks)
+        ]
+        results = []
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                return {"error": f"timeout after {timeout:.0f}s"}
+            results.append(_last_json(p.returncode, out, err))
+    for res in results:
+        if "error" in res:
+            return res
+    rss = [res["peak_rss_mb"] for res in results]
+    return {**results[0], "peak_rss_mb": sum(rss), "peak_rss_mb_ranks": rss, "ranks": ranks}
+
+
+def _last_json(returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    if returncode != 0 or not lines:
+        return {"error": (stderr or stdout)[-800:]}
     return json.loads(lines[-1])
 
 

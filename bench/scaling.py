@@ -2,7 +2,8 @@
 
     python -m bench.scaling --n 10000 20000 40000 80000 --models ours xrfm_d
 
-Each point runs in its own process. A model is dropped once one of its runs exceeds ``--max-seconds``
+Each point runs in its own process; a model name ``NAME@K`` (e.g. ``ours@2``) fits with K
+processes in a gloo group (``xRFMTree(distributed=True)``, ``--threads`` split among them). A model is dropped once one of its runs exceeds ``--max-seconds``
 or fails. Writes ``scaling.jsonl``, ``scaling.md`` and a log-log ``scaling.png`` into ``--out`` and
 prints the growth ratio of fit time per doubling of n.
 
@@ -50,19 +51,26 @@ def main() -> None:
             for m in a.models:
                 if n >= too_big.get(m, n + 1):
                     continue
+                name, _, k = m.partition("@")
+                ranks = int(k or 1)
                 args = [
                     "--model",
-                    m,
+                    name,
                     "--synthetic-n",
                     str(n),
                     "--seed",
                     str(a.seed),
                     "--threads",
-                    str(a.threads),
+                    str(max(1, a.threads // ranks)),
                     "--options",
                     a.options,
                 ]
-                res = {"n": n, "model": m, "repeat": rep, **run_isolated(args, a.max_seconds * 1.5)}
+                res = {
+                    "n": n,
+                    "model": m,
+                    "repeat": rep,
+                    **run_isolated(args, a.max_seconds * 1.5, ranks),
+                }
                 rows.append(res)
                 fh.write(json.dumps(res) + "\n")
                 fh.flush()
@@ -89,10 +97,10 @@ def main() -> None:
         if "fit_s" in r and (key not in fastest or r["fit_s"] < fastest[key]["fit_s"]):
             fastest[key] = r
     for m in a.models:
-        prev = None
         for n in sorted(n for mm, n in fastest if mm == m):
             r = fastest[(m, n)]
-            growth = f"{r['fit_s'] / prev[1]['fit_s']:.2f}x" if prev and prev[0] * 2 == n else "—"
+            half = fastest.get((m, n // 2)) if n % 2 == 0 else None
+            growth = f"{r['fit_s'] / half['fit_s']:.2f}x" if half else "—"
             # RFM iterations run per leaf (each one or two kernel solves): the data-dependent time
             fits = "+".join(map(str, r["iters"])) if "iters" in r else "—"
             every = [
@@ -103,7 +111,6 @@ def main() -> None:
                 f"| {r['peak_rss_mb']:.0f} | {fits} |"
                 + (f" {' / '.join(every)} |" if a.repeats > 1 else "")
             )
-            prev = (n, r)
     md = "\n".join(lines)
     (a.out / "scaling.md").write_text(
         f"Command: `python -m bench.scaling {' '.join(sys.argv[1:])}`\n\n{md}\n"

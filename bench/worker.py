@@ -20,7 +20,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--options", default="{}", help="JSON keyword arguments for xRFMTree")
+    ap.add_argument("--rank", type=int, default=0, help="this process's rank (with --world)")
+    ap.add_argument("--world", type=int, default=1, help="processes fitting one model (gloo)")
+    ap.add_argument("--rendezvous", help="file the ranks meet at (with --world > 1)")
     a = ap.parse_args()
+    options = json.loads(a.options)
+    if a.world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            "gloo", init_method=f"file://{a.rendezvous}", rank=a.rank, world_size=a.world
+        )
+        options["distributed"] = True
     if a.synthetic_n:
         n = a.synthetic_n
         total = int(n / 0.8)
@@ -36,7 +47,7 @@ def main() -> None:
     else:
         X, y, names = read_csv(a.csv, "target")
         d = prepare(X, y, a.seed, feature_names=names)
-    pred, fit_s, pred_s, info = fit_predict(a.model, d, a.seed, a.threads, json.loads(a.options))
+    pred, fit_s, pred_s, info = fit_predict(a.model, d, a.seed, a.threads, options)
     y_test = d.y_scaler.inverse(d.y_test)
     rmse = float(np.sqrt(np.mean((pred - y_test) ** 2)))
     r2 = float(1 - np.mean((pred - y_test) ** 2) / np.var(y_test))

@@ -150,15 +150,26 @@ def test_classification_end_to_end(tmp_path):
     assert 0 < metrics["test/logloss"] < 0.5
 
 
-def test_multi_process_strategy_is_refused(monkeypatch):
-    monkeypatch.setattr(pl.Trainer, "world_size", property(lambda self: 2))
-    dm = TabularDataModule("synthetic", n_samples=300, n_features=6)
-    system = XRFMLitModule(xRFMTree(leaf=LeafConfig(n_iters=0)))
-    trainer = pl.Trainer(
-        max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False
-    )
-    with pytest.raises(RuntimeError, match="runs 2 processes"):
+def test_multi_process_trainer_fits_leaves_distributed(monkeypatch):
+    """Under a multi-process strategy each rank fits with ``distributed=True`` (its share of the
+    leaves); without a process group that is the single-process model (tests/test_parallel.py
+    runs two real gloo ranks)."""
+
+    def fitted(world_size: int) -> XRFMLitModule:
+        monkeypatch.setattr(pl.Trainer, "world_size", property(lambda self: world_size))
+        dm = TabularDataModule("synthetic", n_samples=600, n_features=6)
+        system = XRFMLitModule(xRFMTree(leaf=LeafConfig(n_iters=1), max_leaf_size=200))
+        trainer = pl.Trainer(
+            max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False
+        )
         trainer.fit(system, datamodule=dm)
+        return system
+
+    many, one = fitted(2), fitted(1)
+    assert many.tree.distributed and not one.tree.distributed
+    assert many.tree.n_leaves > 1
+    Xq = torch.randn(50, 6, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(many.tree(Xq), one.tree(Xq), rtol=0, atol=0)
 
 
 def test_plain_dataloaders_without_datamodule():

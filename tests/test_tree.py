@@ -6,6 +6,7 @@ import torch
 from conftest import planted
 from xrfm_torch import CARTSplit, LeafConfig, PCASplit, RandomSplit, xRFMTree
 from xrfm_torch.kernels import LaplaceKernel
+from xrfm_torch.kernels.distance import transform
 from xrfm_torch.tree.grow import borrow_validation_rows, grow_tree
 from xrfm_torch.tree.splits import Split
 from xrfm_torch.tree.temperature import DEFAULT_TEMPERATURE_GRID
@@ -187,7 +188,7 @@ def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_
             assert len(src) < int((ids == lf).sum())
         # the stored alpha solves (K + reg_ I) alpha = y on the stored rows, with the leaf's ridge
         # (K: the Laplace kernel plus the constant + linear part of weight linear_mix)
-        xs = leaf.support_ * leaf.sqrt_m_
+        xs = transform(leaf.support_, leaf.sqrt_m_)  # diagonal or full M
         K = leaf.kernel.from_distance(leaf.kernel.distance(xs, xs))
         K = K + leaf.config.linear_mix * (1.0 + xs @ xs.T / xs.shape[1])
         rhs = K @ leaf.alpha_ + float(leaf.reg_) * leaf.alpha_

@@ -132,12 +132,9 @@ class XRFMLitModule(pl.LightningModule):
 
     def on_fit_start(self) -> None:
         if self.trainer.world_size > 1:
-            raise RuntimeError(
-                f"XRFMLitModule fits the tree in one process, but the trainer runs "
-                f"{self.trainer.world_size} processes (strategy "
-                f"{type(self.trainer.strategy).__name__}); use devices=1 until distributed "
-                "leaf fitting exists"
-            )
+            # every rank reads the whole table (the datamodule's own loaders, not Lightning's
+            # sharded ones), grows the same tree top and fits its share of the leaves
+            self.tree.distributed = True
         train_loader, val_loader = self._fit_sources()
         X, y = collect(train_loader, self.device)
         data = {"train": (X, self.encode_targets(y))}

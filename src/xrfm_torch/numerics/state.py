@@ -35,7 +35,7 @@ class ResizableBuffers(nn.Module):
             incoming = state_dict.get(key)
             if buf is None or not isinstance(incoming, torch.Tensor):
                 continue
-            if incoming.shape != buf.shape:
+            if incoming.shape != buf.shape or incoming.dtype != buf.dtype:
                 self._buffers[name] = torch.empty(
                     incoming.shape, dtype=incoming.dtype, device=buf.device
                 )

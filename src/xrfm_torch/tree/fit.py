@@ -21,6 +21,7 @@ from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import FitData
 from xrfm_torch.tree.grow import Progress, TreeLayout, fit_leaves, grow_tree
+from xrfm_torch.tree.parallel import LeafJob, run_leaf_jobs, world
 from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.splits import SplitRule
 from xrfm_torch.tree.temperature import prediction_errors, temperature_predictions
@@ -40,6 +41,8 @@ class LeafFitting:
         max_borrow_fraction: At most this share of a leaf's training rows is borrowed.
         refit_borrowed: The final solve adds the borrowed (or held-out) rows back.
         keep_factor: Leaves keep their final solve's Cholesky factor for their posterior.
+        distributed: Spread the leaves over the ranks of the default ``torch.distributed``
+            process group (:mod:`xrfm_torch.tree.parallel`); every rank must fit the same data.
     """
 
     kernel: Kernel
@@ -48,6 +51,7 @@ class LeafFitting:
     max_borrow_fraction: float
     refit_borrowed: bool
     keep_factor: bool = False
+    distributed: bool = False
 
     def new_leaf(self) -> LeafRFM:
         """A fresh, unfitted leaf."""
@@ -62,8 +66,8 @@ class LeafFitting:
         generator: torch.Generator,
         progress: Progress | None = None,
         tree_index: int = 0,
-    ) -> tuple[list[LeafRFM], list[Tensor | None]]:
-        """Fit one leaf per leaf of ``layout``; per leaf also the rows of a pending final solve."""
+    ) -> tuple[list[LeafRFM], list[Tensor | None], list[int]]:
+        """Fit one leaf per leaf of ``layout``: leaves, pending final-solve rows, owner ranks."""
         return fit_leaves(
             layout,
             data.X,
@@ -78,6 +82,7 @@ class LeafFitting:
             generator=generator,
             progress=progress,
             tree_index=tree_index,
+            distributed=self.distributed,
         )
 
 
@@ -90,6 +95,9 @@ class GrownTrees:
         maps: The input map of each tree.
         data: The (mapped) data each tree was fitted on.
         pending: Per tree, per leaf, the training rows of its final solve (``None``: done).
+        owners: Per tree, per leaf, the rank that fits it (and runs its later solves, where its
+            cached factor is).
+        distributed: Whether the leaves' work is spread over the process group.
         val_scores: The averaged trees' outputs on the validation rows at the chosen temperature,
             taken before held-out rows join the leaves (when asked for; probability calibration).
         val_moments: The mixed leaf Gaussians on the validation rows at the chosen temperature,
@@ -100,21 +108,30 @@ class GrownTrees:
     maps: list[InputMapName]
     data: list[FitData]
     pending: list[list[Tensor | None]]
+    owners: list[list[int]]
+    distributed: bool = False
     val_scores: Tensor | None = None
     val_moments: Moments | None = None
 
     def fit_posteriors(self) -> None:
         """Give every leaf its Gaussian-process view (:meth:`LeafRFM.fit_posterior`)."""
-        for tree in self.trees:
-            for leaf in tree.leaf_list():
-                leaf.fit_posterior()
+        for tree, owners in zip(self.trees, self.owners):
+            leaves = tree.leaf_list()
+            jobs = [LeafRFM.fit_posterior] * len(leaves)
+            run_leaf_jobs(leaves, jobs, owners, distributed=self.distributed)
 
     def refit(self) -> None:
         """Run the pending final solves (each leaf re-solved on its rows, same ``M`` and kernel)."""
-        for tree, data, rows in zip(self.trees, self.data, self.pending):
-            for leaf, idx in zip(tree.leaf_list(), rows):
-                if idx is not None:
-                    leaf.refit(data.X[idx], data.y[idx])
+        for tree, data, rows, owners in zip(self.trees, self.data, self.pending, self.owners):
+            jobs = [_refit_job(data, idx) for idx in rows]
+            run_leaf_jobs(tree.leaf_list(), jobs, owners, distributed=self.distributed)
+
+
+def _refit_job(data: FitData, idx: Tensor | None) -> LeafJob | None:
+    """The final solve of one leaf on ``data``'s rows ``idx`` (``None``: nothing to do)."""
+    if idx is None:
+        return None
+    return lambda leaf: leaf.refit(data.X[idx], data.y[idx])
 
 
 def fit_trees(
@@ -169,7 +186,7 @@ def fit_trees(
     Returns:
         The fitted trees, and the temperature (``None``: not given, and nothing to tune).
     """
-    grown = GrownTrees([], [], [], [])
+    grown = GrownTrees([], [], [], [], [], distributed=fitting.distributed)
     start = generator.get_state()
     for i, name in enumerate(maps):
         if i > 0:
@@ -190,13 +207,16 @@ def fit_trees(
                 generator=generator,
                 overlap_fraction=overlap_fraction,
             )
-            leaves, pending = fitting.fit(layout, mapped, generator, progress, len(grown.trees))
+            leaves, pending, owners = fitting.fit(
+                layout, mapped, generator, progress, len(grown.trees)
+            )
             tree = PartitionTree(leaves, trainable=trainable)
             tree.set_structure(layout.vectors, layout.thresholds, layout.scales, layout.children)
             grown.trees.append(tree)
             grown.maps.append(name)
             grown.data.append(mapped)
             grown.pending.append(pending)
+            grown.owners.append(owners)
             if tree.n_leaves == 1 and n_trees > 1:
                 log.info("tree %d has no split; more trees on %r would be identical", t, name)
                 break
@@ -231,6 +251,12 @@ def fit_trees(
         grown.refit()
         if posterior:
             grown.fit_posteriors()
+    if posterior and fitting.distributed and world()[1] > 1:
+        # only a leaf's owner holds the factor of its solve; without it every rank recomputes
+        # the same factors on first use (as a loaded model does), so all ranks predict alike
+        for tree in grown.trees:
+            for leaf in tree.leaf_list():
+                leaf.factor_ = leaf.factor_.new_empty(0, 0)
     return grown, temperature
 
 
@@ -257,8 +283,7 @@ def refit_trees(
         if t > 0 and name != maps[t - 1]:
             generator.set_state(start)
         mapped = by_map[name]
-        X, y = mapped.X, mapped.y
-        ids, vids = tree.route(X), tree.route(mapped.X_val)
+        ids, vids = tree.route(mapped.X), tree.route(mapped.X_val)
         keep = [lf for lf in range(tree.n_leaves) if int((ids == lf).sum()) >= 4]
         layout = TreeLayout(
             tree.split_vectors_.detach(),
@@ -268,9 +293,8 @@ def refit_trees(
             leaf_train=[(ids == lf).nonzero().squeeze(1) for lf in keep],
             leaf_val=[(vids == lf).nonzero().squeeze(1) for lf in keep],
         )
-        leaves, pending = fitting.fit(layout, mapped, generator)
-        for leaf, rows in zip(leaves, pending):
-            if rows is not None:
-                leaf.refit(X[rows], y[rows])
+        leaves, pending, owners = fitting.fit(layout, mapped, generator)
+        jobs = [_refit_job(mapped, rows) for rows in pending]
+        run_leaf_jobs(leaves, jobs, owners, distributed=fitting.distributed)
         out.append(dict(zip(keep, leaves)))
     return out

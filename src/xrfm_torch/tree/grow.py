@@ -16,6 +16,15 @@ from torch import Tensor
 
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.numerics.rng import own_generator
+from xrfm_torch.tree.parallel import (
+    LeafJob,
+    assign_by_cost,
+    leaf_cost,
+    leaf_seeds,
+    run_leaf_jobs,
+    world,
+)
 from xrfm_torch.tree.routing import hard_route
 from xrfm_torch.tree.splits import Split, SplitRule, balanced_split
 
@@ -211,7 +220,8 @@ def fit_leaves(
     generator: torch.Generator | None,
     progress: Progress | None = None,
     tree_index: int = 0,
-) -> tuple[list[LeafRFM], list[Tensor | None]]:
+    distributed: bool = False,
+) -> tuple[list[LeafRFM], list[Tensor | None], list[int]]:
     """Fit one LeafRFM per leaf of ``layout`` on the rows routed to it.
 
     Validation rows per leaf: with ``holdout`` (bool mask over ``X``: no user validation data), the
@@ -222,14 +232,19 @@ def fit_leaves(
     solve: ``M``, ``t*`` and the kernel are learned on the rows the leaf will predict for, so the
     overlap costs one larger solve per leaf instead of larger iterations.
 
+    The rows of every leaf are settled first (the borrowing draws from ``generator`` in leaf
+    order); then each leaf is fitted with its own generator, seeded from ``generator``, so the
+    leaves can be fitted in any order or on other ranks (``distributed``,
+    :mod:`xrfm_torch.tree.parallel`) and give the same model.
+
     Returns:
-        The leaves, and per leaf the training-row indices of its final solve, or ``None`` when the
-        leaf already saw them all. That solve adds the overlap rows, the rows taken from training
+        The leaves; per leaf the training-row indices of its final solve, or ``None`` when the
+        leaf already saw them all (that solve adds the overlap rows, the rows taken from training
         for validation (with ``refit_borrowed``) and the rows left out of an ``iter_rows``
-        subsample, so a leaf never pays for two extra solves.
+        subsample, so a leaf never pays for two extra solves); per leaf the rank that fitted it.
     """
-    leaves: list[LeafRFM] = []
-    refit: list[Tensor | None] = []
+    generator = own_generator(generator)
+    plans: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # (train, X_val, y_val, final rows)
     for index, (rows, va) in enumerate(zip(layout.leaf_train, layout.leaf_val)):
         if holdout is not None:
             tr, held = rows[~holdout[rows]], rows[holdout[rows]]
@@ -253,29 +268,54 @@ def fit_leaves(
                 generator=generator,
             )
             Xv, yv = torch.cat([Xv, X[borrowed]]), torch.cat([yv, y[borrowed]])
-        leaf = new_leaf().to(device=X.device, dtype=X.dtype)
-        final = rows if refit_borrowed else torch.cat([tr, extra])
-        if Xv.shape[0] == 0:
-            leaf.fit(X[tr], y[tr], generator=generator, final_solve=False)
-        elif holdout is None and leaf.config.iter_rows is None:
-            # the final solve's rows are known now and the temperature is tuned on the user's
-            # validation data either way, so the leaf adds them while its factor is at hand
-            joins = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
-            joins[tr] = False
-            more = final[joins[final]]
-            leaf.fit(X[tr], y[tr], Xv, yv, generator=generator, extra=(X[more], y[more]))
-        else:
-            leaf.fit(X[tr], y[tr], Xv, yv, generator=generator, final_solve=False)
-        leaves.append(leaf)
-        if progress is not None:
-            progress(tree_index, len(leaves), len(layout.leaf_train))
-        refit.append(final if leaf.support_.shape[0] < final.shape[0] else None)
-        log.debug(
-            "leaf %d: %d train / %d val rows, t*=%d, bandwidth %.4g",
-            len(leaves) - 1,
-            tr.shape[0],
-            Xv.shape[0],
-            int(leaf.best_iter_),
-            leaf.bandwidth,
-        )
-    return leaves, refit
+        plans.append((tr, Xv, yv, rows if refit_borrowed else torch.cat([tr, extra])))
+    seeds = leaf_seeds(generator, len(plans))
+    leaves = [new_leaf().to(device=X.device, dtype=X.dtype) for _ in plans]
+    done = [0]
+
+    def job(k: int) -> LeafJob:
+        tr, Xv, yv, final = plans[k]
+
+        def run(leaf: LeafRFM) -> None:
+            g = torch.Generator().manual_seed(seeds[k])
+            if Xv.shape[0] == 0:
+                leaf.fit(X[tr], y[tr], generator=g, final_solve=False)
+            elif holdout is None and leaf.config.iter_rows is None:
+                # the final solve's rows are known now and the temperature is tuned on the
+                # user's validation data either way, so the leaf adds them while its factor is
+                # at hand
+                joins = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
+                joins[tr] = False
+                more = final[joins[final]]
+                leaf.fit(X[tr], y[tr], Xv, yv, generator=g, extra=(X[more], y[more]))
+            else:
+                leaf.fit(X[tr], y[tr], Xv, yv, generator=g, final_solve=False)
+            done[0] += 1
+            if progress is not None:
+                progress(tree_index, done[0], len(plans))
+            log.debug(
+                "leaf %d: %d train / %d val rows, t*=%d, bandwidth %.4g",
+                k,
+                tr.shape[0],
+                Xv.shape[0],
+                int(leaf.best_iter_),
+                leaf.bandwidth,
+            )
+
+        return run
+
+    cfg = leaves[0].config if leaves else None
+    _, n_ranks = world() if distributed else (0, 1)
+    owners = assign_by_cost(
+        [
+            leaf_cost(final.shape[0], cfg.iter_rows if cfg else None, cfg.n_iters if cfg else 0)
+            for _, _, _, final in plans
+        ],
+        n_ranks,
+    )
+    run_leaf_jobs(leaves, [job(k) for k in range(len(plans))], owners, distributed=distributed)
+    refit = [
+        final if leaf.support_.shape[0] < final.shape[0] else None
+        for leaf, (_, _, _, final) in zip(leaves, plans)
+    ]
+    return leaves, refit, owners

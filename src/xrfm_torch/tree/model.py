@@ -42,6 +42,7 @@ from xrfm_torch.tree.interpret import (
     leaves_by_map,
     mean_leaf_agop,
 )
+from xrfm_torch.tree.parallel import broadcast_module, check_same_data
 from xrfm_torch.tree.partition import PartitionTree, empty_trees
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
 from xrfm_torch.tree.targets import Calibration, ClassCoding, TargetCoding, Task
@@ -128,6 +129,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             keep the full iterations, which are more accurate on some tables (Brazilian_houses
             0.018 vs 0.026 RMSE with 3000-row iterations).
         large_fit_iter_rows: The subsample of a large fit's iterations.
+        distributed: Fit the leaves across the ranks of the default ``torch.distributed``
+            process group (gloo on CPU, NCCL on GPU; :mod:`xrfm_torch.tree.parallel`): every rank
+            calls ``fit`` with the same data and seed, grows the same tree top, fits its share of
+            the leaves (by cost) and loads the others', so all ranks end with the model one
+            process would fit. Without an initialized group of several ranks it does nothing.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -169,6 +175,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         uncertainty: Uncertainty = "none",
         large_fit_rows: int | None = 100_000,
         large_fit_iter_rows: int = 3000,
+        distributed: bool = False,
     ) -> None:
         super().__init__()
         if leaf is not None and not isinstance(leaf, LeafConfig):
@@ -224,6 +231,9 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             None if large_fit_rows is None else check_int(large_fit_rows, "large_fit_rows", 1)
         )
         self.large_fit_iter_rows = check_int(large_fit_iter_rows, "large_fit_iter_rows", 2)
+        if not isinstance(distributed, bool):
+            raise TypeError(f"distributed must be a bool, got {distributed!r}")
+        self.distributed = distributed
         self.trees = nn.ModuleList()
         self.register_buffer("temperature_", torch.tensor(0.0))
         if self.trainable_routing:
@@ -284,6 +294,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             self.max_borrow_fraction,
             self.refit_borrowed,
             keep_factor=self.uncertainty != "none",
+            distributed=self.distributed,
         )
 
     def new_leaf(self) -> LeafRFM:
@@ -375,6 +386,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         data = fit_data(
             X, y, X_val, y_val, val_fraction=self.val_fraction, generator=generator, allow_nan=True
         )
+        check_same_data(self.distributed, data.X, data.y, data.X_val, data.y_val)
         self.input_map.fit(
             data.X,
             knots=self.input_transform != "identity",
@@ -416,6 +428,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         )
         if self.variance is not None and grown.val_moments is not None:
             self.variance.fit(grown.val_moments, data.y_val)
+            broadcast_module(self.variance, self.distributed)
         if grown.val_scores is not None:
             scale = self.targets.calibrate(self.targets.decode(grown.val_scores), data.y_val)
             log.info("probabilities: %s", f"softmax, scale {scale:.4g}" if scale else "clipped")

@@ -1,0 +1,70 @@
+"""Worker for tests/test_parallel.py: one rank of a distributed (gloo) fit, or a plain fit.
+
+    python tests/dist_fit.py RANK WORLD_SIZE OUT_DIR [--differ] [--uncertainty]
+
+With ``WORLD_SIZE`` 1 no process group is created (the single-process reference). Each rank saves
+its state dict and its predictions on fixed query rows to ``OUT_DIR/rank{RANK}.pt``; with
+``--differ`` rank 1 is given one changed target (the fit must refuse).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from xrfm_torch import LeafConfig, LeafRFM, xRFMTree
+
+FITS = [0]  # leaf fits run in this process
+_fit = LeafRFM.fit
+
+
+def _counted_fit(self: LeafRFM, *args: object, **kwargs: object) -> LeafRFM:
+    FITS[0] += 1
+    return _fit(self, *args, **kwargs)  # type: ignore[arg-type]
+
+
+LeafRFM.fit = _counted_fit  # type: ignore[method-assign]
+
+
+def main() -> None:
+    rank, size, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+    torch.set_num_threads(1)  # the same kernels (and float rounding) on every rank
+    if size > 1:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=size
+        )
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(1800, 5, generator=g)
+    y = torch.sin(2 * X[:, 0]) + X[:, 1] * X[:, 2] + 0.05 * torch.randn(1800, generator=g)
+    if "--differ" in sys.argv and rank == 1:
+        y[0] += 1.0
+    model = xRFMTree(
+        leaf=LeafConfig(n_iters=2),
+        max_leaf_size=300,
+        min_leaf_val=40,
+        uncertainty="calibrated" if "--uncertainty" in sys.argv else "none",
+        large_fit_rows=1000,  # iterations on subsamples: each leaf draws from its generator
+        large_fit_iter_rows=150,
+        input_transform="identity",  # no input-map choice: every leaf fit is a tree leaf
+        distributed=True,
+    )
+    try:
+        model.fit(X, y, generator=torch.Generator().manual_seed(1))
+    except ValueError as err:
+        torch.save({"error": str(err)}, out / f"rank{rank}.pt")
+        return
+    Xq = torch.randn(200, 5, generator=torch.Generator().manual_seed(2))
+    pred = model(Xq, return_std=True) if model.uncertainty != "none" else (model(Xq),)
+    torch.save(
+        {"state": model.state_dict(), "pred": pred, "n_leaves": model.n_leaves, "fits": FITS[0]},
+        out / f"rank{rank}.pt",
+    )
+    if size > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
