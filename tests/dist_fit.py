@@ -55,6 +55,8 @@ def main() -> None:
         model.fit(X, y, generator=torch.Generator().manual_seed(1))
     except ValueError as err:
         torch.save({"error": str(err)}, out / f"rank{rank}.pt")
+        if size > 1:
+            dist.destroy_process_group()
         return
     Xq = torch.randn(200, 5, generator=torch.Generator().manual_seed(2))
     pred = model(Xq, return_std=True) if model.uncertainty != "none" else (model(Xq),)

@@ -22,6 +22,7 @@ from xrfm_torch.numerics.state import as_dtype
 #: How a leaf's feature matrix ``M`` is shaped: diagonal (``True``), full (``False``), or chosen
 #: per leaf by validation error at the first AGOP update (``"auto"``).
 DiagMode = bool | Literal["auto"]
+RidgeRule = Literal["validation", "gcv"]
 
 
 def _floats(values: Iterable[float] | None, name: str) -> tuple[float, ...] | None:
@@ -70,6 +71,10 @@ class LeafConfig:
             kernel's ``p`` are skipped; the distances are computed once).
         reg_factors: Then a walk over multiples of ``reg`` for the chosen kernel, upwards first,
             while the validation error falls; the chosen ridge is the leaf's ``reg_``.
+        ridge_rule: How that ridge is chosen: ``"validation"`` (the walk above) or ``"gcv"``:
+            the minimizer of generalized cross-validation on the training rows over a log grid
+            spanning the same multiples of ``reg`` (:mod:`xrfm_torch.numerics.risk`; one
+            eigendecomposition of the leaf's kernel, no validation rows).
         kernel_margin: A new exponent or bandwidth replaces the iterations' own only if its
             validation MSE is lower by this many paired standard errors (0: any improvement).
         linear_mix: Weight ``c`` of a constant + linear part ``c (1 + <S x, S z> / d)`` added to
@@ -100,6 +105,7 @@ class LeafConfig:
     bandwidth_factors: tuple[float, ...] | None = None
     kernel_exponents: tuple[float, ...] | None = (0.7, 1.0, 1.5)
     reg_factors: tuple[float, ...] | None = (0.1, 10.0, 100.0)
+    ridge_rule: RidgeRule = "validation"
     kernel_margin: float = 2.0
     linear_mix: float = 0.1
     pcg_tol: float | None = 1e-4
@@ -130,6 +136,8 @@ class LeafConfig:
         put(self, "tol", float(self.tol))
         put(self, "min_iters", check_int(self.min_iters, "min_iters", 0))
         put(self, "solve_dtype", as_dtype(self.solve_dtype, "solve_dtype"))
+        if self.ridge_rule not in ("validation", "gcv"):
+            raise ValueError(f"ridge_rule must be 'validation' or 'gcv', got {self.ridge_rule!r}")
         put(self, "val_fraction", check_fraction(self.val_fraction, "val_fraction", high=0.9))
         put(self, "iter_rows", _optional_int(self.iter_rows, "iter_rows", 2))
         for name in ("bandwidth_factors", "kernel_exponents", "reg_factors"):

@@ -254,6 +254,7 @@ def run_iterations(
             bandwidth_factors=cfg.bandwidth_factors,
             reg=cfg.reg,
             reg_factors=cfg.reg_factors,
+            ridge_rule=cfg.ridge_rule,
             solve_dtype=cfg.solve_dtype,
             margin=cfg.kernel_margin,
             linear_mix=cfg.linear_mix,

@@ -18,6 +18,7 @@ from torch import Tensor
 from xrfm_torch.kernels import Kernel, transform
 from xrfm_torch.kernels.linear import features_or_none, summed_predict
 from xrfm_torch.leaf.criteria import Criterion, validation_errors
+from xrfm_torch.numerics.risk import gcv_ridge
 from xrfm_torch.numerics.solvers import pcg_krr, solve_krr
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ def select_kernel(
     linear_mix: float = 0.0,
     warm: tuple[float, int] | None = None,
     criterion: Criterion = "mse",
+    ridge_rule: str = "validation",
 ) -> tuple[Candidate, bool]:
     """Re-solve ``best``'s ``M`` for each (exponent, bandwidth factor), then search the ridge.
 
@@ -118,6 +120,9 @@ def select_kernel(
             factor (``K + lam' I`` vs ``K + lam I``: condition number at most 10). ``None``:
             factor every candidate.
         criterion: The validation criterion (:mod:`xrfm_torch.leaf.criteria`).
+        ridge_rule: ``"validation"``: the ridge walk; ``"gcv"``: the GCV minimizer over
+            ``reg * [min, max]`` of the factors (:func:`~xrfm_torch.numerics.risk.gcv_ridge`),
+            taken whatever its validation error.
 
     Returns:
         ``(chosen candidate, whether the buffers still hold its kernel matrix in K and the
@@ -145,7 +150,7 @@ def select_kernel(
         kernel.from_distance(R, out=K)  # solve_krr leaves K intact: reused across ridges
         built = (kernel.q, float(kernel.bandwidth))
 
-    def consider(lam: float, best: Candidate) -> Candidate:
+    def consider(lam: float, best: Candidate, force: bool = False) -> Candidate:
         nonlocal factored
         alpha = None
         near = factored is not None and factored[:2] == built and 0.1 <= lam / factored[2] <= 10
@@ -167,7 +172,7 @@ def select_kernel(
             best.err,
         )
         cand = Candidate(err, best.t, alpha, best.sqrt_m, bandwidth, q, lam, sq)
-        return cand if beats(cand, best, 0.0) else best
+        return cand if force or beats(cand, best, 0.0) else best
 
     # the grid's lowest validation MSE must clearly beat the iterations' own kernel (comparing with
     # that, not step by step, makes the choice order-free). The ridge walk needs no margin: its
@@ -180,7 +185,12 @@ def select_kernel(
     if best is not start and not beats(best, start, margin):
         log.debug("leaf n=%d: kernel choice not significant; keeping q %.3g", X.shape[0], start.q)
         best = start
-    if reg_factors:
+    if reg_factors and ridge_rule == "gcv":
+        set_kernel(best.q, best.bandwidth)
+        ladder = [reg * f for f in (1.0, *reg_factors)]
+        lam, _, _ = gcv_ridge(K, y, min(ladder), max(ladder), features=U)
+        best = consider(lam, best, force=True)
+    elif reg_factors:
         set_kernel(best.q, best.bandwidth)
         best = search_reg(best, consider, reg, reg_factors)
     kernel.bandwidth.fill_(best.bandwidth)
