@@ -65,6 +65,11 @@ class LeafConfig:
         val_fraction: Share of the rows a leaf holds out for ``t*`` when given no validation data.
         iter_rows: Learn ``M`` on a seeded subsample of at most this many rows, then solve once on
             all rows (``tau + 1`` small solves and one large instead of ``tau + 1`` large).
+        nystrom_above: A final solve on more rows than this, by a leaf whose iterations used at
+            most half of them (``iter_rows``), is the Nyström solve with the iteration rows as
+            centres (:func:`~xrfm_torch.numerics.solvers.solve_nystrom`, ``O(n b^2)``; seed 002's
+            centroid model with the RFM kernel); the leaf then keeps the centres as its support.
+            Not with predictive uncertainty (the leaf posterior is the exact GP's). ``None``: off.
         bandwidth_factors: After the iterations, re-solve the chosen ``M`` with the bandwidth times
             each factor and keep the lowest validation error (``None``: off).
         kernel_exponents: Likewise for the exponent ``q`` of ``exp(-(r / L)^q)`` (values above the
@@ -102,6 +107,7 @@ class LeafConfig:
     solve_dtype: torch.dtype | None = None  # a config file may give its name
     val_fraction: float = 0.2
     iter_rows: int | None = None
+    nystrom_above: int | None = None
     bandwidth_factors: tuple[float, ...] | None = None
     kernel_exponents: tuple[float, ...] | None = (0.7, 1.0, 1.5)
     reg_factors: tuple[float, ...] | None = (0.1, 10.0, 100.0)
@@ -140,6 +146,7 @@ class LeafConfig:
             raise ValueError(f"ridge_rule must be 'validation' or 'gcv', got {self.ridge_rule!r}")
         put(self, "val_fraction", check_fraction(self.val_fraction, "val_fraction", high=0.9))
         put(self, "iter_rows", _optional_int(self.iter_rows, "iter_rows", 2))
+        put(self, "nystrom_above", _optional_int(self.nystrom_above, "nystrom_above", 1))
         for name in ("bandwidth_factors", "kernel_exponents", "reg_factors"):
             put(self, name, _floats(getattr(self, name), name))
         put(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import torch
@@ -10,7 +11,12 @@ from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
 from xrfm_torch.kernels.distance import row_chunks
-from xrfm_torch.kernels.linear import features_or_none, linear_grad, summed_predict
+from xrfm_torch.kernels.linear import (
+    features_or_none,
+    linear_features,
+    linear_grad,
+    summed_predict,
+)
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import fit_data
 from xrfm_torch.leaf.iteration import run_iterations
@@ -26,8 +32,10 @@ from xrfm_torch.leaf.selection import Candidate
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.numerics.solvers import krr_workspace, solve_bordered, solve_krr
+from xrfm_torch.numerics.solvers import krr_workspace, solve_bordered, solve_krr, solve_nystrom
 from xrfm_torch.numerics.state import ResizableBuffers
+
+log = logging.getLogger(__name__)
 
 
 class LeafRFM(ResizableBuffers):
@@ -253,6 +261,14 @@ class LeafRFM(ResizableBuffers):
         self._check_fitted()
         X = as_float_matrix(X, "X", n_features=self.support_.shape[1])
         y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
+        above = self.config.nystrom_above
+        if (
+            above is not None
+            and X.shape[0] > above
+            and 2 * self.support_.shape[0] <= X.shape[0]
+            and not self.keep_factor
+        ):
+            return self._refit_nystrom(X, y)
         xs = transform(X, self.sqrt_m_)
         R = self.kernel.distance(xs, xs)  # (n, n); the kernel values overwrite it: one buffer
         K = self.kernel.from_distance(R, out=R)
@@ -271,6 +287,26 @@ class LeafRFM(ResizableBuffers):
         self._forget_posterior()
         if workspace is not None:
             self._keep(workspace, n)
+        return self
+
+    def _refit_nystrom(self, X: Tensor, y: Tensor) -> LeafRFM:
+        """Final solve on ``X`` over the current support as centres (``LeafConfig.nystrom_above``).
+
+        ``f(x) = k_tot(x, C) w`` with ``(Phi^T Phi + reg K_CC) w = Phi^T y``, ``Phi = k_tot(X, C)``
+        (the learned kernel plus its linear part); the support stays ``C``, ``alpha_`` becomes ``w``.
+        """
+        C = self.support_
+        xs, cs = transform(X, self.sqrt_m_), transform(C, self.sqrt_m_)
+        Phi = self.kernel.from_distance(self.kernel.distance(xs, cs))  # (n, b)
+        K_cc = self.kernel.from_distance(self.kernel.distance(cs, cs))  # (b, b)
+        c = self.config.linear_mix
+        if c > 0:
+            U_x, U_c = linear_features(xs, c), linear_features(cs, c)
+            Phi = Phi + U_x @ U_c.T
+            K_cc = K_cc + U_c @ U_c.T
+        log.debug("Nyström final solve: %d rows over %d centres", X.shape[0], C.shape[0])
+        self.alpha_ = solve_nystrom(Phi, K_cc, y.reshape(X.shape[0], -1), float(self.reg_))
+        self._forget_posterior()
         return self
 
     # ---- Gaussian-process view -----------------------------------------------------------------
