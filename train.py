@@ -12,8 +12,9 @@ from xrfm_torch.pipeline import format_metrics, run
 def main(cfg: DictConfig) -> float | None:
     result = run(cfg)
     test = {k: v for k, v in result["metrics"].items() if k.startswith(("test/", "time/"))}
-    print(f"\nResults ({cfg.dataset.name}, seed {cfg.seed}) in {result['output_dir']}")
-    print(format_metrics(test or result["metrics"]))
+    if result["is_global_zero"]:  # under trainer=ddp every rank runs this script
+        print(f"\nResults ({cfg.dataset.name}, seed {cfg.seed}) in {result['output_dir']}")
+        print(format_metrics(test or result["metrics"]))
     value = result["metrics"].get(str(cfg.get("optimized_metric")))
     return None if value is None else float(value)
 

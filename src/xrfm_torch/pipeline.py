@@ -35,7 +35,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     (closed-form tree fit + validation); optional checkpoint; optional ``trainer.test``.
 
     Returns:
-        ``{"metrics": {name: float}, "output_dir": str, "checkpoint": str | None, "objects": {...}}``.
+        ``{"metrics": {name: float}, "is_global_zero": bool, "output_dir": str,
+        "checkpoint": str | None, "objects": {...}}`` (``is_global_zero``: this process is rank 0,
+        the one that writes ``metrics.yaml`` and the checkpoint).
     """
     # Expected: the tree is fitted in closed form, so there is deliberately no optimizer.
     warnings.filterwarnings("ignore", message=".*this fit will run with no optimizer")
@@ -66,9 +68,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     metrics["time/fit_seconds"] = fit_seconds
     if system.tree.fit_seconds_ is not None:
         metrics["time/tree_fit_seconds"] = system.tree.fit_seconds_
-    (out_dir / "metrics.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(metrics)))
+    if trainer.is_global_zero:  # one writer when several processes share the run directory
+        (out_dir / "metrics.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(metrics)))
     return {
         "metrics": metrics,
+        "is_global_zero": trainer.is_global_zero,
         "output_dir": str(out_dir),
         "checkpoint": ckpt_path,
         "objects": {"datamodule": dm, "system": system, "trainer": trainer},
