@@ -1,10 +1,12 @@
 """Worker for tests/test_parallel.py: one rank of a distributed (gloo) fit, or a plain fit.
 
-    python tests/dist_fit.py RANK WORLD_SIZE OUT_DIR [--differ] [--uncertainty]
+    python tests/dist_fit.py RANK WORLD_SIZE OUT_DIR [--differ] [--uncertainty] [--fail]
 
 With ``WORLD_SIZE`` 1 no process group is created (the single-process reference). Each rank saves
 its state dict and its predictions on fixed query rows to ``OUT_DIR/rank{RANK}.pt``; with
-``--differ`` rank 1 is given one changed target (the fit must refuse).
+``--differ`` rank 1 is given one changed target (the fit must refuse); with ``--fail`` rank 1's
+leaf posteriors raise (every rank's fit must fail, none hang). A refused or failed fit saves its
+error message instead.
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ def main() -> None:
     y = torch.sin(2 * X[:, 0]) + X[:, 1] * X[:, 2] + 0.05 * torch.randn(1800, generator=g)
     if "--differ" in sys.argv and rank == 1:
         y[0] += 1.0
+    if "--fail" in sys.argv and rank == 1:  # a leaf job that fails on one rank only
+
+        def broken(self: LeafRFM) -> LeafRFM:
+            raise FloatingPointError("injected")
+
+        LeafRFM.fit_posterior = broken  # type: ignore[method-assign]
     model = xRFMTree(
         leaf=LeafConfig(n_iters=2),
         max_leaf_size=300,
@@ -53,7 +61,7 @@ def main() -> None:
     )
     try:
         model.fit(X, y, generator=torch.Generator().manual_seed(1))
-    except ValueError as err:
+    except (ValueError, RuntimeError) as err:
         torch.save({"error": str(err)}, out / f"rank{rank}.pt")
         if size > 1:
             dist.destroy_process_group()

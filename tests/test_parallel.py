@@ -100,3 +100,11 @@ def test_ranks_given_different_data_are_refused(tmp_path):
     ranks = _run(2, tmp_path, "--differ")
     for rank in ranks:
         assert "ranks [1] were given data different from rank 0's" in rank["error"]
+
+
+def test_a_leaf_job_failing_on_one_rank_fails_every_rank_instead_of_hanging(tmp_path):
+    ranks = _run(2, tmp_path, "--uncertainty", "--fail")
+    for rank in ranks:
+        assert (
+            "distributed leaf fit failed on rank 1: FloatingPointError: injected" in (rank["error"])
+        )

@@ -125,7 +125,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             ``LeafConfig`` sets no ``iter_rows`` learns ``M``, t*, the exponent and the ridge on a
             seeded subsample of ``large_fit_iter_rows`` of its rows, then solves once on all of
             them. The fit then costs about one solve per leaf instead of ``tau`` plus the searches
-            (1M rows: 9.4 minutes on 2 cores; docs/benchmarks.md). ``None``: never. Smaller fits
+            (1M rows: about 9 minutes on 2 cores; docs/benchmarks.md). ``None``: never. Smaller fits
             keep the full iterations, which are more accurate on some tables (Brazilian_houses
             0.018 vs 0.026 RMSE with 3000-row iterations).
         large_fit_iter_rows: The subsample of a large fit's iterations.

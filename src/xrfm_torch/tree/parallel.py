@@ -78,13 +78,17 @@ def run_leaf_jobs(
     """Run ``jobs[k](leaves[k])`` for every job, spread over the ranks when ``distributed``.
 
     Afterwards every rank's ``leaves[k]`` holds the state its owner computed (loaded from the
-    owner's state dict; a non-persistent cached factor stays with the owner).
+    owner's state dict; a non-persistent cached factor stays with the owner). A job that fails
+    on one rank fails the call on every rank (after the exchange, so none waits forever).
 
     Args:
         leaves: The leaves (the same list, in the same order, on every rank).
         jobs: Per leaf, the work to do in place, or ``None`` for none.
         owners: Per leaf, the rank that does its job (:func:`assign_by_cost`).
         distributed: Spread over the default process group (if one of several ranks exists).
+
+    Raises:
+        RuntimeError: On every rank, naming the rank whose job failed and its error.
     """
     rank, size = world() if distributed else (0, 1)
     if size == 1:
@@ -93,19 +97,28 @@ def run_leaf_jobs(
                 job(leaf)
         return
     mine: dict[int, dict[str, object]] = {}
-    for k, (leaf, job, owner) in enumerate(zip(leaves, jobs, owners)):
-        if job is not None and owner == rank:
-            job(leaf)
-            mine[k] = {  # CPU tensors: ranks may own different GPUs
-                name: t.detach().cpu() if isinstance(t, Tensor) else t
-                for name, t in leaf.state_dict().items()
-            }
-    gathered: list[dict[int, dict[str, object]] | None] = [None] * size
-    dist.all_gather_object(gathered, mine)
-    for r, states in enumerate(gathered):
-        if r == rank or states is None:
+    failure: Exception | None = None
+    try:
+        for k, (leaf, job, owner) in enumerate(zip(leaves, jobs, owners)):
+            if job is not None and owner == rank:
+                job(leaf)
+                mine[k] = {  # CPU tensors: ranks may own different GPUs
+                    name: t.detach().cpu() if isinstance(t, Tensor) else t
+                    for name, t in leaf.state_dict().items()
+                }
+    except Exception as err:  # every rank must reach the exchange, or the others wait forever
+        failure = err
+    report = f"{type(failure).__name__}: {failure}" if failure is not None else None
+    gathered: list[tuple[str | None, dict[int, dict[str, object]]] | None] = [None] * size
+    dist.all_gather_object(gathered, (report, mine))
+    failed = [(r, g[0]) for r, g in enumerate(gathered) if g is not None and g[0] is not None]
+    if failed:
+        r, message = failed[0]
+        raise RuntimeError(f"distributed leaf fit failed on rank {r}: {message}") from failure
+    for r, got in enumerate(gathered):
+        if r == rank or got is None:
             continue
-        for k, state in states.items():
+        for k, state in got[1].items():
             leaves[k].load_state_dict(state)
     log.debug("rank %d: fitted %d of %d leaf jobs", rank, len(mine), len(leaves))
 
