@@ -12,6 +12,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from test_configs import compose_with
 from xrfm_torch import LeafConfig, xRFMTree
@@ -258,3 +259,40 @@ def test_a_csv_table_with_text_missing_cells_and_text_labels(tmp_path):
     assert tree.categorical_features == [0] and tree.missing_values == "any"
     assert tree.input_map.missing_columns == [2]  # z: missing numbers get an indicator
     assert result["metrics"]["test/accuracy"] > 0.9
+
+
+def test_train_py_under_ddp_fits_the_one_process_model(tmp_path):
+    """``trainer=ddp``: two CPU processes fit the leaves between them and rank 0 reports.
+
+    The ranks run one BLAS thread each, so the model equals the one-process fit only up to float
+    rounding (tests/test_parallel.py checks bit equality at equal thread counts).
+    """
+    results = {}
+    for trainer in ("ddp", "default"):
+        cmd = [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "dataset=synthetic",
+            "dataset.n_samples=2000",
+            "model.max_leaf_size=400",
+            "model.leaf.n_iters=2",
+            f"trainer={trainer}",
+            "logger=none",
+            "callbacks=none",
+            "trainer.enable_progress_bar=false",
+            f"paths.log_dir={tmp_path / trainer}",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.count("Results (synthetic") == 1  # rank 0 alone prints
+        (run_dir,) = (tmp_path / trainer).glob("train/runs/*")
+        metrics = OmegaConf.load(run_dir / "metrics.yaml")
+        system = XRFMLitModule.load_from_checkpoint(
+            run_dir / "checkpoints" / "last.ckpt", weights_only=False
+        )
+        results[trainer] = (metrics["test/rmse"], system.tree)
+    (rmse_ddp, tree_ddp), (rmse_one, tree_one) = results["ddp"], results["default"]
+    assert tree_ddp.n_leaves == tree_one.n_leaves > 1
+    assert rmse_ddp == pytest.approx(rmse_one, rel=0.01)
+    Xq = torch.randn(100, 20, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(tree_ddp(Xq), tree_one(Xq), rtol=1e-3, atol=1e-3)
