@@ -41,6 +41,13 @@ def collect_indexed(loader: Any, device: torch.device) -> tuple[Tensor, Tensor, 
     return torch.cat(xs).to(device), torch.cat(ys).to(device), rows
 
 
+def _floats(value: float | Sequence[float]) -> float | list[float]:
+    """A number or a sequence of numbers as plain Python floats."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    return [float(v) for v in value]
+
+
 class XRFMLitModule(pl.LightningModule):
     """Lightning system around an :class:`~xrfm_torch.xRFMTree` (the model).
 
@@ -84,6 +91,11 @@ class XRFMLitModule(pl.LightningModule):
             raise ValueError(f"task must be 'regression' or 'classification', got {task!r}")
         if task == "classification" and (num_classes is None or num_classes < 2):
             raise ValueError(f"classification needs num_classes >= 2, got {num_classes!r}")
+        # plain Python values (Hydra passes lists as ListConfig), so that checkpoints load with
+        # torch.load(weights_only=True)
+        feature_names = None if feature_names is None else [str(n) for n in feature_names]
+        target_mean = _floats(target_mean)
+        target_std = _floats(target_std)
         self.save_hyperparameters(ignore=["tree", "encoder"])
         tree = tree if tree is not None else xRFMTree(task=task)
         if tree.task != task:
