@@ -21,7 +21,7 @@ from xrfm_torch.kernels import (
     ProductLaplaceKernel,
 )
 from xrfm_torch.leaf import LeafConfig, LeafRFM
-from xrfm_torch.tree import xRFMTree
+from xrfm_torch.tree import load_model, save_model, xRFMTree
 from xrfm_torch.tree.splits import AGOPSplit, CARTSplit, PCASplit, RandomSplit, Split
 
 __all__ = [
@@ -43,6 +43,8 @@ __all__ = [
     "XRFMClassifier",
     "XRFMRegressor",
     "__version__",
+    "load_model",
+    "save_model",
     "xRFMTree",
 ]
 

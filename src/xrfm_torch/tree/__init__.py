@@ -3,6 +3,7 @@
 Layer 4: imports :mod:`xrfm_torch.inputs`, :mod:`xrfm_torch.leaf` and the layers below.
 """
 
+from xrfm_torch.tree.io import load_model, save_model
 from xrfm_torch.tree.model import xRFMTree
 
-__all__ = ["xRFMTree"]
+__all__ = ["load_model", "save_model", "xRFMTree"]

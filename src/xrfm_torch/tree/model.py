@@ -51,6 +51,10 @@ from xrfm_torch.tree.uncertainty import Uncertainty, VarianceModel, check_uncert
 
 log = logging.getLogger(__name__)
 
+#: Version of the ``xRFMTree.state_dict()`` layout (its ``_extra_state``); 0 = saved before
+#: versions existed. Bump it when the layout changes, and keep loading the older ones.
+STATE_FORMAT_VERSION = 1
+
 
 class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
     """Tree-partitioned Recursive Feature Machine, fitted in closed form.
@@ -655,6 +659,18 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         return self.targets.probabilities(self(x, temperature))
 
     # ---- loading into a fresh module -----------------------------------------------------------
+    def get_extra_state(self) -> dict[str, int]:
+        """The state-dict format version (:mod:`xrfm_torch.tree.io`)."""
+        return {"format_version": STATE_FORMAT_VERSION}
+
+    def set_extra_state(self, state: dict[str, int]) -> None:
+        version = state.get("format_version") if isinstance(state, dict) else None
+        if not isinstance(version, int) or not 0 <= version <= STATE_FORMAT_VERSION:
+            raise ValueError(
+                f"xRFMTree state of format version {version!r}; this xrfm_torch reads versions "
+                f"0 .. {STATE_FORMAT_VERSION}: upgrade the package"
+            )
+
     def _load_from_state_dict(
         self,
         state_dict: dict[str, Any],
@@ -665,6 +681,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
+        # a state saved before format versions existed is version 0 (same layout as version 1)
+        state_dict.setdefault(prefix + "_extra_state", {"format_version": 0})
         # Rebuild the tree/leaf module structure from the keys; children then load themselves.
         trees = empty_trees(state_dict, prefix, self.new_leaf, self.trainable_routing)
         if trees is not None:

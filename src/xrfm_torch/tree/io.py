@@ -1,0 +1,92 @@
+"""Model files: ``save_model`` / ``load_model``, and the state-dict format version.
+
+A model file is ``torch.save`` of plain data only::
+
+    {"format": "xrfm_torch.xRFMTree", "format_version": int, "config": model.get_config(),
+     "state_dict": model.state_dict()}
+
+so it loads with ``torch.load(weights_only=True)``: no code is unpickled, and a file from an
+untrusted source cannot run any. It holds the leaves' support points, i.e. training rows (in the
+model's standardized units): share it as you would the training data.
+
+Every ``xRFMTree.state_dict()`` also carries ``_extra_state = {"format_version": N}``; a state
+saved before versions existed (no such key) loads as version 0, and a state from a newer
+version than this package knows is refused with a message naming both versions.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from typing import Any
+
+import torch
+
+from xrfm_torch.tree.model import STATE_FORMAT_VERSION, xRFMTree
+
+FILE_FORMAT = "xrfm_torch.xRFMTree"
+
+
+def save_model(model: xRFMTree, path: str | os.PathLike[str]) -> None:
+    """Write a fitted model to ``path`` (plain data; see the module docstring).
+
+    Raises:
+        RuntimeError: The model is not fitted.
+    """
+    if not model.is_fitted:
+        raise RuntimeError("save_model needs a fitted xRFMTree; call .fit(X, y) first")
+    torch.save(
+        {
+            "format": FILE_FORMAT,
+            "format_version": STATE_FORMAT_VERSION,
+            "config": model.get_config(),
+            "state_dict": model.state_dict(),
+        },
+        path,
+    )
+
+
+def load_model(
+    path: str | os.PathLike[str], map_location: str | torch.device | None = None
+) -> xRFMTree:
+    """Read a model written by :func:`save_model` (``torch.load(weights_only=True)``).
+
+    Args:
+        path: The file.
+        map_location: Device for the tensors (as in ``torch.load``).
+
+    Raises:
+        FileNotFoundError: No such file.
+        ValueError: The file is truncated or not a torch file, holds something other than an
+            xrfm_torch model, or comes from a newer format version.
+    """
+    try:
+        obj: Any = torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        size = os.path.getsize(path)
+        raise ValueError(
+            f"{os.fspath(path)!r} ({size} bytes) is not a readable xrfm_torch model file: it is "
+            f"truncated, corrupted or not a torch file ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200]})"
+        ) from err
+    if not isinstance(obj, dict) or obj.get("format") != FILE_FORMAT:
+        what = (
+            f"a dict with keys {sorted(map(str, obj))[:8]}"
+            if isinstance(obj, dict)
+            else type(obj).__name__
+        )
+        raise ValueError(
+            f"{os.fspath(path)!r} holds {what}, not an xrfm_torch model written by save_model"
+        )
+    version = obj.get("format_version")
+    if not isinstance(version, int) or version > STATE_FORMAT_VERSION:
+        raise ValueError(
+            f"{os.fspath(path)!r} has format version {version!r}; this xrfm_torch reads versions "
+            f"up to {STATE_FORMAT_VERSION}: upgrade the package"
+        )
+    model = xRFMTree.from_config(obj["config"])
+    model.load_state_dict(obj["state_dict"])
+    return model.to(map_location) if map_location is not None else model

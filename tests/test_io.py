@@ -1,0 +1,76 @@
+"""Model files and state-dict format versions (xrfm_torch.tree.io)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import planted
+from xrfm_torch import LeafConfig, load_model, save_model, xRFMTree
+from xrfm_torch.tree.model import STATE_FORMAT_VERSION
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    X, y = planted(900, d=4)
+    model = xRFMTree(leaf=LeafConfig(n_iters=2), max_leaf_size=300)
+    return model.fit(X, y, generator=torch.Generator().manual_seed(0)), X[:50]
+
+
+def test_saved_model_loads_with_weights_only_and_predicts_the_same(fitted, tmp_path):
+    model, Xq = fitted
+    path = tmp_path / "model.pt"
+    save_model(model, path)
+    raw = torch.load(path, weights_only=True)  # plain data: nothing is unpickled as code
+    assert raw["format_version"] == STATE_FORMAT_VERSION
+    assert raw["state_dict"]["_extra_state"] == {"format_version": STATE_FORMAT_VERSION}
+    loaded = load_model(path)
+    assert loaded.n_leaves == model.n_leaves > 1
+    torch.testing.assert_close(loaded(Xq), model(Xq), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="fitted"):
+        save_model(xRFMTree(), tmp_path / "unfitted.pt")
+
+
+def test_a_state_saved_before_format_versions_loads_as_version_0(fitted):
+    model, Xq = fitted
+    old = dict(model.state_dict())
+    del old["_extra_state"]  # what every state saved before versions looks like
+    fresh = xRFMTree(leaf=LeafConfig(n_iters=2), max_leaf_size=300)
+    fresh.load_state_dict(old)
+    torch.testing.assert_close(fresh(Xq), model(Xq), rtol=0, atol=0)
+
+
+def test_a_newer_format_version_is_refused_naming_both_versions(fitted, tmp_path):
+    model, _ = fitted
+    state = dict(model.state_dict())
+    state["_extra_state"] = {"format_version": STATE_FORMAT_VERSION + 1}
+    with pytest.raises(ValueError, match=f"version {STATE_FORMAT_VERSION + 1}.*upgrade"):
+        xRFMTree().load_state_dict(state)
+    path = tmp_path / "newer.pt"
+    save_model(model, path)
+    raw = torch.load(path, weights_only=True)
+    raw["format_version"] = STATE_FORMAT_VERSION + 1
+    torch.save(raw, path)
+    with pytest.raises(ValueError, match="format version .* upgrade the package"):
+        load_model(path)
+
+
+def test_truncated_and_foreign_files_give_clear_errors(fitted, tmp_path):
+    model, _ = fitted
+    path = tmp_path / "model.pt"
+    save_model(model, path)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated, corrupted or not a torch file"):
+        load_model(cut)
+    text = tmp_path / "notes.txt"
+    text.write_text("not a model\n")
+    with pytest.raises(ValueError, match="not a readable xrfm_torch model file"):
+        load_model(text)
+    foreign = tmp_path / "other.pt"
+    torch.save({"weight": torch.zeros(3)}, foreign)
+    with pytest.raises(ValueError, match=r"keys \['weight'\], not an xrfm_torch model"):
+        load_model(foreign)
+    with pytest.raises(FileNotFoundError):
+        load_model(tmp_path / "missing.pt")
