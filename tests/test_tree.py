@@ -109,6 +109,32 @@ def test_same_seed_same_model_different_seed_different_split():
     assert not torch.equal(a.trees[0].split_vectors_, c.trees[0].split_vectors_)
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        # auto input maps, subsampled iterations (a large fit), predictive variances
+        {"uncertainty": "calibrated", "large_fit_rows": 500, "large_fit_iter_rows": 120},
+        {"task": "classification", "n_trees": 2},
+    ],
+    ids=["regression-large-fit-uncertainty", "classification-two-trees"],
+)
+def test_same_seed_gives_a_bit_identical_state_dict(kwargs):
+    X, y = planted(900, d=5)
+    if kwargs.get("task") == "classification":
+        y = (y > y.median()).long()
+
+    def fit():
+        torch.manual_seed(torch.seed())  # the global generator must play no part
+        model = xRFMTree(max_leaf_size=250, leaf=LeafConfig(n_iters=2), **kwargs)
+        return model.fit(X, y, generator=seeded(3)).state_dict()
+
+    a, b = fit(), fit()
+    assert a.keys() == b.keys()
+    for key in a:
+        same = torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key]
+        assert same, key
+
+
 def test_to_dtype_and_hard_routing_of_single_leaf():
     X, y = planted(300, d=3)
     model = xRFMTree(leaf=LeafConfig(n_iters=1)).fit(X, y, generator=seeded())
