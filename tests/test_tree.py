@@ -135,6 +135,21 @@ def test_same_seed_gives_a_bit_identical_state_dict(kwargs):
         assert same, key
 
 
+def test_inputs_of_another_dtype_are_cast_to_the_model_dtype():
+    X, y = planted(600, d=4)
+    model = xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=1)).fit(X, y, generator=seeded())
+    Xq = X[:20]
+    for dtype in (torch.float64, torch.float16, torch.int64):
+        got = model(Xq.to(dtype))
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, model(Xq.to(dtype).float()), rtol=0, atol=0)
+    m64 = model.to(torch.float64)
+    torch.testing.assert_close(m64(Xq), m64(Xq.double()), rtol=0, atol=0)
+    assert m64(Xq).dtype == torch.float64
+    with pytest.raises(TypeError, match="real numbers, got dtype torch.complex64"):
+        model(Xq.to(torch.complex64))
+
+
 def test_to_dtype_and_hard_routing_of_single_leaf():
     X, y = planted(300, d=3)
     model = xRFMTree(leaf=LeafConfig(n_iters=1)).fit(X, y, generator=seeded())

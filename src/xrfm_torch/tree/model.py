@@ -588,7 +588,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         """Predict, averaging over trees.
 
         Args:
-            x: Inputs, shape (n, d), same dtype and device as the model.
+            x: Inputs, shape (n, d), on the model's device; any real dtype (cast to the model's).
             temperature: Override the fitted ``temperature_`` (0 = hard routing).
             return_std: Also return the predictive standard deviation (a model fitted with
                 ``uncertainty`` other than ``"none"``), in the targets' units; differentiable
@@ -602,6 +602,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             raise ValueError(
                 f"expected input of shape (n, {self.n_features_in_}), got {tuple(x.shape)}"
             )
+        x = self._as_model_dtype(x)
         # infinities are errors; NaN only where the training rows had missing cells (input map)
         check_finite(x, "x", allow_nan=True)
         temp = self.current_temperature if temperature is None else temperature
@@ -613,6 +614,20 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         ]
         out = outs[0] if len(outs) == 1 else torch.stack(outs).mean(0)
         return self.targets.decode(out)
+
+    def _as_model_dtype(self, x: Tensor) -> Tensor:
+        """Real inputs in the model's dtype (a differentiable cast); complex ones are refused.
+
+        The model computes in the dtype of its fitted buffers (``model.to(torch.float64)`` for
+        double precision), so a float64 batch to a float32 model is rounded to float32 and a
+        float32 batch to a float64 model is widened; outputs are in the model's dtype.
+        """
+        dtype = self.input_map.standardize.center_.dtype
+        if x.dtype == dtype:
+            return x
+        if x.is_complex():
+            raise TypeError(f"x must hold real numbers, got dtype {x.dtype}")
+        return x.to(dtype)
 
     def _mean_std(self, x: Tensor, temperature: float | Tensor) -> tuple[Tensor, Tensor]:
         if self.variance is None:
