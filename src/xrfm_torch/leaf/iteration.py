@@ -23,7 +23,7 @@ from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import Criterion, validation_errors
 from xrfm_torch.leaf.selection import Candidate, select_kernel
 from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd
-from xrfm_torch.numerics.solvers import krr_workspace, pcg_krr, solve_krr
+from xrfm_torch.numerics.solvers import KRRSolveError, krr_workspace, pcg_krr, solve_krr
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,27 @@ log = logging.getLogger(__name__)
 #: Cholesky factorization, so the budget stays at about half the factorization it replaces
 #: (docs/design.md, warm solves).
 PCG_ROWS_PER_ITER = 300
+
+
+def _failed(
+    X: Tensor, y: Tensor, X_val: Tensor, sqrt_m: Tensor, kernel: Kernel, reg: float
+) -> Candidate:
+    """A step whose ``M`` is not finite or whose system cannot be factored: error NaN.
+
+    The iterations then stop and keep the best finished iteration (a warning is logged).
+    """
+    nan = float("nan")
+    alpha = y.new_full((X.shape[0], y.shape[1]), nan)
+    return Candidate(
+        nan,
+        -1,
+        alpha,
+        sqrt_m,
+        float(kernel.bandwidth),
+        kernel.q,
+        reg,
+        X_val.new_full((X_val.shape[0],), nan),
+    )
 
 
 def rfm_step(
@@ -88,6 +109,8 @@ def rfm_step(
         is left at -1 for the caller to set.
     """
     R, K, F = buffers
+    if sqrt_m is not None and not bool(sqrt_m.isfinite().all()):
+        return _failed(X, y, X_val, sqrt_m, kernel, reg), None, False
     xs = transform(X, sqrt_m)
     if adaptive_bandwidth is not None:
         med = median_pairwise_distance(xs, kernel.p, generator=generator)
@@ -101,7 +124,12 @@ def rfm_step(
         alpha = pcg_krr(K, y, reg, F, features=U, tol=warm[0], max_iters=warm[1])
     factored = alpha is None
     if alpha is None:
-        alpha = solve_krr(K, y, reg, solve_dtype=solve_dtype, workspace=F, features=U)
+        try:
+            alpha = solve_krr(K, y, reg, solve_dtype=solve_dtype, workspace=F, features=U)
+        except KRRSolveError:
+            if sqrt_m is None:  # the plain kernel machine: nothing to fall back to
+                raise
+            return _failed(X, y, X_val, sqrt_m, kernel, reg), None, False
     pred = summed_predict(kernel, transform(X_val, sqrt_m), xs, alpha, linear_mix)
     err, sq = validation_errors(pred, y_val, criterion)
     cand = Candidate(err, -1, alpha, sqrt_m, float(kernel.bandwidth), kernel.q, reg, sq)
