@@ -310,9 +310,13 @@ class LeafRFM(ResizableBuffers):
         return self
 
     # ---- Gaussian-process view -----------------------------------------------------------------
+    def drop_factor(self) -> None:
+        """Free the cached Cholesky factor (:meth:`posterior_factor` recomputes it on use)."""
+        self.factor_ = self.factor_.new_empty(0, 0)
+
     def _forget_posterior(self) -> None:
         """Drop the factor and noise model (stale once the support or coefficients change)."""
-        self.factor_ = self.factor_.new_empty(0, 0)
+        self.drop_factor()
         self.noise_coef_ = self.noise_coef_.new_empty(0, 0)
         self.noise_mean_ = self.noise_mean_.new_empty(0)
         self.signal_var_ = self.signal_var_.new_empty(0)

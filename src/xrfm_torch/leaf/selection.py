@@ -17,6 +17,7 @@ from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, transform
 from xrfm_torch.kernels.linear import features_or_none, summed_predict
+from xrfm_torch.leaf.config import RidgeRule
 from xrfm_torch.leaf.criteria import Criterion, validation_errors
 from xrfm_torch.numerics.risk import gcv_ridge
 from xrfm_torch.numerics.solvers import pcg_krr, solve_krr
@@ -90,7 +91,7 @@ def select_kernel(
     linear_mix: float = 0.0,
     warm: tuple[float, int] | None = None,
     criterion: Criterion = "mse",
-    ridge_rule: str = "validation",
+    ridge_rule: RidgeRule = "validation",
 ) -> tuple[Candidate, bool]:
     """Re-solve ``best``'s ``M`` for each (exponent, bandwidth factor), then search the ridge.
 
@@ -185,14 +186,14 @@ def select_kernel(
     if best is not start and not beats(best, start, margin):
         log.debug("leaf n=%d: kernel choice not significant; keeping q %.3g", X.shape[0], start.q)
         best = start
-    if reg_factors and ridge_rule == "gcv":
+    if reg_factors:
         set_kernel(best.q, best.bandwidth)
-        ladder = [reg * f for f in (1.0, *reg_factors)]
-        lam, _, _ = gcv_ridge(K, y, min(ladder), max(ladder), features=U)
-        best = consider(lam, best, force=True)
-    elif reg_factors:
-        set_kernel(best.q, best.bandwidth)
-        best = search_reg(best, consider, reg, reg_factors)
+        if ridge_rule == "gcv":
+            ladder = [reg * f for f in (1.0, *reg_factors)]
+            lam, _, _ = gcv_ridge(K, y, min(ladder), max(ladder), features=U)
+            best = consider(lam, best, force=True)
+        else:
+            best = search_reg(best, consider, reg, reg_factors)
     kernel.bandwidth.fill_(best.bandwidth)
     kernel.q = best.q
     holds = built is not None and built == (best.q, best.bandwidth)

@@ -251,12 +251,12 @@ def fit_trees(
         grown.refit()
         if posterior:
             grown.fit_posteriors()
-    if posterior and fitting.distributed and world()[1] > 1:
+    if posterior and world(fitting.distributed)[1] > 1:
         # only a leaf's owner holds the factor of its solve; without it every rank recomputes
         # the same factors on first use (as a loaded model does), so all ranks predict alike
         for tree in grown.trees:
             for leaf in tree.leaf_list():
-                leaf.factor_ = leaf.factor_.new_empty(0, 0)
+                leaf.drop_factor()
     return grown, temperature
 
 

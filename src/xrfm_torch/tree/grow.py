@@ -304,15 +304,11 @@ def fit_leaves(
 
         return run
 
-    cfg = leaves[0].config if leaves else None
-    _, n_ranks = world() if distributed else (0, 1)
-    owners = assign_by_cost(
-        [
-            leaf_cost(final.shape[0], cfg.iter_rows if cfg else None, cfg.n_iters if cfg else 0)
-            for _, _, _, final in plans
-        ],
-        n_ranks,
-    )
+    costs = [
+        leaf_cost(final.shape[0], leaf.config.iter_rows, leaf.config.n_iters)
+        for leaf, (_, _, _, final) in zip(leaves, plans)
+    ]
+    owners = assign_by_cost(costs, world(distributed)[1])
     run_leaf_jobs(leaves, [job(k) for k in range(len(plans))], owners, distributed=distributed)
     refit = [
         final if leaf.support_.shape[0] < final.shape[0] else None

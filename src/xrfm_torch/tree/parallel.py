@@ -32,9 +32,12 @@ log = logging.getLogger(__name__)
 LeafJob = Callable[[LeafRFM], object]
 
 
-def world() -> tuple[int, int]:
-    """``(rank, world size)`` of the default process group, ``(0, 1)`` without one."""
-    if dist.is_available() and dist.is_initialized():
+def world(distributed: bool = True) -> tuple[int, int]:
+    """``(rank, world size)`` of the default process group; ``(0, 1)`` without one.
+
+    ``distributed=False`` (a fit that does not spread its leaves) is ``(0, 1)`` as well.
+    """
+    if distributed and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
@@ -90,7 +93,7 @@ def run_leaf_jobs(
     Raises:
         RuntimeError: On every rank, naming the rank whose job failed and its error.
     """
-    rank, size = world() if distributed else (0, 1)
+    rank, size = world(distributed)
     if size == 1:
         for leaf, job in zip(leaves, jobs):
             if job is not None:
@@ -102,10 +105,7 @@ def run_leaf_jobs(
         for k, (leaf, job, owner) in enumerate(zip(leaves, jobs, owners)):
             if job is not None and owner == rank:
                 job(leaf)
-                mine[k] = {  # CPU tensors: ranks may own different GPUs
-                    name: t.detach().cpu() if isinstance(t, Tensor) else t
-                    for name, t in leaf.state_dict().items()
-                }
+                mine[k] = _cpu_state(leaf)
     except Exception as err:  # every rank must reach the exchange, or the others wait forever
         failure = err
     report = f"{type(failure).__name__}: {failure}" if failure is not None else None
@@ -123,6 +123,17 @@ def run_leaf_jobs(
     log.debug("rank %d: fitted %d of %d leaf jobs", rank, len(mine), len(leaves))
 
 
+def _cpu_state(module: torch.nn.Module) -> dict[str, object]:
+    """``module.state_dict()`` with CPU tensors (other ranks may own other GPUs).
+
+    Extra states (plain data) are kept as they are.
+    """
+    return {
+        name: t.detach().cpu() if isinstance(t, Tensor) else t
+        for name, t in module.state_dict().items()
+    }
+
+
 def check_same_data(distributed: bool, *tensors: Tensor) -> None:
     """Refuse a distributed fit whose ranks were given different data.
 
@@ -133,7 +144,7 @@ def check_same_data(distributed: bool, *tensors: Tensor) -> None:
     Raises:
         ValueError: Naming the ranks whose data differ.
     """
-    size = world()[1] if distributed else 1
+    size = world(distributed)[1]
     if size == 1:
         return
     summary = []
@@ -162,14 +173,8 @@ def broadcast_module(module: torch.nn.Module, distributed: bool) -> None:
     For results that depend on a leaf's cached factor, which only its owner holds (the others
     recompute it, equal up to float rounding): the variance model fitted on validation moments.
     """
-    size = world()[1] if distributed else 1
-    if size == 1:
+    if world(distributed)[1] == 1:
         return
-    state = [
-        {
-            name: t.detach().cpu() if isinstance(t, Tensor) else t
-            for name, t in module.state_dict().items()
-        }
-    ]
+    state = [_cpu_state(module)]
     dist.broadcast_object_list(state, src=0)
     module.load_state_dict(state[0])
