@@ -21,13 +21,21 @@ from xrfm_torch.kernels import (
     ProductLaplaceKernel,
 )
 from xrfm_torch.leaf import LeafConfig, LeafRFM
-from xrfm_torch.tree import load_model, save_model, xRFMTree
+from xrfm_torch.tree import (
+    ExportableTree,
+    export_onnx,
+    export_program,
+    load_model,
+    save_model,
+    xRFMTree,
+)
 from xrfm_torch.tree.splits import AGOPSplit, CARTSplit, PCASplit, RandomSplit, Split
 
 __all__ = [
     "KERNELS",
     "AGOPSplit",
     "CARTSplit",
+    "ExportableTree",
     "GaussianKernel",
     "InputMap",
     "Kernel",
@@ -43,6 +51,8 @@ __all__ = [
     "XRFMClassifier",
     "XRFMRegressor",
     "__version__",
+    "export_onnx",
+    "export_program",
     "load_model",
     "save_model",
     "xRFMTree",

@@ -91,16 +91,23 @@ class CategoryColumns(ResizableBuffers):
 
     def forward(self, x: Tensor) -> Tensor:
         """The one-hot blocks of ``x`` (n, d): shape (n, :attr:`width`)."""
-        blocks = []
-        for i, c in enumerate(self.columns_.tolist()):
+        return self.blocks(x, self.columns_.tolist(), self.widths_.tolist())
+
+    def blocks(self, x: Tensor, columns: Sequence[int], widths: Sequence[int]) -> Tensor:
+        """:meth:`forward` with the structure given as Python ints (``columns_``, ``widths_``).
+
+        Straight-line tensor code for any number of rows, so that ``torch.export`` can trace it
+        (reading the buffers with ``tolist`` would make the graph depend on their values).
+        """
+        parts = []
+        for i, (c, width) in enumerate(zip(columns, widths)):
             codes = x[:, c]
             known = ~torch.isnan(codes) & (codes >= 0) & (codes < self.slots_.shape[1])
             idx = torch.where(known, codes, torch.zeros_like(codes)).long()
             slot = torch.where(known, self.slots_[i, idx], torch.full_like(idx, -1))
-            width = int(self.widths_[i])
             onehot = (slot[:, None] == torch.arange(width, device=x.device)).to(x.dtype)
-            blocks.append(onehot * ONE_HOT)
-        return torch.cat(blocks, 1) if blocks else x.new_zeros(x.shape[0], 0)
+            parts.append(onehot * ONE_HOT)
+        return torch.cat(parts, 1) if parts else x.new_zeros(x.shape[0], 0)
 
     def owners(self) -> Tensor:
         """The input column of each indicator, shape (:attr:`width`,)."""

@@ -7,6 +7,7 @@ missing-value indicators.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
@@ -24,6 +25,25 @@ InputTransform = InputMapName | Literal["auto"] | Sequence[InputMapName]
 INPUT_MAPS: tuple[InputMapName, ...] = get_args(InputMapName)
 #: Where NaN is accepted in numeric columns: only where the training rows had some, or anywhere.
 MissingValues = Literal["seen", "any"]
+
+
+@dataclass(frozen=True)
+class MapLayout:
+    """The structure of a fitted :class:`InputMap` as Python values (see :meth:`InputMap.layout`).
+
+    Attributes:
+        numeric: Indices of the numeric input columns.
+        indicators: Positions in ``numeric`` of the columns that get a missing-value indicator.
+        categorical: Indices of the categorical input columns.
+        widths: Indicator columns of each categorical column.
+        n_rows: Training rows the quantile knots were fitted on.
+    """
+
+    numeric: list[int]
+    indicators: list[int]
+    categorical: list[int]
+    widths: list[int]
+    n_rows: float
 
 
 class InputMap(ResizableBuffers):
@@ -108,40 +128,59 @@ class InputMap(ResizableBuffers):
         """Numeric columns where the training rows had missing cells (each gets an indicator)."""
         return self.missing_.nonzero().flatten().tolist()
 
-    def _numeric(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
-        """``(standardized numeric columns, missing cells at 0; indicators (n, m) or None)``."""
+    def layout(self) -> MapLayout:
+        """The fitted map's structure as Python values (read from the buffers once)."""
+        cols = self.numeric_
+        return MapLayout(
+            numeric=cols.tolist(),
+            indicators=self.missing_[cols].nonzero().flatten().tolist(),
+            categorical=self.categories.columns_.tolist(),
+            widths=self.categories.widths_.tolist(),
+            n_rows=float(self.quantile.n_rows_),
+        )
+
+    def check_missing(self, x: Tensor) -> None:
+        """Refuse NaN in a numeric column that had none in training (``missing_values="seen"``)."""
+        if self.missing_values != "seen":
+            return
         cols = self.numeric_
         nan = torch.isnan(x[:, cols])
-        expected = self.missing_[cols]  # numeric columns with training NaN, in ``cols`` order
-        if self.missing_values == "seen":
-            unexpected = nan.any(0) & ~expected
-            if bool(unexpected.any()):
-                k = int(unexpected.nonzero()[0])
-                i, j = int(nan[:, k].nonzero()[0]), int(cols[k])
-                raise ValueError(
-                    f"x has a missing value (NaN) at row {i}, column {j}, a column that had none "
-                    f"in the training rows; the model handles NaN only in columns "
-                    f"{self.missing_columns} (and in categorical columns)"
-                )
-        s = self.standardize(x)[:, cols]
-        if bool(nan.any()):
-            s = torch.where(nan, torch.zeros_like(s), s)
-        if not bool(expected.any()):
-            return s, None
-        return s, nan[:, expected].to(x.dtype)
+        unexpected = nan.any(0) & ~self.missing_[cols]
+        if bool(unexpected.any()):
+            k = int(unexpected.nonzero()[0])
+            i, j = int(nan[:, k].nonzero()[0]), int(cols[k])
+            raise ValueError(
+                f"x has a missing value (NaN) at row {i}, column {j}, a column that had none "
+                f"in the training rows; the model handles NaN only in columns "
+                f"{self.missing_columns} (and in categorical columns)"
+            )
 
     def encode(self, x: Tensor, name: InputMapName) -> Tensor:
         """Map ``x`` (n, d) with map ``name``: ``[map(s), c, m]``."""
-        s, indicators = self._numeric(x)
+        self.check_missing(x)
+        return self.encode_with(x, name, self.layout())
+
+    def encode_with(self, x: Tensor, name: InputMapName, layout: MapLayout) -> Tensor:
+        """:meth:`encode` without the NaN check, with the structure given by ``layout``.
+
+        The same tensor operations for any values of ``x`` (no branch on the data), which is what
+        ``torch.export`` needs; a NaN in an unexpected numeric column becomes the column's mean.
+        """
+        xn = x[:, layout.numeric]
+        nan = torch.isnan(xn)
+        s = (xn - self.standardize.center_[layout.numeric]) / self.standardize.scale_[
+            layout.numeric
+        ]
+        s = torch.where(nan, torch.zeros_like(s), s)
         if name == "identity":
             parts = [s]
         else:
-            z = self.quantile(s)
+            z = self.quantile.scores(s, layout.n_rows)
             parts = [z] if name == "quantile" else [s, z]
-        if self.categories.width:
-            parts.append(self.categories(x))
-        if indicators is not None:
-            parts.append(indicators)
+        if layout.categorical:
+            parts.append(self.categories.blocks(x, layout.categorical, layout.widths))
+        if layout.indicators:
+            parts.append(nan[:, layout.indicators].to(x.dtype))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def forward(self, x: Tensor) -> list[Tensor]:

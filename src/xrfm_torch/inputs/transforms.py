@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.numerics.checks import as_float_matrix
+from xrfm_torch.numerics.special import erfinv_poly
 from xrfm_torch.numerics.state import ResizableBuffers
 
 #: Beyond the training range: clip to the end points or continue linearly.
@@ -97,10 +98,14 @@ class QuantileNormal(ResizableBuffers):
         xt = x.T.contiguous()
         k = q.shape[1]
         # Right interpolation: hi = number of knots <= x; inside a tie run it gives its last level.
-        hi = torch.searchsorted(q, xt, right=True)
-        up = self._interpolate(q, xt, hi)
         # Left interpolation: lo = number of knots < x; inside a tie run it gives its first level.
-        lo = torch.searchsorted(q, xt, right=False)
+        if torch.compiler.is_exporting():  # ONNX has no searchsorted: count (n d K memory)
+            hi = (q[:, None, :] <= xt[:, :, None]).sum(-1)
+            lo = (q[:, None, :] < xt[:, :, None]).sum(-1)
+        else:
+            hi = torch.searchsorted(q, xt, right=True)
+            lo = torch.searchsorted(q, xt, right=False)
+        up = self._interpolate(q, xt, hi)
         down = self._interpolate(q, xt, lo)
         return ((up + down) / (2 * (k - 1))).T
 
@@ -126,9 +131,18 @@ class QuantileNormal(ResizableBuffers):
             raise ValueError(
                 f"expected input of shape (n, {self.knots_.shape[1]}), got {tuple(x.shape)}"
             )
-        n = float(self.n_rows_)
+        return self.scores(x, float(self.n_rows_))
+
+    def scores(self, x: Tensor, n: float) -> Tensor:
+        """:meth:`forward` with the number of training rows ``n`` given as a Python float.
+
+        Without reading ``n_rows_``, the computation is the same for any values, so ``torch.export``
+        can trace it.
+        """
         p = (self.levels(x) * (n - 1) + 0.5) / n
-        z = math.sqrt(2.0) * torch.erfinv(2 * p - 1)
+        # exported graphs use an erfinv from basic operators (ONNX has none)
+        erfinv = erfinv_poly if torch.compiler.is_exporting() else torch.erfinv
+        z = math.sqrt(2.0) * erfinv(2 * p - 1)
         if self.tails == "clip":
             return z
         lo, hi = self.knots_[0], self.knots_[-1]

@@ -3,7 +3,15 @@
 Layer 4: imports :mod:`xrfm_torch.inputs`, :mod:`xrfm_torch.leaf` and the layers below.
 """
 
+from xrfm_torch.tree.export import ExportableTree, export_onnx, export_program
 from xrfm_torch.tree.io import load_model, save_model
 from xrfm_torch.tree.model import xRFMTree
 
-__all__ = ["load_model", "save_model", "xRFMTree"]
+__all__ = [
+    "ExportableTree",
+    "export_onnx",
+    "export_program",
+    "load_model",
+    "save_model",
+    "xRFMTree",
+]

@@ -60,6 +60,21 @@ def hard_route(x: Tensor, vectors: Tensor, thresholds: Tensor, children: Tensor)
     return -node - 1
 
 
+def hard_weights(x: Tensor, vectors: Tensor, thresholds: Tensor, path_sign: Tensor) -> Tensor:
+    """One-hot leaf weights of :func:`hard_route` as straight-line code, shape (n, L).
+
+    Every node's decision is computed for every row (the projections as in :func:`hard_route`, so
+    the same rows go right), and leaf ``l`` gets the rows that agree with all ``len(Path(l))``
+    turns of its path. No shape depends on the data, so ``torch.export`` can trace it; it costs
+    ``n * J * d`` instead of ``n * depth * d``.
+    """
+    right = ((x[:, None, :] * vectors[None]).sum(-1) > thresholds).to(x.dtype)  # (n, J)
+    go_right = (path_sign > 0).to(x.dtype)  # (L, J)
+    go_left = (path_sign < 0).to(x.dtype)
+    agree = right @ go_right.mT + (1 - right) @ go_left.mT  # (n, L): turns matched
+    return (agree == (go_right + go_left).sum(1)).to(x.dtype)
+
+
 def path_signs(children: Tensor, n_leaves: int) -> Tensor:
     """Build the (L, J) int8 path-sign table from the child table."""
     n_nodes = children.shape[0]
@@ -102,6 +117,10 @@ def soft_log_weights(
     z = (x @ vectors.mT - thresholds) / (temperature * scales)  # (n, J)
     right = (path_sign > 0).to(x.dtype)  # (L, J)
     left = (path_sign < 0).to(x.dtype)
+    if torch.compiler.is_exporting():
+        # ONNX Runtime's LogSigmoid is log(sigmoid): -inf for z below about -17 in float32, and
+        # -inf * 0 in the product below is NaN; log sigma(z) = -softplus(-z) stays finite
+        return -F.softplus(-z) @ right.mT - F.softplus(z) @ left.mT
     return F.logsigmoid(z) @ right.mT + F.logsigmoid(-z) @ left.mT  # (n, L)
 
 

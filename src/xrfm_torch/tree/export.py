@@ -1,0 +1,191 @@
+"""A fitted ``xRFMTree`` as straight-line tensor code, for ``torch.export`` and ONNX.
+
+The eager model is written for speed on one machine, and three of its habits defeat tracing: it
+reads its structure (input columns, category widths, number of training rows) from buffers with
+``int()``/``tolist()``, it groups rows by leaf (``nonzero``/``bincount``: shapes that depend on
+the data), and it raises on unexpected NaN (a branch on the data). :class:`ExportableTree`
+reads the structure once, when it is built, evaluates every leaf on every row and mixes the
+leaves with one-hot (hard) or soft routing weights, and turns the rows the eager model refuses
+(any infinity; NaN in a numeric column that had none in training) into NaN outputs. It shares
+the fitted model's buffers and tensor functions, so its predictions are the eager ones up to
+float rounding (summation order). Dense evaluation costs ``n x`` (support rows of all leaves)
+kernel entries per batch, and an exported graph does not chunk rows: bound memory by the batch
+size.
+
+Recipe (``docs/design.md``, "Export")::
+
+    program = export_program(model, x_example)            # torch.export.ExportedProgram
+    torch.export.save(program, "model.pt2")
+    y = torch.export.load("model.pt2").module()(x)
+    export_onnx(model, "model.onnx", x_example)           # needs the ``onnx`` extra
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import Tensor, nn
+
+from xrfm_torch.leaf.criteria import class_probabilities
+from xrfm_torch.tree.partition import PartitionTree
+from xrfm_torch.tree.routing import hard_weights, soft_weights
+
+if TYPE_CHECKING:
+    from xrfm_torch.tree.model import xRFMTree
+
+#: What an exported model returns: predictions (class scores for classification) or probabilities.
+Output = Literal["predict", "proba"]
+
+
+class ExportableTree(nn.Module):
+    """A fitted model's prediction with no Python branch on the data (``torch.export``, ONNX).
+
+    Args:
+        model: A fitted ``xRFMTree`` (its buffers are shared, not copied; later changes to the
+            model's structure need a new ``ExportableTree``).
+        output: ``"predict"`` (``model(x)``) or ``"proba"`` (``model.predict_proba(x)``).
+        temperature: Routing temperature (default: the model's fitted one; 0 = hard routing).
+
+    ``forward(x)`` takes inputs (n, d) of any real dtype and returns (n, c) in the model's
+    dtype; rows the eager model would refuse are all NaN.
+    """
+
+    def __init__(
+        self, model: xRFMTree, *, output: Output = "predict", temperature: float | None = None
+    ) -> None:
+        super().__init__()
+        if not model.is_fitted:
+            raise RuntimeError("ExportableTree needs a fitted xRFMTree; call .fit(X, y) first")
+        if output not in ("predict", "proba"):
+            raise ValueError(f"output must be 'predict' or 'proba', got {output!r}")
+        if output == "proba" and model.task != "classification":
+            raise ValueError("output='proba' needs a classification model")
+        self.model = model
+        self.output: Output = output
+        imap = model.input_map
+        self.layout = imap.layout()
+        self.maps = imap.names
+        self.n_features = imap.n_features
+        self.dtype = imap.standardize.center_.dtype
+        temp = model.current_temperature if temperature is None else temperature
+        self.temperature = float(temp)
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be finite and >= 0, got {temperature!r}")
+        self.softmax_scale = float(model.targets.softmax_scale_)
+        # columns where NaN is a missing cell: categorical ones and those with training NaN
+        allowed = set(self.layout.categorical)
+        allowed |= {self.layout.numeric[k] for k in self.layout.indicators}
+        if imap.missing_values == "any":
+            allowed |= set(self.layout.numeric)
+        self.strict = [j for j in range(self.n_features) if j not in allowed]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Predictions (or probabilities) (n, c); NaN rows where the eager model raises."""
+        if x.ndim != 2 or x.shape[1] != self.n_features:
+            raise ValueError(f"expected input of shape (n, {self.n_features}), got {x.shape}")
+        if x.is_complex():
+            raise TypeError(f"x must hold real numbers, got dtype {x.dtype}")
+        x = x.to(self.dtype)
+        imap = self.model.input_map
+        mapped = {name: imap.encode_with(x, name, self.layout) for name in dict.fromkeys(self.maps)}
+        trees = self.model.partition_trees()
+        outs = [self._tree(tree, mapped[name]) for tree, name in zip(trees, self.maps)]
+        out = outs[0] if len(outs) == 1 else torch.stack(outs).mean(0)
+        out = self.model.targets.decode(out)
+        if self.output == "proba":
+            out = class_probabilities(out, self.softmax_scale)
+        bad = torch.isinf(x).any(1) | torch.isnan(x[:, self.strict]).any(1)
+        return torch.where(bad[:, None], torch.full_like(out, math.nan), out)
+
+    def _tree(self, tree: PartitionTree, x: Tensor) -> Tensor:
+        """``sum_l w_l(x) leaf_l(x)`` with every leaf evaluated on every row, (n, c)."""
+        leaves = tree.leaf_list()
+        if len(leaves) == 1:
+            return leaves[0](x)
+        if self.temperature == 0.0:
+            w = hard_weights(x, tree.split_vectors_, tree.thresholds_, tree.path_sign_)
+        else:
+            w = soft_weights(
+                x,
+                tree.split_vectors_,
+                tree.thresholds_,
+                tree.temp_scale_,
+                tree.path_sign_,
+                tree.children_,
+                self.temperature,
+                keep_mass=self.model.keep_mass,
+                max_leaves=self.model.max_soft_leaves,
+            )
+        preds = torch.stack([leaf(x) for leaf in leaves], dim=1)  # (n, L, c)
+        return (w[:, :, None] * preds).sum(1)
+
+
+def _batch_dim() -> dict[str, dict[int, torch.export.Dim]]:
+    return {"x": {0: torch.export.Dim("n", min=1)}}
+
+
+def export_program(
+    model: xRFMTree | ExportableTree,
+    example: Tensor,
+    *,
+    output: Output = "predict",
+    temperature: float | None = None,
+) -> torch.export.ExportedProgram:
+    """``torch.export`` a fitted model for any number of rows.
+
+    Args:
+        model: A fitted ``xRFMTree``, or an :class:`ExportableTree` (e.g. inside a larger module:
+            export that module directly instead).
+        example: Example inputs (n, d) with ``n >= 2`` (their values do not matter).
+        output: ``"predict"`` or ``"proba"`` (ignored for an ``ExportableTree``).
+        temperature: Routing temperature (ignored for an ``ExportableTree``).
+
+    Returns:
+        The exported program; ``program.module()(x)`` predicts.
+    """
+    module = (
+        model
+        if isinstance(model, ExportableTree)
+        else ExportableTree(model, output=output, temperature=temperature)
+    )
+    if example.ndim != 2 or example.shape[0] < 2:
+        raise ValueError(
+            f"example must be (n, d) with n >= 2 rows, got shape {tuple(example.shape)}"
+        )
+    return torch.export.export(module.eval(), (example,), dynamic_shapes=_batch_dim())
+
+
+def export_onnx(
+    model: xRFMTree | ExportableTree,
+    path: str | Path,
+    example: Tensor,
+    *,
+    output: Output = "predict",
+    temperature: float | None = None,
+) -> Path:
+    """Write a fitted model as an ONNX file (input ``x`` (n, d), output ``y`` (n, c)).
+
+    Needs ``onnx`` and ``onnxscript`` (``pip install "xrfm_torch[onnx]"``, which also brings
+    ``onnxruntime`` to run the file). Arguments as :func:`export_program`.
+
+    Returns:
+        The path written.
+    """
+    try:
+        import onnxscript  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            'ONNX export needs onnx and onnxscript: pip install "xrfm_torch[onnx]"'
+        ) from err
+    program = export_program(model, example, output=output, temperature=temperature)
+    path = Path(path)
+    onnx_program = torch.onnx.export(
+        program, (example,), dynamo=True, input_names=["x"], output_names=["y"]
+    )
+    if onnx_program is None:  # pragma: no cover - the dynamo exporter always returns one
+        raise RuntimeError("torch.onnx.export returned no program")
+    onnx_program.save(str(path))
+    return path
