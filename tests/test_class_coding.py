@@ -9,9 +9,12 @@ import torch
 from xrfm_torch import LeafConfig, LeafRFM, xRFMTree
 from xrfm_torch.leaf.criteria import (
     CLIP,
+    PLATT_RIDGE,
     choose_softmax_scale,
     class_probabilities,
+    fit_platt,
     fit_softmax_scale,
+    platt_logits,
     row_logloss,
 )
 from xrfm_torch.tree.targets import TargetCoding
@@ -161,28 +164,60 @@ def test_auto_calibration_keeps_calibrated_scores_and_softens_clipped_mistakes()
     assert row_logloss(class_probabilities(scores, scale), labels).mean() < 0.8 * clipped
 
 
-@pytest.mark.parametrize("calibration", ["clip", "softmax"])
+@pytest.mark.parametrize("calibration", ["clip", "softmax", "platt"])
 def test_the_tree_calibrates_on_its_validation_rows(calibration):
     X, y = imbalanced(900, 10)
     Xv, yv = imbalanced(300, 11)
     model = xRFMTree(task="classification", calibration=calibration, leaf=LeafConfig(n_iters=1))
     model.fit(X, y, Xv, yv, generator=seeded())
     scale = float(model.targets.softmax_scale_)
+    platt = model.targets.platt_
     Xt, _ = imbalanced(50, 12)
     scores = model(Xt)
     if calibration == "clip":
-        assert scale == 0.0
-    else:  # fitted on the model's own validation outputs
+        assert scale == 0.0 and platt.numel() == 0
+    elif calibration == "softmax":  # fitted on the model's own validation outputs
         assert scale == pytest.approx(fit_softmax_scale(model(Xv), yv), rel=1e-4)
-    torch.testing.assert_close(model.predict_proba(Xt), class_probabilities(scores, scale))
+    else:
+        assert scale == 0.0 and platt.shape == (int(model.targets.n_classes_) + 1,)
+        torch.testing.assert_close(platt, fit_platt(model(Xv), yv), rtol=1e-4, atol=1e-5)
+    want = class_probabilities(scores, scale, platt)
+    torch.testing.assert_close(model.predict_proba(Xt), want)
     state = model.state_dict()
     fresh = xRFMTree.from_config(model.get_config())
     fresh.load_state_dict(state)
     assert fresh.calibration == calibration
     torch.testing.assert_close(fresh.predict_proba(Xt), model.predict_proba(Xt))
     del state["targets.softmax_scale_"]  # a state saved before calibration existed: clipping
+    del state["targets.platt_"]
     fresh.load_state_dict(state)
     torch.testing.assert_close(fresh.predict_proba(Xt), class_probabilities(scores))
+
+
+def test_platt_map_recovers_a_planted_map_and_sits_at_its_optimum():
+    # labels drawn from softmax(a log s + b) with a = 2, b = (0.5, -0.5, 0): the fit finds them
+    # (b up to a common shift, which the softmax ignores; the ridge barely moves them at n = 40k)
+    g = seeded(21)
+    n = 40_000
+    e = -torch.rand(n, 3, generator=g, dtype=torch.float64).log()  # Dirichlet(1, 1, 1) rows
+    scores = e / e.sum(1, keepdim=True)
+    scores = (scores + 0.02 * torch.randn(n, 3, generator=g, dtype=torch.float64)).clamp(0.02, 1)
+    true = torch.tensor([2.0, 0.5, -0.5, 0.0], dtype=torch.float64)
+    p = torch.softmax(platt_logits(scores, true), 1)
+    labels = torch.multinomial(p, 1, generator=g)[:, 0]
+    w = fit_platt(scores, labels)
+    assert w[0].item() == pytest.approx(2.0, abs=0.05)
+    torch.testing.assert_close(w[1:] - w[1:].mean(), true[1:] - true[1:].mean(), atol=0.05, rtol=0)
+    # zero gradient of the fitted objective (mean cross-entropy + ridge)
+    v = w.clone().requires_grad_(True)
+    loss = torch.nn.functional.cross_entropy(platt_logits(scores, v), labels)
+    (loss + PLATT_RIDGE * (v * v).sum()).backward()
+    assert v.grad.abs().max().item() < 1e-6
+    # the probabilities: the map, clipped and renormalized
+    probs = class_probabilities(scores, platt=w)
+    torch.testing.assert_close(probs.sum(1), torch.ones(n, dtype=torch.float64))
+    raw = torch.softmax(platt_logits(scores, w), 1).clamp(1e-3, 1 - 1e-3)
+    torch.testing.assert_close(probs, raw / raw.sum(1, keepdim=True))
 
 
 def test_one_confident_mistake_keeps_the_softmax_scale_finite():

@@ -116,3 +116,29 @@ def test_bad_arguments_and_input_are_named() -> None:
         QuantileNormal().fit(X)
     with pytest.raises(ValueError, match=r"shape \(n, 2\)"):
         QuantileNormal().fit(_data())(torch.zeros(3, 5, dtype=torch.float64))
+
+
+def test_knots_are_sorted_and_ties_exact_in_float32() -> None:
+    # float32 interpolation a (1 - w) + a w inside a tie run is not always a, and unsorted knots
+    # broke searchsorted (and the tie rule); a standardized discrete feature is the usual case
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 7, (5000, 3), generator=g).float()
+    X = (codes - codes.mean(0)) / codes.std(0)
+    qn = QuantileNormal(n_quantiles=1000).fit(X)
+    k = qn.knots_
+    assert bool((k[1:] >= k[:-1]).all())
+    for j in range(3):  # a knot inside a run is the value itself, not a rounding neighbour
+        for v in X[:, j].unique():
+            near = (k[:, j] - v).abs() < 1e-5
+            assert near.sum() > 1 and bool((k[near, j] == v).all())
+    # each distinct value maps to one score, the middle of its run: a value's rows and its
+    # left/right counts agree with a direct count in float64
+    z = qn(X)
+    for v in X[:, 0].unique():
+        rows = X[:, 0] == v
+        assert z[rows, 0].unique().numel() == 1
+        below, upto = (k[:, 0] < v).sum().item(), (k[:, 0] <= v).sum().item()
+        level = (below + upto - 1) / (2 * (k.shape[0] - 1))
+        n = X.shape[0]
+        want = math.sqrt(2) * torch.erfinv(torch.tensor(2 * (level * (n - 1) + 0.5) / n - 1))
+        assert z[rows, 0][0].item() == pytest.approx(want.item(), abs=1e-5)

@@ -347,7 +347,9 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
     """xRFM classification as a scikit-learn estimator (parameters: see ``_XRFMEstimator``).
 
     Labels may be of any type (str, int, bool); the leaves fit one-hot codes and
-    ``predict_proba`` gives their scores clipped to [1e-3, 1 - 1e-3] and renormalized.
+    ``predict_proba`` maps their scores to probabilities with a Platt map on the log-scores
+    fitted on the validation rows (``xRFMTree(calibration="platt")``), clipped to
+    [1e-3, 1 - 1e-3] and renormalized.
 
     Attributes:
         tree_: The fitted :class:`~xrfm_torch.xRFMTree` (``task="classification"``).

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.numerics.checks import as_float_matrix
-from xrfm_torch.numerics.special import erfinv_poly
+from xrfm_torch.numerics.special import count_sorted, erfinv_poly
 from xrfm_torch.numerics.state import ResizableBuffers
 
 #: Beyond the training range: clip to the end points or continue linearly.
@@ -87,7 +87,10 @@ class QuantileNormal(ResizableBuffers):
         lo = pos.floor().long()
         hi = (lo + 1).clamp_max(n - 1)
         w = (pos - lo).to(X.dtype)[:, None]
-        self.knots_ = xs[lo] * (1 - w) + xs[hi] * w
+        # a + (b - a) w is exactly a inside a run of tied values (a (1 - w) + a w is not, in
+        # float32), and the running max removes any other rounding step down: sorted knots are
+        # what searchsorted and the tie rule below need
+        self.knots_ = torch.cummax(xs[lo] + (xs[hi] - xs[lo]) * w, dim=0).values
         self.scale_ = X.std(dim=0).clamp_min(torch.finfo(X.dtype).tiny)
         self.n_rows_ = torch.tensor(n, device=X.device)
         return self
@@ -99,9 +102,9 @@ class QuantileNormal(ResizableBuffers):
         k = q.shape[1]
         # Right interpolation: hi = number of knots <= x; inside a tie run it gives its last level.
         # Left interpolation: lo = number of knots < x; inside a tie run it gives its first level.
-        if torch.compiler.is_exporting():  # ONNX has no searchsorted: count (n d K memory)
-            hi = (q[:, None, :] <= xt[:, :, None]).sum(-1)
-            lo = (q[:, None, :] < xt[:, :, None]).sum(-1)
+        if torch.compiler.is_exporting():  # ONNX has no searchsorted
+            hi = count_sorted(q, xt, right=True)
+            lo = count_sorted(q, xt, right=False)
         else:
             hi = torch.searchsorted(q, xt, right=True)
             lo = torch.searchsorted(q, xt, right=False)

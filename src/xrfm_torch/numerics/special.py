@@ -40,16 +40,16 @@ def _horner(coefficients: tuple[float, ...], w: Tensor) -> Tensor:
     return p
 
 
-def erfinv_poly(y: Tensor, newton_steps: int = 2) -> Tensor:
+def erfinv_poly(y: Tensor) -> Tensor:
     r"""Inverse error function from ``log``, ``sqrt``, ``exp`` and ``erf`` only, for ``|y| < 1``.
 
-    Giles' polynomials (relative error about 4e-7), then Newton steps on ``erf(z) = y``,
-    :math:`z \leftarrow z - (\mathrm{erf}(z) - y)\, \tfrac{\sqrt{\pi}}{2} e^{z^2}`, each of
-    which roughly squares the relative error (two reach float64 rounding away from ``|y| -> 1``).
+    Giles' polynomials (relative error about 4e-7: float32 accuracy). In float64, two Newton steps
+    on ``erf(z) = y``, :math:`z \leftarrow z - (\mathrm{erf}(z) - y)\, \tfrac{\sqrt{\pi}}{2}
+    e^{z^2}`, each roughly squaring the relative error. Not in float32: there the residual
+    ``erf(z) - y`` is mostly rounding, and ``e^{z^2}`` (2e5 at z = 3.5) would amplify it.
 
     Args:
         y: Values in (-1, 1), any shape.
-        newton_steps: Newton refinements (>= 0).
 
     Returns:
         ``erfinv(y)``, same shape and dtype.
@@ -58,6 +58,34 @@ def erfinv_poly(y: Tensor, newton_steps: int = 2) -> Tensor:
     central = _horner(_CENTRAL, w - 2.5)
     tail = _horner(_TAIL, torch.sqrt(w) - 3)
     z = torch.where(w < 5, central, tail) * y
-    for _ in range(newton_steps):
+    for _ in range(2 if y.dtype == torch.float64 else 0):
         z = z - (torch.erf(z) - y) * (0.5 * math.sqrt(math.pi)) * torch.exp(z * z)
     return z
+
+
+def count_sorted(q: Tensor, x: Tensor, *, right: bool) -> Tensor:
+    """``torch.searchsorted(q, x, right=right)`` as a branch-free binary search (gathers only).
+
+    The count of entries of each sorted row ``q[i]`` that are ``<= x[i, j]`` (``right``) or
+    ``< x[i, j]``: ``ceil(log2(K + 1))`` steps, each a gather and a comparison, with shapes that
+    do not depend on the data (what ONNX export needs; it has no searchsorted). NaN in ``x``
+    counts 0 (searchsorted puts it after every entry; callers here never pass NaN).
+
+    Args:
+        q: Sorted rows, shape (m, K).
+        x: Values, shape (m, n).
+        right: Count entries ``<= x`` (True) or ``< x`` (False).
+
+    Returns:
+        Counts in ``0 .. K``, shape (m, n), long.
+    """
+    k = q.shape[1]
+    count = torch.zeros(x.shape, dtype=torch.long, device=x.device)
+    step = 1 << (k.bit_length() - 1) if k > 0 else 0
+    while step > 0:
+        candidate = count + step
+        value = q.gather(1, (candidate - 1).clamp_max(k - 1))
+        ok = (candidate <= k) & ((value <= x) if right else (value < x))
+        count = torch.where(ok, candidate, count)
+        step //= 2
+    return count

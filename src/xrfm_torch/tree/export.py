@@ -96,7 +96,7 @@ class ExportableTree(nn.Module):
         out = outs[0] if len(outs) == 1 else torch.stack(outs).mean(0)
         out = self.model.targets.decode(out)
         if self.output == "proba":
-            out = class_probabilities(out, self.softmax_scale)
+            out = class_probabilities(out, self.softmax_scale, self.model.targets.platt_)
         bad = torch.isinf(x).any(1) | torch.isnan(x[:, self.strict]).any(1)
         return torch.where(bad[:, None], torch.full_like(out, math.nan), out)
 

@@ -72,10 +72,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         class_coding: Classification codes (:mod:`xrfm_torch.tree.targets`): ``"one_hot"`` or
             ``"prevalence"`` (one-hot minus the training class prior; a leaf far from its rows
             predicts the prior). ``"prevalence"`` needs the squared-error (Brier) criterion.
-        calibration: Classification probabilities (:mod:`xrfm_torch.leaf.criteria`):
-            ``"clip"`` (scores clipped to [1e-3, 1 - 1e-3], renormalized), ``"softmax"``
-            (``softmax(a * scores)``, ``a`` fitted on the validation rows) or ``"auto"`` (the
-            softmax where it beats clipping on the validation rows by 2 paired standard errors).
+        calibration: Classification probabilities (:mod:`xrfm_torch.leaf.criteria`), each
+            clipped to [1e-3, 1 - 1e-3] and renormalized: ``"platt"`` (``softmax(a log max(s,
+            0.01) + b)`` fitted on the validation rows), ``"clip"`` (the scores themselves),
+            ``"softmax"`` (``softmax(a * scores)``) or ``"auto"`` (that softmax where it beats
+            clipping on the validation rows by 2 paired standard errors).
         leaf: Every leaf's settings (:class:`~xrfm_torch.leaf.config.LeafConfig`, default
             ``LeafConfig()``): ``tau = leaf.n_iters``, the stopping rules, ``diag``, the post-hoc
             exponent and ridge searches, the linear part, warm solves.
@@ -155,7 +156,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         *,
         task: Task = "regression",
         class_coding: ClassCoding = "one_hot",
-        calibration: Calibration = "auto",
+        calibration: Calibration = "platt",
         leaf: LeafConfig | None = None,
         max_leaf_size: int = 10_000,
         split_rule: SplitRule | None = None,
@@ -434,8 +435,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             self.variance.fit(grown.val_moments, data.y_val)
             broadcast_module(self.variance, self.distributed)
         if grown.val_scores is not None:
-            scale = self.targets.calibrate(self.targets.decode(grown.val_scores), data.y_val)
-            log.info("probabilities: %s", f"softmax, scale {scale:.4g}" if scale else "clipped")
+            chosen = self.targets.calibrate(self.targets.decode(grown.val_scores), data.y_val)
+            log.info("probabilities: %s", chosen)
         self.trees = nn.ModuleList(grown.trees)
         self.input_map.set_maps(grown.maps)
         self.temperature_ = torch.tensor(0.0, dtype=data.X.dtype, device=data.X.device)

@@ -9,9 +9,9 @@ does. That code is these rows in an orthonormal basis of the sum-zero plane, so 
 the squared error are the same under either (KRR is linear in the targets, a rotation keeps norms);
 its decoding ``π + score`` needs no matrix inverse. The leaves regress on the codes and every
 choice made on validation data minimizes the leaves' criterion on them (the Brier score by default,
-:mod:`xrfm_torch.leaf.criteria`). Probabilities are the decoded scores, or their softmax with a
-scale fitted on validation rows (:meth:`TargetCoding.calibrate`), clipped to ``[CLIP, 1 - CLIP]``
-and renormalized per row (:func:`xrfm_torch.leaf.criteria.class_probabilities`).
+:mod:`xrfm_torch.leaf.criteria`). Probabilities are the decoded scores mapped by a Platt map
+on their logarithms (by default), or a softmax, fitted on validation rows
+(:meth:`TargetCoding.calibrate`), clipped to ``[CLIP, 1 - CLIP]`` and renormalized per row (:func:`xrfm_torch.leaf.criteria.class_probabilities`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from xrfm_torch.inputs.transforms import Standardize
 from xrfm_torch.leaf.criteria import (
     choose_softmax_scale,
     class_probabilities,
+    fit_platt,
     fit_softmax_scale,
 )
 from xrfm_torch.leaf.data import FitData
@@ -36,10 +37,11 @@ Task = Literal["regression", "classification"]
 #: How class labels are coded for the leaves (module docstring).
 ClassCoding = Literal["one_hot", "prevalence"]
 CLASS_CODINGS: tuple[ClassCoding, ...] = ("one_hot", "prevalence")
-#: How class scores become probabilities: clipped, a softmax fitted on validation rows, or the
-#: one of the two a paired test on them supports (:mod:`xrfm_torch.leaf.criteria`).
-Calibration = Literal["auto", "clip", "softmax"]
-CALIBRATIONS: tuple[Calibration, ...] = ("auto", "clip", "softmax")
+#: How class scores become probabilities: clipped, a softmax fitted on validation rows, the one
+#: of the two a paired test on them supports, or Platt's map on the log-scores fitted on them
+#: (:mod:`xrfm_torch.leaf.criteria`).
+Calibration = Literal["platt", "auto", "clip", "softmax"]
+CALIBRATIONS: tuple[Calibration, ...] = ("platt", "auto", "clip", "softmax")
 
 
 class TargetCoding(ResizableBuffers):
@@ -49,23 +51,24 @@ class TargetCoding(ResizableBuffers):
         task: ``"regression"`` (targets (n, c) standardized) or ``"classification"`` (labels
             ``0 .. K-1``, one per row, coded (n, K)).
         class_coding: ``"one_hot"`` or ``"prevalence"`` (one-hot minus the training prior).
-        calibration: ``"clip"``, ``"softmax"`` or ``"auto"`` (:meth:`calibrate`).
+        calibration: ``"platt"``, ``"clip"``, ``"softmax"`` or ``"auto"`` (:meth:`calibrate`).
 
     Buffers:
         ``scaler.center_``, ``scaler.scale_`` (c,) for regression; ``n_classes_`` (),
-        ``prior_`` (K,) (zeros for ``"one_hot"``) and ``softmax_scale_`` () (0: clipping) for
-        classification.
+        ``prior_`` (K,) (zeros for ``"one_hot"``), ``softmax_scale_`` () (0: none) and
+        ``platt_`` (K + 1,) (empty: none) for classification.
     """
 
     n_classes_: Tensor
     prior_: Tensor
     softmax_scale_: Tensor
+    platt_: Tensor
 
     def __init__(
         self,
         task: Task = "regression",
         class_coding: ClassCoding = "one_hot",
-        calibration: Calibration = "auto",
+        calibration: Calibration = "platt",
     ) -> None:
         super().__init__()
         if task not in ("regression", "classification"):
@@ -81,14 +84,16 @@ class TargetCoding(ResizableBuffers):
         self.register_buffer("n_classes_", torch.tensor(0))
         self.register_buffer("prior_", torch.zeros(0))
         self.register_buffer("softmax_scale_", torch.tensor(0.0))
+        self.register_buffer("platt_", torch.zeros(0))
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
-        # states saved before class codings and calibration existed: a zero prior (one-hot codes)
-        # and a zero softmax scale (clipping) are what they used
+        # states saved before class codings and calibrations existed: a zero prior (one-hot
+        # codes), a zero softmax scale and no Platt map (clipping) are what they used
         if prefix + "n_classes_" in state_dict:
             k = int(state_dict[prefix + "n_classes_"])
             state_dict.setdefault(prefix + "prior_", torch.zeros(k, device=self.prior_.device))
             state_dict.setdefault(prefix + "softmax_scale_", torch.tensor(0.0))
+            state_dict.setdefault(prefix + "platt_", torch.zeros(0))
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     @property
@@ -152,37 +157,43 @@ class TargetCoding(ResizableBuffers):
         return scores + self.prior_.to(scores.dtype)  # affine: commutes with mixing leaves
 
     @torch.no_grad()
-    def calibrate(self, scores: Tensor, y_val: Tensor) -> float:
+    def calibrate(self, scores: Tensor, y_val: Tensor) -> str:
         """Choose how scores become probabilities, from validation rows the leaves did not fit.
 
-        ``"clip"`` keeps clipping, ``"softmax"`` fits the scale ``a`` of ``softmax(a * scores)``
-        by validation log-loss, ``"auto"`` takes the softmax only where it beats clipping by
-        ``SOFTMAX_MARGIN`` paired standard errors (:func:`~xrfm_torch.leaf.criteria.choose_softmax_scale`).
+        ``"platt"`` fits ``softmax(a log max(s, 0.01) + b)`` by validation log-loss
+        (:func:`~xrfm_torch.leaf.criteria.fit_platt`), ``"clip"`` keeps clipping, ``"softmax"``
+        fits the scale ``a`` of ``softmax(a * scores)``, ``"auto"`` takes that softmax only where
+        it beats clipping by ``SOFTMAX_MARGIN`` paired standard errors
+        (:func:`~xrfm_torch.leaf.criteria.choose_softmax_scale`).
 
         Args:
             scores: Decoded class scores of the validation rows (n_val, K).
             y_val: Their codes (:meth:`encode`), (n_val, K).
 
         Returns:
-            The scale (0: clipping).
+            What was chosen, in words (for the log).
         """
-        if self.task != "classification" or self.calibration == "clip" or len(scores) == 0:
-            scale = 0.0
-        else:
+        scale, platt = 0.0, torch.zeros(0, dtype=scores.dtype, device=scores.device)
+        if self.task == "classification" and self.calibration != "clip" and len(scores) > 0:
             labels = (y_val + self.prior_.to(y_val.dtype)).argmax(1)
-            if self.calibration == "softmax":
+            if self.calibration == "platt":
+                platt = fit_platt(scores, labels)
+            elif self.calibration == "softmax":
                 scale = fit_softmax_scale(scores, labels)
             else:
                 scale = choose_softmax_scale(scores, labels)
         self.softmax_scale_ = torch.tensor(scale, device=scores.device)
-        return scale
+        self.platt_ = platt
+        if platt.numel():
+            return f"Platt map on log-scores, slope {float(platt[0]):.4g}"
+        return f"softmax, scale {scale:.4g}" if scale else "clipped"
 
     def probabilities(self, scores: Tensor) -> Tensor:
         """Class probabilities (n, K) from decoded scores, rows summing to 1.
 
-        Scores, or ``softmax(a * scores)`` where :meth:`calibrate` chose a scale ``a``, clipped to
-        ``[CLIP, 1 - CLIP]`` and renormalized.
+        Scores, ``softmax(a * scores)`` or the Platt map, as :meth:`calibrate` chose, clipped
+        to ``[CLIP, 1 - CLIP]`` and renormalized.
         """
         if self.task != "classification":
             raise ValueError("probabilities need a classification model (task='classification')")
-        return class_probabilities(scores, float(self.softmax_scale_))
+        return class_probabilities(scores, float(self.softmax_scale_), self.platt_)
