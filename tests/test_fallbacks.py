@@ -83,3 +83,47 @@ def test_a_degenerate_agop_stops_at_the_plain_kernel_machine(monkeypatch, genera
     assert int(leaf.best_iter_) == 0 and int(leaf.val_errors_.isfinite().sum()) == 1
     torch.testing.assert_close(leaf.M, torch.ones(4))  # identity M: no feature learning
     assert bool(leaf(Xv).isfinite().all())
+
+
+NOISE_CFG = LeafConfig(n_iters=1, reg=1e-6, kernel_exponents=None, reg_factors=None)
+
+
+def _noise(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 4, generator=g), 3.0 + torch.randn(n, 1, generator=g)
+
+
+def test_a_leaf_worse_than_its_mean_predicts_the_mean(generator, caplog):
+    # pure-noise targets and a near-interpolating ridge: the kernel model's validation error is
+    # about twice the noise variance, the mean's about once
+    X, y = _noise(400, 0)
+    Xv, yv = _noise(150, 1)
+    with caplog.at_level(logging.WARNING):
+        leaf = LeafRFM("laplace", NOISE_CFG).fit(X, y, Xv, yv, generator=generator)
+    assert "predicting the mean" in caplog.text
+    assert leaf.is_constant
+    assert torch.equal(leaf.alpha_, torch.zeros_like(leaf.alpha_))
+    torch.testing.assert_close(leaf(Xv), y.mean(0).expand(150, 1))
+    assert (
+        float(((leaf(Xv) - yv) ** 2).mean()) < leaf.val_errors_[leaf.val_errors_.isfinite()].min()
+    )
+    assert leaf.agop().abs().max() == 0  # a constant has no gradient
+    # later solves keep it constant, at the mean of their rows
+    X2, y2 = _noise(300, 2)
+    leaf.refit(X2, y2)
+    torch.testing.assert_close(leaf(Xv[:3]), y2.mean(0).expand(3, 1))
+    leaf2 = LeafRFM("laplace", NOISE_CFG).fit(X, y, Xv, yv, generator=generator, extra=(X2, y2))
+    torch.testing.assert_close(leaf2(Xv[:3]), torch.cat([y, y2]).mean(0).expand(3, 1))
+    # and it survives a state-dict round trip
+    fresh = LeafRFM("laplace", NOISE_CFG)
+    fresh.load_state_dict(leaf.state_dict())
+    assert fresh.is_constant and torch.equal(fresh(Xv), leaf(Xv))
+
+
+def test_a_leaf_better_than_its_mean_keeps_its_model(generator, caplog):
+    X, y = planted(400, d=4)
+    Xv, yv = planted(150, d=4, seed=1)
+    with caplog.at_level(logging.WARNING):
+        leaf = LeafRFM("laplace", NOISE_CFG).fit(X, y, Xv, yv, generator=generator)
+    assert not leaf.is_constant and "predicting the mean" not in caplog.text
+    assert leaf.alpha_.abs().max() > 0

@@ -78,6 +78,7 @@ def test_buffers_vs_parameters():
                 "best_iter_",
                 "val_errors_",
                 "reg_",
+                "offset_",
                 "noise_coef_",
                 "noise_mean_",
                 "signal_var_",

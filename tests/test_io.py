@@ -40,6 +40,25 @@ def test_a_state_saved_before_format_versions_loads_as_version_0(fitted):
     torch.testing.assert_close(fresh(Xq), model(Xq), rtol=0, atol=0)
 
 
+def test_a_version_1_state_loads_without_offsets_and_platt_maps():
+    # version 1 had neither the leaves' mean-predictor offset nor the Platt map of class codings
+    X, y = planted(600, d=4)
+    labels = (y[:, 0] > y[:, 0].median()).long() if y.ndim == 2 else (y > y.median()).long()
+    model = xRFMTree(task="classification", leaf=LeafConfig(n_iters=2), max_leaf_size=300)
+    model.fit(X, labels, generator=torch.Generator().manual_seed(0))
+    old = {k: v for k, v in model.state_dict().items() if not k.endswith(("offset_", "platt_"))}
+    old["_extra_state"] = {"format_version": 1}
+    fresh = xRFMTree(task="classification", leaf=LeafConfig(n_iters=2), max_leaf_size=300)
+    fresh.load_state_dict(old)
+    assert fresh.targets.platt_.numel() == 0 and not any(
+        leaf.is_constant for leaf in fresh.leaves()
+    )
+    torch.testing.assert_close(fresh(X[:50]), model(X[:50]), rtol=0, atol=0)  # same scores
+    scores = model(X[:50])
+    p = scores.clamp(1e-3, 1 - 1e-3)
+    torch.testing.assert_close(fresh.predict_proba(X[:50]), p / p.sum(1, keepdim=True))
+
+
 def test_a_newer_format_version_is_refused_naming_both_versions(fitted, tmp_path):
     model, _ = fitted
     state = dict(model.state_dict())

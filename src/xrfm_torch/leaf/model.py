@@ -18,6 +18,7 @@ from xrfm_torch.kernels.linear import (
     summed_predict,
 )
 from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.leaf.criteria import validation_errors
 from xrfm_torch.leaf.data import fit_data
 from xrfm_torch.leaf.iteration import run_iterations
 from xrfm_torch.leaf.posterior import (
@@ -28,7 +29,7 @@ from xrfm_torch.leaf.posterior import (
     signal_variance,
     system_matrix,
 )
-from xrfm_torch.leaf.selection import Candidate
+from xrfm_torch.leaf.selection import Candidate, paired_win
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
 from xrfm_torch.numerics.rng import own_generator
@@ -36,6 +37,10 @@ from xrfm_torch.numerics.solvers import krr_workspace, solve_bordered, solve_krr
 from xrfm_torch.numerics.state import ResizableBuffers
 
 log = logging.getLogger(__name__)
+
+#: A leaf predicts its training mean when that beats its fitted model on the validation rows by
+#: this many paired standard errors (the margin of the other validation choices).
+MEAN_FALLBACK_MARGIN = 2.0
 
 
 class LeafRFM(ResizableBuffers):
@@ -56,7 +61,11 @@ class LeafRFM(ResizableBuffers):
     Buffers (after ``fit``):
         ``support_`` (n, d), ``alpha_`` (n, c), ``sqrt_m_`` (d,) or (d, d), ``best_iter_`` (),
         ``val_errors_`` (tau + 1,) with NaN for iterations not run, ``reg_`` () the ridge in use;
-        the bandwidth is ``kernel.bandwidth``. After :meth:`fit_posterior`: ``noise_coef_`` (n, c)
+        the bandwidth is ``kernel.bandwidth``; ``offset_`` (c,) when the leaf fell back to its
+        mean predictor (its validation error was lower than the fitted model's: ``alpha_`` is
+        then 0 and the leaf predicts the mean of its rows; not for a leaf fitted for a
+        posterior), else empty. After
+        :meth:`fit_posterior`: ``noise_coef_`` (n, c)
         and ``noise_mean_`` (c,) of the log-noise model, ``signal_var_`` (c,) the
         marginal-likelihood scale (:mod:`xrfm_torch.leaf.posterior`). The Cholesky factor they use
         is cached in ``factor_`` but not saved (it is as large as the kernel matrix): a loaded leaf
@@ -76,6 +85,7 @@ class LeafRFM(ResizableBuffers):
     best_iter_: Tensor
     val_errors_: Tensor
     reg_: Tensor
+    offset_: Tensor
     noise_coef_: Tensor
     noise_mean_: Tensor
     signal_var_: Tensor
@@ -102,6 +112,7 @@ class LeafRFM(ResizableBuffers):
         self.register_buffer("best_iter_", torch.tensor(-1))
         self.register_buffer("val_errors_", torch.empty(0))
         self.register_buffer("reg_", torch.tensor(self.config.reg, dtype=torch.float64))
+        self.register_buffer("offset_", torch.empty(0))
         self.register_buffer("noise_coef_", torch.empty(0, 0))
         self.register_buffer("noise_mean_", torch.empty(0))
         self.register_buffer("signal_var_", torch.empty(0))
@@ -109,7 +120,13 @@ class LeafRFM(ResizableBuffers):
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
         # leaves saved before the posterior existed: no noise model (fit_posterior adds one)
-        for name, empty in (("noise_coef_", (0, 0)), ("noise_mean_", (0,)), ("signal_var_", (0,))):
+        # and before the mean-predictor fallback: no offset
+        for name, empty in (
+            ("noise_coef_", (0, 0)),
+            ("noise_mean_", (0,)),
+            ("signal_var_", (0,)),
+            ("offset_", (0,)),
+        ):
             state_dict.setdefault(prefix + name, torch.empty(empty))
         self._forget_posterior()
         super()._load_from_state_dict(state_dict, prefix, *args)
@@ -190,6 +207,10 @@ class LeafRFM(ResizableBuffers):
         fitted = run_iterations(self.kernel, cfg, X, y, data.X_val, data.y_val, generator)
         best, self.val_errors_, self._chosen_diag, factored = fitted
         self._store(X, best)
+        # (not in a leaf kept for a posterior: its Gaussian-process view is the kernel model's)
+        if not self.keep_factor and self._mean_is_better(best, y, data.y_val):
+            factored = None
+            self._set_constant(X, y)
         if self.keep_factor and factored is not None:
             self._keep(factored[1], X.shape[0])
         if extra is not None and extra[0].shape[0] > 0:
@@ -200,12 +221,54 @@ class LeafRFM(ResizableBuffers):
             self.refit(X_all, y_all)
         return self
 
+    def _mean_is_better(self, best: Candidate, y: Tensor, y_val: Tensor) -> bool:
+        """Whether the training mean beats the chosen model on the validation rows.
+
+        By ``MEAN_FALLBACK_MARGIN`` paired standard errors (:func:`paired_win`), so that a few
+        validation rows cannot turn a working leaf into a constant by chance.
+        """
+        if y_val.shape[0] < 2:
+            return False
+        y = y.reshape(y.shape[0], -1)
+        mean = y.mean(0, keepdim=True).expand(y_val.shape[0], -1)
+        err, rows = validation_errors(mean, y_val, self.config.criterion)
+        if not paired_win(rows, best.sq_err, MEAN_FALLBACK_MARGIN):
+            return False
+        log.warning(
+            "leaf with %d rows: validation %s %.4g of the fitted model is worse than %.4g of "
+            "its mean; predicting the mean",
+            y.shape[0],
+            self.config.criterion,
+            best.err,
+            err,
+        )
+        return True
+
+    @property
+    def is_constant(self) -> bool:
+        """Whether the leaf fell back to its mean predictor (``offset_``)."""
+        return self.offset_.numel() > 0
+
+    def _set_constant(self, X: Tensor, y: Tensor) -> None:
+        """Predict the mean of ``y`` everywhere: ``alpha_ = 0``, ``offset_`` the mean (c,)."""
+        y = y.reshape(X.shape[0], -1)
+        self.support_ = X.detach().clone()
+        self.alpha_ = torch.zeros_like(y)
+        self.offset_ = y.mean(0).detach()
+        self._forget_posterior()
+
+    def _offset(self, pred: Tensor) -> Tensor:
+        return pred + self.offset_.to(pred.dtype) if self.is_constant else pred
+
     @torch.no_grad()
     def _extend(
         self, X: Tensor, y: Tensor, X_b: Tensor, y_b: Tensor, factored: tuple[Tensor, Tensor] | None
     ) -> None:
         """Final solve on ``X`` then ``X_b``: continue the chosen model's factor when at hand."""
         X_all, y_all = torch.cat([X, X_b]), torch.cat([y, y_b])
+        if self.is_constant:
+            self._set_constant(X_all, y_all)
+            return
         alpha, out = None, None
         if factored is not None:
             K_ss, F = factored
@@ -246,6 +309,7 @@ class LeafRFM(ResizableBuffers):
         self.reg_ = torch.tensor(best.reg, dtype=torch.float64, device=X.device)
         self.sqrt_m_ = sqrt_m.detach().to(device=X.device, dtype=X.dtype)
         self.best_iter_ = torch.tensor(best.t, device=X.device)
+        self.offset_ = self.offset_.new_empty(0)
         self._forget_posterior()
 
     @torch.no_grad()
@@ -261,6 +325,9 @@ class LeafRFM(ResizableBuffers):
         self._check_fitted()
         X = as_float_matrix(X, "X", n_features=self.support_.shape[1])
         y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
+        if self.is_constant:
+            self._set_constant(X, y)
+            return self
         above = self.config.nystrom_above
         if (
             above is not None
@@ -395,7 +462,7 @@ class LeafRFM(ResizableBuffers):
             for rows in row_chunks(x.shape[0], per_row, self.kernel.chunk_bytes)
         ]
         mean, v, g = (torch.cat(p) for p in zip(*parts))
-        return mean, v, g
+        return self._offset(mean), v, g
 
     def _support_linear_grad(self) -> Tensor | float:
         """Input gradient of the fitted leaf's linear part, (1, c, d), or 0 when it is off."""
@@ -428,7 +495,9 @@ class LeafRFM(ResizableBuffers):
         self._check_input(x)
         s = self.sqrt_m_
         xs, zs = transform(x, s), transform(self.support_, s)
-        return summed_predict(self.kernel, xs, zs, self.alpha_, self.config.linear_mix)
+        return self._offset(
+            summed_predict(self.kernel, xs, zs, self.alpha_, self.config.linear_mix)
+        )
 
     def get_grads(self, x: Tensor) -> Tensor:
         """Input gradients of the leaf predictor, shape (n, c, d) (no autograd needed)."""

@@ -21,6 +21,7 @@ from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import FitData
 from xrfm_torch.tree.grow import Progress, TreeLayout, fit_leaves, grow_tree
+from xrfm_torch.tree.memory import MemoryBudget
 from xrfm_torch.tree.parallel import LeafJob, run_leaf_jobs, world
 from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.splits import SplitRule
@@ -43,6 +44,7 @@ class LeafFitting:
         keep_factor: Leaves keep their final solve's Cholesky factor for their posterior.
         distributed: Spread the leaves over the ranks of the default ``torch.distributed``
             process group (:mod:`xrfm_torch.tree.parallel`); every rank must fit the same data.
+        memory_budget: Refuse a tree whose largest leaf would need more (:mod:`xrfm_torch.tree.memory`).
     """
 
     kernel: Kernel
@@ -52,6 +54,7 @@ class LeafFitting:
     refit_borrowed: bool
     keep_factor: bool = False
     distributed: bool = False
+    memory_budget: MemoryBudget = None
 
     def new_leaf(self) -> LeafRFM:
         """A fresh, unfitted leaf."""
@@ -83,6 +86,7 @@ class LeafFitting:
             progress=progress,
             tree_index=tree_index,
             distributed=self.distributed,
+            memory_budget=self.memory_budget,
         )
 
 

@@ -17,6 +17,7 @@ from torch import Tensor
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.numerics.rng import own_generator
+from xrfm_torch.tree.memory import MemoryBudget, check_leaf_memory
 from xrfm_torch.tree.parallel import (
     LeafJob,
     assign_by_cost,
@@ -221,6 +222,7 @@ def fit_leaves(
     progress: Progress | None = None,
     tree_index: int = 0,
     distributed: bool = False,
+    memory_budget: MemoryBudget = None,
 ) -> tuple[list[LeafRFM], list[Tensor | None], list[int]]:
     """Fit one LeafRFM per leaf of ``layout`` on the rows routed to it.
 
@@ -269,6 +271,13 @@ def fit_leaves(
             )
             Xv, yv = torch.cat([Xv, X[borrowed]]), torch.cat([yv, y[borrowed]])
         plans.append((tr, Xv, yv, rows if refit_borrowed else torch.cat([tr, extra])))
+    # before any leaf is fitted: the largest planned leaf against the memory budget
+    iter_rows = new_leaf().config.iter_rows
+    sizes = [
+        (min(tr.shape[0], iter_rows or tr.shape[0]), Xv.shape[0], final.shape[0])
+        for tr, Xv, _, final in plans
+    ]
+    check_leaf_memory(sizes, X.dtype, X.device, memory_budget)
     seeds = leaf_seeds(generator, len(plans))
     leaves = [new_leaf().to(device=X.device, dtype=X.dtype) for _ in plans]
     done = [0]

@@ -42,6 +42,7 @@ from xrfm_torch.tree.interpret import (
     leaves_by_map,
     mean_leaf_agop,
 )
+from xrfm_torch.tree.memory import MemoryBudget
 from xrfm_torch.tree.parallel import broadcast_module, check_same_data
 from xrfm_torch.tree.partition import PartitionTree, empty_trees
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
@@ -53,7 +54,9 @@ log = logging.getLogger(__name__)
 
 #: Version of the ``xRFMTree.state_dict()`` layout (its ``_extra_state``); 0 = saved before
 #: versions existed. Bump it when the layout changes, and keep loading the older ones.
-STATE_FORMAT_VERSION = 1
+#: 2: leaves have ``offset_`` (mean-predictor fallback), class codings ``platt_``; versions 0
+#: and 1 load with both empty (no fallback, no Platt map).
+STATE_FORMAT_VERSION = 2
 
 
 class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
@@ -139,6 +142,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             calls ``fit`` with the same data and seed, grows the same tree top, fits its share of
             the leaves (by cost) and loads the others', so all ranks end with the model one
             process would fit. Without an initialized group of several ranks it does nothing.
+        memory_budget: Before any leaf is fitted, the largest planned leaf's peak memory is
+            estimated (:mod:`xrfm_torch.tree.memory`); above this budget the fit stops with a
+            ``MemoryBudgetError`` naming the sizes and the knobs. Bytes, ``"auto"`` (the memory
+            free on the device: available host memory, or CUDA's free memory) or ``None`` (no
+            check).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -181,6 +189,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         large_fit_rows: int | None = 100_000,
         large_fit_iter_rows: int = 3000,
         distributed: bool = False,
+        memory_budget: MemoryBudget = "auto",
     ) -> None:
         super().__init__()
         if leaf is not None and not isinstance(leaf, LeafConfig):
@@ -239,6 +248,9 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         if not isinstance(distributed, bool):
             raise TypeError(f"distributed must be a bool, got {distributed!r}")
         self.distributed = distributed
+        if memory_budget is not None and memory_budget != "auto":
+            memory_budget = check_int(cast(int, memory_budget), "memory_budget", 1)
+        self.memory_budget: MemoryBudget = memory_budget
         self.trees = nn.ModuleList()
         self.register_buffer("temperature_", torch.tensor(0.0))
         if self.trainable_routing:
@@ -300,6 +312,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             self.refit_borrowed,
             keep_factor=self.uncertainty != "none",
             distributed=self.distributed,
+            memory_budget=self.memory_budget,
         )
 
     def new_leaf(self) -> LeafRFM:

@@ -1,0 +1,93 @@
+"""Leaf memory estimates and the budget check before a fit (xrfm_torch.tree.memory)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import planted
+from xrfm_torch import LeafConfig, LeafRFM, PCASplit, xRFMTree
+from xrfm_torch.tree.memory import (
+    LEAF_MATRICES,
+    LEAF_OVERHEAD,
+    MemoryBudgetError,
+    available_bytes,
+    leaf_peak_bytes,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_estimate_counts_dense_matrices_of_the_largest_solve():
+    n, v = 3000, 500
+    base = LEAF_OVERHEAD
+    assert (
+        leaf_peak_bytes(n, v, n, torch.float32)
+        == int(4 * (LEAF_MATRICES * n * n + 2 * v * n)) + base
+    )
+    # the final solve may be larger than the iterations (overlap, borrowed rows) and float64 doubles
+    assert (
+        leaf_peak_bytes(1000, v, n, torch.float64)
+        == int(8 * (LEAF_MATRICES * n * n + 2 * v * 1000)) + base
+    )
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS read from /proc")
+def test_estimate_bounds_a_measured_leaf_fit():
+    # one process per measurement (peak RSS is per process); float32, default LeafConfig
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.leaf_memory", "--one", "3000", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    r = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+    assert r["estimate_mb"] >= r["peak_mb"] > 0.5 * r["estimate_mb"]
+
+
+def test_a_tree_over_budget_stops_before_fitting_any_leaf(monkeypatch):
+    X, y = planted(2000, d=4)
+    fits = []
+    real_fit = LeafRFM.fit
+    monkeypatch.setattr(
+        LeafRFM, "fit", lambda self, X, *a, **k: fits.append(len(X)) or real_fit(self, X, *a, **k)
+    )
+    model = xRFMTree(
+        max_leaf_size=1000,
+        leaf=LeafConfig(n_iters=1),
+        input_transform="identity",
+        split_rule=PCASplit(),  # no split model: every RFM fit is a leaf's
+        memory_budget=5_000_000,
+    )
+    with pytest.raises(
+        MemoryBudgetError,
+        match=r"needs about .* GiB, more than the memory budget of 0\.00 GiB.*max_leaf_size",
+    ):
+        model.fit(X, y, generator=torch.Generator().manual_seed(0))
+    assert fits == []
+    model = xRFMTree(
+        max_leaf_size=1000,
+        leaf=LeafConfig(n_iters=1),
+        input_transform="identity",
+        split_rule=PCASplit(),
+        memory_budget=None,
+    )
+    model.fit(X, y, generator=torch.Generator().manual_seed(0))
+    assert model.is_fitted and len(fits) == model.n_leaves
+
+
+def test_budget_arguments_and_the_auto_budget():
+    assert xRFMTree().memory_budget == "auto"
+    assert xRFMTree(memory_budget=2**30).get_config()["memory_budget"] == 2**30
+    for bad in (0, -5, "lots", 1.5):
+        with pytest.raises(ValueError, match="memory_budget"):
+            xRFMTree(memory_budget=bad)
+    free = available_bytes(torch.device("cpu"))
+    if sys.platform.startswith("linux"):
+        assert free is not None and free > 2**20
