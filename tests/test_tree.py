@@ -135,6 +135,27 @@ def test_same_seed_gives_a_bit_identical_state_dict(kwargs):
         assert same, key
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_same_seed_gives_the_same_model_on_cuda():
+    # docs/reliability.md, Determinism: with deterministic algorithms (and cuBLAS's workspace
+    # setting, which the gpu test run exports) two CUDA fits are bit-identical
+    X, y = planted(900, d=5)
+    torch.use_deterministic_algorithms(True)
+    try:
+
+        def fit():
+            model = xRFMTree(max_leaf_size=250, leaf=LeafConfig(n_iters=2)).to("cuda")
+            return model.fit(X.cuda(), y.cuda(), generator=seeded(3)).state_dict()
+
+        a, b = fit(), fit()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for key in a:
+        same = torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key]
+        assert same, key
+
+
 def test_inputs_of_another_dtype_are_cast_to_the_model_dtype():
     X, y = planted(600, d=4)
     model = xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=1)).fit(X, y, generator=seeded())

@@ -64,9 +64,8 @@ class LeafRFM(ResizableBuffers):
         the bandwidth is ``kernel.bandwidth``; ``offset_`` (c,) when the leaf fell back to its
         mean predictor (its validation error was lower than the fitted model's: ``alpha_`` is
         then 0 and the leaf predicts the mean of its rows; not for a leaf fitted for a
-        posterior), else empty. After
-        :meth:`fit_posterior`: ``noise_coef_`` (n, c)
-        and ``noise_mean_`` (c,) of the log-noise model, ``signal_var_`` (c,) the
+        posterior), else empty. After :meth:`fit_posterior`: ``noise_coef_`` (n, c) and
+        ``noise_mean_`` (c,) of the log-noise model, ``signal_var_`` (c,) the
         marginal-likelihood scale (:mod:`xrfm_torch.leaf.posterior`). The Cholesky factor they use
         is cached in ``factor_`` but not saved (it is as large as the kernel matrix): a loaded leaf
         factors again on first use.
