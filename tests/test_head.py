@@ -332,3 +332,20 @@ def test_linear_sgd_loss_trains_the_encoder_then_the_tree_is_fitted_on_its_final
     expected = nn.functional.cross_entropy(clf.probe(clf.encoder(x)), labels)
     clf.log = lambda *a, **k: None  # type: ignore[method-assign]  (no trainer attached)
     torch.testing.assert_close(clf.training_step((x, labels), 0), expected)
+
+
+def test_head_checkpoint_loads_with_weights_only_and_predicts_the_same(tmp_path):
+    dm, module = head_setup(True)
+    trainer = quiet_trainer(1)
+    trainer.fit(module, datamodule=dm)
+    path = tmp_path / "head.ckpt"
+    trainer.save_checkpoint(path)
+    raw = torch.load(path, weights_only=True)  # plain data only
+    assert raw["state_dict"]["support_mask"].shape == module.support_mask.shape
+    loaded = XRFMHeadModule.load_from_checkpoint(path, weights_only=True)
+    module.eval()
+    loaded.eval()
+    x = torch.from_numpy(dm.data.X_test[:50])
+    with torch.no_grad():
+        assert torch.equal(loaded(x), module(x))
+    assert torch.equal(loaded.support_mask, module.support_mask)

@@ -128,6 +128,8 @@ class XRFMHeadModule(XRFMLitModule):
             :class:`~xrfm_torch.lit.XRFMLitModule`.
     """
 
+    support_mask: Tensor
+
     def __init__(
         self,
         tree: xRFMTree | None = None,
@@ -189,6 +191,13 @@ class XRFMHeadModule(XRFMLitModule):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.tree(self.encoder(x))
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        # the support mask is sized by the training rows, unknown to a fresh module
+        mask = state_dict.get(prefix + "support_mask")
+        if isinstance(mask, Tensor) and mask.shape != self.support_mask.shape:
+            self.support_mask = torch.empty_like(mask, device=self.support_mask.device)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def tree_inputs(self, x: Tensor) -> Tensor:
         return self.features(x)
