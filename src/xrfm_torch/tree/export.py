@@ -4,13 +4,13 @@ The eager model is written for speed on one machine, and three of its habits def
 reads its structure (input columns, category widths, number of training rows) from buffers with
 ``int()``/``tolist()``, it groups rows by leaf (``nonzero``/``bincount``: shapes that depend on
 the data), and it raises on unexpected NaN (a branch on the data). :class:`ExportableTree`
-reads the structure once, when it is built, evaluates every leaf on every row and mixes the
-leaves with one-hot (hard) or soft routing weights, and turns the rows the eager model refuses
-(any infinity; NaN in a numeric column that had none in training) into NaN outputs. It shares
-the fitted model's buffers and tensor functions, so its predictions are the eager ones up to
-float rounding (summation order). Dense evaluation costs ``n x`` (support rows of all leaves)
-kernel entries per batch, and an exported graph does not chunk rows: bound memory by the batch
-size.
+reads the structure once, when it is built, computes one-hot (hard) or soft routing weights for
+all rows without branches, runs each leaf on the rows with weight (a data-dependent row count,
+which torch.export and ONNX represent; only branches on data are out), and turns the rows the
+eager model refuses (any infinity; NaN in a numeric column that had none in training) into NaN
+outputs. It shares the fitted model's buffers and tensor functions, so its predictions are the
+eager ones up to float rounding. An exported graph does not chunk rows: bound memory by the
+batch size.
 
 Recipe (``docs/design.md``, "Export")::
 
@@ -75,6 +75,7 @@ class ExportableTree(nn.Module):
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be finite and >= 0, got {temperature!r}")
         self.softmax_scale = float(model.targets.softmax_scale_)
+        self.n_outputs = model.n_outputs_
         # columns where NaN is a missing cell: categorical ones and those with training NaN
         allowed = set(self.layout.categorical)
         allowed |= {self.layout.numeric[k] for k in self.layout.indicators}
@@ -101,7 +102,11 @@ class ExportableTree(nn.Module):
         return torch.where(bad[:, None], torch.full_like(out, math.nan), out)
 
     def _tree(self, tree: PartitionTree, x: Tensor) -> Tensor:
-        """``sum_l w_l(x) leaf_l(x)`` with every leaf evaluated on every row, (n, c)."""
+        """``sum_l w_l(x) leaf_l(x)``, each leaf on the rows with weight, (n, c).
+
+        The rows of a leaf are a data-dependent count, which ``torch.export`` carries as an
+        unbacked size (and ONNX as ``NonZero``): shapes need not be static, only branches.
+        """
         leaves = tree.leaf_list()
         if len(leaves) == 1:
             return leaves[0](x)
@@ -119,8 +124,12 @@ class ExportableTree(nn.Module):
                 keep_mass=self.model.keep_mass,
                 max_leaves=self.model.max_soft_leaves,
             )
-        preds = torch.stack([leaf(x) for leaf in leaves], dim=1)  # (n, L, c)
-        return (w[:, :, None] * preds).sum(1)
+        out = x.new_zeros(x.shape[0], self.n_outputs)
+        for leaf_id, leaf in enumerate(leaves):
+            rows = (w[:, leaf_id] > 0).nonzero().squeeze(1)
+            part = w[rows, leaf_id, None] * leaf(x[rows])
+            out = out.index_put((rows,), part, accumulate=True)
+        return out
 
 
 def _batch_dim() -> dict[str, dict[int, torch.export.Dim]]:
