@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from xrfm_torch.data.protocol import Task
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.lit.module import XRFMLitModule, collect, collect_indexed
+from xrfm_torch.numerics.state import ResizableBuffers
 from xrfm_torch.tree import xRFMTree
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class ResidualMLP(nn.Module):
         return x + self.mlp(x)
 
 
-class XRFMHeadModule(XRFMLitModule):
+class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
     """Encoder + xRFM head, trained jointly: SGD outside the leaves, closed form inside.
 
     SGD trains the encoder (and, with ``tree.trainable_routing``, the split vectors, thresholds and
@@ -128,6 +129,8 @@ class XRFMHeadModule(XRFMLitModule):
             :class:`~xrfm_torch.lit.XRFMLitModule`.
     """
 
+    #: Which training rows the leaves fit; sized by the training rows, so a fresh module takes
+    #: a checkpoint's mask through ``ResizableBuffers``.
     support_mask: Tensor
 
     def __init__(
@@ -191,13 +194,6 @@ class XRFMHeadModule(XRFMLitModule):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.tree(self.encoder(x))
-
-    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
-        # the support mask is sized by the training rows, unknown to a fresh module
-        mask = state_dict.get(prefix + "support_mask")
-        if isinstance(mask, Tensor) and mask.shape != self.support_mask.shape:
-            self.support_mask = torch.empty_like(mask, device=self.support_mask.device)
-        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def tree_inputs(self, x: Tensor) -> Tensor:
         return self.features(x)

@@ -69,7 +69,6 @@ class ExportableTree(nn.Module):
         self.layout = imap.layout()
         self.maps = imap.names
         self.n_features = imap.n_features
-        self.dtype = imap.standardize.center_.dtype
         temp = model.current_temperature.detach() if temperature is None else temperature
         self.temperature = float(temp)
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -87,9 +86,7 @@ class ExportableTree(nn.Module):
         """Predictions (or probabilities) (n, c); NaN rows where the eager model raises."""
         if x.ndim != 2 or x.shape[1] != self.n_features:
             raise ValueError(f"expected input of shape (n, {self.n_features}), got {x.shape}")
-        if x.is_complex():
-            raise TypeError(f"x must hold real numbers, got dtype {x.dtype}")
-        x = x.to(self.dtype)
+        x = self.model._as_model_dtype(x)
         imap = self.model.input_map
         mapped = {name: imap.encode_with(x, name, self.layout) for name in dict.fromkeys(self.maps)}
         trees = self.model.partition_trees()

@@ -271,15 +271,14 @@ def fit_leaves(
             )
             Xv, yv = torch.cat([Xv, X[borrowed]]), torch.cat([yv, y[borrowed]])
         plans.append((tr, Xv, yv, rows if refit_borrowed else torch.cat([tr, extra])))
-    # before any leaf is fitted: the largest planned leaf against the memory budget
-    iter_rows = new_leaf().config.iter_rows
-    sizes = [
-        (min(tr.shape[0], iter_rows or tr.shape[0]), Xv.shape[0], final.shape[0])
-        for tr, Xv, _, final in plans
-    ]
-    check_leaf_memory(sizes, X.dtype, X.device, memory_budget)
     seeds = leaf_seeds(generator, len(plans))
     leaves = [new_leaf().to(device=X.device, dtype=X.dtype) for _ in plans]
+    # before any leaf is fitted: the largest planned leaf against the memory budget
+    sizes = [
+        (min(tr.shape[0], leaf.config.iter_rows or tr.shape[0]), Xv.shape[0], final.shape[0])
+        for leaf, (tr, Xv, _, final) in zip(leaves, plans)
+    ]
+    check_leaf_memory(sizes, X.dtype, X.device, memory_budget)
     done = [0]
 
     def job(k: int) -> LeafJob:

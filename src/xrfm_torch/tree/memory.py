@@ -12,13 +12,10 @@ out-of-memory kill an hour in.
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Literal
 
 import torch
-
-log = logging.getLogger(__name__)
 
 #: Dense (n, n) matrices alive at a leaf fit's peak (measured; see the module docstring).
 LEAF_MATRICES = 4.0
