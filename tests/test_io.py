@@ -59,6 +59,19 @@ def test_a_version_1_state_loads_without_offsets_and_platt_maps():
     torch.testing.assert_close(fresh.predict_proba(X[:50]), p / p.sum(1, keepdim=True))
 
 
+def test_a_version_2_state_loads_as_exact_leaves(fitted):
+    # version 2 had no approximate final solves: no approx_, fourier_w_, fourier_b_
+    model, Xq = fitted
+    suffixes = ("approx_", "fourier_w_", "fourier_b_")
+    old = {k: v for k, v in model.state_dict().items() if not k.endswith(suffixes)}
+    assert len(old) < len(model.state_dict())
+    old["_extra_state"] = {"format_version": 2}
+    fresh = xRFMTree(leaf=LeafConfig(n_iters=2), max_leaf_size=300)
+    fresh.load_state_dict(old)
+    assert all(leaf.approximation is None for leaf in fresh.leaves())
+    torch.testing.assert_close(fresh(Xq), model(Xq), rtol=0, atol=0)
+
+
 def test_a_newer_format_version_is_refused_naming_both_versions(fitted, tmp_path):
     model, _ = fitted
     state = dict(model.state_dict())

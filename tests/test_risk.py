@@ -68,3 +68,22 @@ def test_leaf_with_gcv_rule_keeps_the_gcv_ridge_of_its_kernel(generator):
     assert float(walk.reg_) in {1e-4, 1e-3, 1e-2, 1e-1}  # the walk stays on its ladder
     with pytest.raises(ValueError, match="ridge_rule"):
         LeafConfig(ridge_rule="loo")
+
+
+def test_auto_ridge_rule_takes_gcv_only_for_few_validation_rows(generator):
+    X = torch.randn(300, 4, generator=generator, dtype=torch.float64)
+    y = torch.sin(2 * X[:, 0]) + 0.05 * torch.randn(300, generator=generator, dtype=torch.float64)
+    Xv = torch.randn(100, 4, generator=generator, dtype=torch.float64)
+    yv = torch.sin(2 * Xv[:, 0])
+    cfg = LeafConfig(n_iters=2, kernel_exponents=None)
+
+    def reg(rule, rows, below=50):
+        g = torch.Generator().manual_seed(5)
+        leaf = LeafRFM("laplace", cfg.replace(ridge_rule=rule, gcv_below=below))
+        return float(leaf.fit(X, y, Xv[:rows], yv[:rows], generator=g).reg_)
+
+    assert reg("auto", 20) == reg("gcv", 20)  # 20 validation rows < 50: GCV
+    assert reg("auto", 100) == reg("validation", 100)
+    assert reg("gcv", 20) != reg("validation", 20)  # (so the two rules differ here)
+    with pytest.raises(ValueError, match="gcv_below"):
+        LeafConfig(gcv_below=-1)

@@ -22,7 +22,11 @@ from xrfm_torch.numerics.state import as_dtype
 #: How a leaf's feature matrix ``M`` is shaped: diagonal (``True``), full (``False``), or chosen
 #: per leaf by validation error at the first AGOP update (``"auto"``).
 DiagMode = bool | Literal["auto"]
-RidgeRule = Literal["validation", "gcv"]
+RidgeRule = Literal["validation", "gcv", "auto"]
+#: An approximate final solve (:mod:`xrfm_torch.leaf.approx`) and where its centres come from.
+Approx = Literal["nystrom", "centroids", "fourier"]
+APPROXES: tuple[Approx, ...] = ("nystrom", "centroids", "fourier")
+ApproxCentres = Literal["rows", "kmeans"]
 
 
 def _floats(values: Iterable[float] | None, name: str) -> tuple[float, ...] | None:
@@ -65,21 +69,30 @@ class LeafConfig:
         val_fraction: Share of the rows a leaf holds out for ``t*`` when given no validation data.
         iter_rows: Learn ``M`` on a seeded subsample of at most this many rows, then solve once on
             all rows (``tau + 1`` small solves and one large instead of ``tau + 1`` large).
-        nystrom_above: A final solve on more rows than this, by a leaf whose iterations used at
-            most half of them (``iter_rows``), is the Nyström solve with the iteration rows as
-            centres (:func:`~xrfm_torch.numerics.solvers.solve_nystrom`, ``O(n b^2)``; seed 002's
-            centroid model with the RFM kernel); the leaf then keeps the centres as its support.
-            Not with predictive uncertainty (the leaf posterior is the exact GP's). ``None``: off.
+        approx_above: A final solve on more rows than this, by a leaf whose iterations used at
+            most half of them (``iter_rows``), is the approximate solve ``approx`` of the learned
+            kernel (``O(n b^2)`` instead of ``O(n^3)``; :mod:`xrfm_torch.leaf.approx`). Not with
+            predictive uncertainty (the leaf posterior is the exact GP's). ``None``: off.
+        approx: ``"nystrom"`` (KRR over ``b`` centres; seed 002's centroid model with the RFM
+            kernel), ``"centroids"`` (seed 002's pseudoinverse of the centres' features) or
+            ``"fourier"`` (KRR on ``fourier_features`` random Fourier features of the learned
+            kernel plus its linear part; seed 004; Euclidean kernels only).
+        approx_centres: The ``b`` centres of ``"nystrom"`` and ``"centroids"``: the iteration
+            rows (``"rows"``) or k-means centres of all rows in the learned space, started from
+            them (``"kmeans"``).
+        fourier_features: ``D``, the number of random Fourier features.
         bandwidth_factors: After the iterations, re-solve the chosen ``M`` with the bandwidth times
             each factor and keep the lowest validation error (``None``: off).
         kernel_exponents: Likewise for the exponent ``q`` of ``exp(-(r / L)^q)`` (values above the
             kernel's ``p`` are skipped; the distances are computed once).
         reg_factors: Then a walk over multiples of ``reg`` for the chosen kernel, upwards first,
             while the validation error falls; the chosen ridge is the leaf's ``reg_``.
-        ridge_rule: How that ridge is chosen: ``"validation"`` (the walk above) or ``"gcv"``:
+        ridge_rule: How that ridge is chosen: ``"validation"`` (the walk above), ``"gcv"``:
             the minimizer of generalized cross-validation on the training rows over a log grid
             spanning the same multiples of ``reg`` (:mod:`xrfm_torch.numerics.risk`; one
-            eigendecomposition of the leaf's kernel, no validation rows).
+            eigendecomposition of the leaf's kernel, no validation rows), or ``"auto"``: GCV for
+            a leaf with fewer than ``gcv_below`` validation rows, the walk otherwise.
+        gcv_below: The validation-row count under which ``"auto"`` takes GCV.
         kernel_margin: A new exponent or bandwidth replaces the iterations' own only if its
             validation MSE is lower by this many paired standard errors (0: any improvement).
         linear_mix: Weight ``c`` of a constant + linear part ``c (1 + <S x, S z> / d)`` added to
@@ -107,11 +120,15 @@ class LeafConfig:
     solve_dtype: torch.dtype | None = None  # a config file may give its name
     val_fraction: float = 0.2
     iter_rows: int | None = None
-    nystrom_above: int | None = None
+    approx_above: int | None = None
+    approx: Approx = "nystrom"
+    approx_centres: ApproxCentres = "rows"
+    fourier_features: int = 4096
     bandwidth_factors: tuple[float, ...] | None = None
     kernel_exponents: tuple[float, ...] | None = (0.7, 1.0, 1.5)
     reg_factors: tuple[float, ...] | None = (0.1, 10.0, 100.0)
     ridge_rule: RidgeRule = "validation"
+    gcv_below: int = 100
     kernel_margin: float = 2.0
     linear_mix: float = 0.1
     pcg_tol: float | None = 1e-4
@@ -142,11 +159,21 @@ class LeafConfig:
         put(self, "tol", float(self.tol))
         put(self, "min_iters", check_int(self.min_iters, "min_iters", 0))
         put(self, "solve_dtype", as_dtype(self.solve_dtype, "solve_dtype"))
-        if self.ridge_rule not in ("validation", "gcv"):
-            raise ValueError(f"ridge_rule must be 'validation' or 'gcv', got {self.ridge_rule!r}")
+        if self.ridge_rule not in ("validation", "gcv", "auto"):
+            raise ValueError(
+                f"ridge_rule must be 'validation', 'gcv' or 'auto', got {self.ridge_rule!r}"
+            )
+        put(self, "gcv_below", check_int(self.gcv_below, "gcv_below", 0))
         put(self, "val_fraction", check_fraction(self.val_fraction, "val_fraction", high=0.9))
         put(self, "iter_rows", _optional_int(self.iter_rows, "iter_rows", 2))
-        put(self, "nystrom_above", _optional_int(self.nystrom_above, "nystrom_above", 1))
+        put(self, "approx_above", _optional_int(self.approx_above, "approx_above", 1))
+        if self.approx not in APPROXES:
+            raise ValueError(f"approx must be one of {APPROXES}, got {self.approx!r}")
+        if self.approx_centres not in ("rows", "kmeans"):
+            raise ValueError(
+                f"approx_centres must be 'rows' or 'kmeans', got {self.approx_centres!r}"
+            )
+        put(self, "fourier_features", check_int(self.fourier_features, "fourier_features", 1))
         for name in ("bandwidth_factors", "kernel_exponents", "reg_factors"):
             put(self, name, _floats(getattr(self, name), name))
         put(

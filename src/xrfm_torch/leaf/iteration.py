@@ -19,7 +19,7 @@ from torch import Tensor
 from xrfm_torch.kernels import Kernel, chain_rule, transform
 from xrfm_torch.kernels.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels.linear import features_or_none, linear_grad, summed_predict
-from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.leaf.config import LeafConfig, RidgeRule
 from xrfm_torch.leaf.criteria import Criterion, validation_errors
 from xrfm_torch.leaf.selection import Candidate, select_kernel
 from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd
@@ -282,7 +282,7 @@ def run_iterations(
             bandwidth_factors=cfg.bandwidth_factors,
             reg=cfg.reg,
             reg_factors=cfg.reg_factors,
-            ridge_rule=cfg.ridge_rule,
+            ridge_rule=ridge_rule(cfg, X_val.shape[0]),
             solve_dtype=cfg.solve_dtype,
             margin=cfg.kernel_margin,
             linear_mix=cfg.linear_mix,
@@ -291,3 +291,10 @@ def run_iterations(
         )
         factored = (buffers[1], buffers[2]) if holds else None
     return best, errors.to(X.device), mode if mode is not None else True, factored
+
+
+def ridge_rule(cfg: LeafConfig, n_val: int) -> RidgeRule:
+    """The rule that picks the leaf's ridge: ``"auto"`` is GCV below ``cfg.gcv_below`` rows."""
+    if cfg.ridge_rule == "auto":
+        return "gcv" if n_val < cfg.gcv_below else "validation"
+    return cfg.ridge_rule

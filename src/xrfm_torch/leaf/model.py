@@ -13,11 +13,18 @@ from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
 from xrfm_torch.kernels.distance import row_chunks
 from xrfm_torch.kernels.linear import (
     features_or_none,
-    linear_features,
     linear_grad,
     summed_predict,
 )
-from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.leaf.approx import (
+    centroid_weights,
+    fourier_input_grads,
+    fourier_predict,
+    fourier_solve,
+    kmeans_centres,
+    nystrom_weights,
+)
+from xrfm_torch.leaf.config import APPROXES, LeafConfig
 from xrfm_torch.leaf.criteria import validation_errors
 from xrfm_torch.leaf.data import fit_data
 from xrfm_torch.leaf.iteration import run_iterations
@@ -33,7 +40,7 @@ from xrfm_torch.leaf.selection import Candidate, paired_win
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.numerics.solvers import krr_workspace, solve_bordered, solve_krr, solve_nystrom
+from xrfm_torch.numerics.solvers import krr_workspace, solve_bordered, solve_krr
 from xrfm_torch.numerics.state import ResizableBuffers
 
 log = logging.getLogger(__name__)
@@ -64,7 +71,10 @@ class LeafRFM(ResizableBuffers):
         the bandwidth is ``kernel.bandwidth``; ``offset_`` (c,) when the leaf fell back to its
         mean predictor (its validation error was lower than the fitted model's: ``alpha_`` is
         then 0 and the leaf predicts the mean of its rows; not for a leaf fitted for a
-        posterior), else empty. After :meth:`fit_posterior`: ``noise_coef_`` (n, c) and
+        posterior), else empty. ``approx_`` () is 0 after an exact final solve, else 1 + the
+        index of ``LeafConfig.approx`` in ``APPROXES`` (the support then holds the centres; a
+        ``"fourier"`` leaf keeps its frequencies ``fourier_w_`` (d, D) and phases ``fourier_b_``
+        (D,), and ``alpha_`` holds its feature weights). After :meth:`fit_posterior`: ``noise_coef_`` (n, c) and
         ``noise_mean_`` (c,) of the log-noise model, ``signal_var_`` (c,) the
         marginal-likelihood scale (:mod:`xrfm_torch.leaf.posterior`). The Cholesky factor they use
         is cached in ``factor_`` but not saved (it is as large as the kernel matrix): a loaded leaf
@@ -85,6 +95,9 @@ class LeafRFM(ResizableBuffers):
     val_errors_: Tensor
     reg_: Tensor
     offset_: Tensor
+    approx_: Tensor
+    fourier_w_: Tensor
+    fourier_b_: Tensor
     noise_coef_: Tensor
     noise_mean_: Tensor
     signal_var_: Tensor
@@ -112,6 +125,11 @@ class LeafRFM(ResizableBuffers):
         self.register_buffer("val_errors_", torch.empty(0))
         self.register_buffer("reg_", torch.tensor(self.config.reg, dtype=torch.float64))
         self.register_buffer("offset_", torch.empty(0))
+        self.register_buffer("approx_", torch.tensor(0))
+        self.register_buffer("fourier_w_", torch.empty(0, 0))
+        self.register_buffer("fourier_b_", torch.empty(0))
+        #: Seed of the random Fourier features of the final solve (drawn by ``fit``).
+        self._fourier_seed = 0
         self.register_buffer("noise_coef_", torch.empty(0, 0))
         self.register_buffer("noise_mean_", torch.empty(0))
         self.register_buffer("signal_var_", torch.empty(0))
@@ -125,8 +143,11 @@ class LeafRFM(ResizableBuffers):
             ("noise_mean_", (0,)),
             ("signal_var_", (0,)),
             ("offset_", (0,)),
+            ("fourier_w_", (0, 0)),
+            ("fourier_b_", (0,)),
         ):
             state_dict.setdefault(prefix + name, torch.empty(empty))
+        state_dict.setdefault(prefix + "approx_", torch.tensor(0))  # before approximate solves
         self._forget_posterior()
         super()._load_from_state_dict(state_dict, prefix, *args)
 
@@ -201,6 +222,8 @@ class LeafRFM(ResizableBuffers):
             X, y = X[keep], y[keep]
         if extra is not None and X.shape[0] < X_all.shape[0]:
             raise ValueError("extra rows need a fit on all of X (validation data, no iter_rows)")
+        if cfg.approx_above is not None and cfg.approx == "fourier":  # (only then: same streams)
+            self._fourier_seed = int(torch.randint(2**62, (1,), generator=generator))
         self.kernel.q = self._kernel_start[0]
         self.kernel.bandwidth.fill_(self._kernel_start[1])
         fitted = run_iterations(self.kernel, cfg, X, y, data.X_val, data.y_val, generator)
@@ -254,7 +277,7 @@ class LeafRFM(ResizableBuffers):
         self.support_ = X.detach().clone()
         self.alpha_ = torch.zeros_like(y)
         self.offset_ = y.mean(0).detach()
-        self._forget_posterior()
+        self._set_exact()
 
     def _offset(self, pred: Tensor) -> Tensor:
         return pred + self.offset_.to(pred.dtype) if self.is_constant else pred
@@ -309,7 +332,7 @@ class LeafRFM(ResizableBuffers):
         self.sqrt_m_ = sqrt_m.detach().to(device=X.device, dtype=X.dtype)
         self.best_iter_ = torch.tensor(best.t, device=X.device)
         self.offset_ = self.offset_.new_empty(0)
-        self._forget_posterior()
+        self._set_exact()
 
     @torch.no_grad()
     def refit(self, X: Tensor, y: Tensor) -> LeafRFM:
@@ -327,14 +350,14 @@ class LeafRFM(ResizableBuffers):
         if self.is_constant:
             self._set_constant(X, y)
             return self
-        above = self.config.nystrom_above
+        above = self.config.approx_above
         if (
             above is not None
             and X.shape[0] > above
             and 2 * self.support_.shape[0] <= X.shape[0]
             and not self.keep_factor
         ):
-            return self._refit_nystrom(X, y)
+            return self._refit_approx(X, y)
         xs = transform(X, self.sqrt_m_)
         R = self.kernel.distance(xs, xs)  # (n, n); the kernel values overwrite it: one buffer
         K = self.kernel.from_distance(R, out=R)
@@ -350,29 +373,51 @@ class LeafRFM(ResizableBuffers):
         )
         self.alpha_ = alpha.contiguous()
         self.support_ = X.detach().clone()
-        self._forget_posterior()
+        self._set_exact()
         if workspace is not None:
             self._keep(workspace, n)
         return self
 
-    def _refit_nystrom(self, X: Tensor, y: Tensor) -> LeafRFM:
-        """Final solve on ``X`` over the current support as centres (``LeafConfig.nystrom_above``).
-
-        ``f(x) = k_tot(x, C) w`` with ``(Phi^T Phi + reg K_CC) w = Phi^T y``, ``Phi = k_tot(X, C)``
-        (the learned kernel plus its linear part); the support stays ``C``, ``alpha_`` becomes ``w``.
-        """
-        C = self.support_
-        xs, cs = transform(X, self.sqrt_m_), transform(C, self.sqrt_m_)
-        Phi = self.kernel.from_distance(self.kernel.distance(xs, cs))  # (n, b)
-        K_cc = self.kernel.from_distance(self.kernel.distance(cs, cs))  # (b, b)
-        c = self.config.linear_mix
-        if c > 0:
-            U_x, U_c = linear_features(xs, c), linear_features(cs, c)
-            Phi = Phi + U_x @ U_c.T
-            K_cc = K_cc + U_c @ U_c.T
-        log.debug("Nyström final solve: %d rows over %d centres", X.shape[0], C.shape[0])
-        self.alpha_ = solve_nystrom(Phi, K_cc, y.reshape(X.shape[0], -1), float(self.reg_))
+    def _set_exact(self) -> None:
+        """Mark the support and coefficients as an exact kernel solve's (no approximation)."""
+        self.approx_ = torch.tensor(0, device=self.approx_.device)
+        self.fourier_w_ = self.fourier_w_.new_empty(0, 0)
+        self.fourier_b_ = self.fourier_b_.new_empty(0)
         self._forget_posterior()
+
+    @property
+    def approximation(self) -> str | None:
+        """The approximate final solve in use (``LeafConfig.approx``), or ``None`` (exact)."""
+        code = int(self.approx_)
+        return APPROXES[code - 1] if code > 0 else None
+
+    def _refit_approx(self, X: Tensor, y: Tensor) -> LeafRFM:
+        """Final solve on ``X`` approximated over the current support (``LeafConfig.approx_above``).
+
+        The iteration rows are the centres (or start k-means for them); ``alpha_`` becomes the
+        centres' or features' weights (:mod:`xrfm_torch.leaf.approx`).
+        """
+        cfg, s = self.config, self.sqrt_m_
+        xs, c, y2 = transform(X, s), cfg.linear_mix, y.reshape(X.shape[0], -1)
+        log.debug("%s final solve: %d rows over %d", cfg.approx, X.shape[0], self.support_.shape[0])
+        if cfg.approx == "fourier":
+            g = torch.Generator().manual_seed(self._fourier_seed)
+            D = cfg.fourier_features
+            w, b, coef = fourier_solve(self.kernel, xs, y2, float(self.reg_), c, D, g)
+            self._set_exact()
+            self.fourier_w_, self.fourier_b_, self.alpha_ = w, b, coef.contiguous()
+        else:
+            cs = transform(self.support_, s)
+            if cfg.approx_centres == "kmeans":
+                self.support_ = kmeans_centres(X, self.support_, s)
+                cs = transform(self.support_, s)
+            if cfg.approx == "nystrom":
+                w = nystrom_weights(self.kernel, xs, cs, y2, float(self.reg_), c)
+            else:
+                w = centroid_weights(self.kernel, xs, cs, y2, c)
+            self._set_exact()
+            self.alpha_ = w.contiguous()
+        self.approx_ = torch.tensor(1 + APPROXES.index(cfg.approx), device=X.device)
         return self
 
     # ---- Gaussian-process view -----------------------------------------------------------------
@@ -399,6 +444,11 @@ class LeafRFM(ResizableBuffers):
         In the leaf's dtype, or float64 where that factorization fails (a tiny ridge).
         """
         self._check_fitted()
+        if self.approximation is not None:
+            raise RuntimeError(
+                f"the leaf's final solve is approximate ({self.approximation}); its Gaussian-"
+                "process view needs the exact solve (fit without approx_above)"
+            )
         n = self.support_.shape[0]
         if self.factor_.shape != (n, n):
             xs = transform(self.support_, self.sqrt_m_)
@@ -493,6 +543,11 @@ class LeafRFM(ResizableBuffers):
         """
         self._check_input(x)
         s = self.sqrt_m_
+        if self.fourier_w_.numel():
+            c = self.config.linear_mix
+            return fourier_predict(
+                transform(x, s), self.fourier_w_, self.fourier_b_, self.alpha_, c
+            )
         xs, zs = transform(x, s), transform(self.support_, s)
         return self._offset(
             summed_predict(self.kernel, xs, zs, self.alpha_, self.config.linear_mix)
@@ -501,6 +556,9 @@ class LeafRFM(ResizableBuffers):
     def get_grads(self, x: Tensor) -> Tensor:
         """Input gradients of the leaf predictor, shape (n, c, d) (no autograd needed)."""
         self._check_input(x)
+        if self.fourier_w_.numel():
+            w, b, c = self.fourier_w_, self.fourier_b_, self.config.linear_mix
+            return fourier_input_grads(x, self.sqrt_m_, w, b, self.alpha_, c)
         g = self.kernel.function_grads(x, self.support_, self.alpha_, self.sqrt_m_)
         return g + self._support_linear_grad()
 
@@ -511,6 +569,8 @@ class LeafRFM(ResizableBuffers):
             Shape (d, d), or (d,) when ``diag``.
         """
         self._check_fitted()
+        if x is None and self.fourier_w_.numel():  # the centres: no self-terms to exclude
+            x = self.support_
         if x is None:
             g = self.kernel.function_grads(
                 self.support_, self.support_, self.alpha_, self.sqrt_m_, exclude_self=True

@@ -55,8 +55,9 @@ log = logging.getLogger(__name__)
 #: Version of the ``xRFMTree.state_dict()`` layout (its ``_extra_state``); 0 = saved before
 #: versions existed. Bump it when the layout changes, and keep loading the older ones.
 #: 2: leaves have ``offset_`` (mean-predictor fallback), class codings ``platt_``; versions 0
-#: and 1 load with both empty (no fallback, no Platt map).
-STATE_FORMAT_VERSION = 2
+#: and 1 load with both empty (no fallback, no Platt map). 3: leaves have ``approx_`` (which final
+#: solve) and ``fourier_w_``, ``fourier_b_``; older states load as exact solves.
+STATE_FORMAT_VERSION = 3
 
 
 class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
