@@ -23,7 +23,7 @@ from bench.common import ROOT, run_module_child, write_table
 CLASSIFICATION = {"adult"}
 
 
-def measure(path: Path, seed: int, threads: int) -> dict:
+def measure(path: Path, seed: int, threads: int, options: dict | None = None) -> dict:
     """Fit and score one table and seed in this process."""
     import pandas as pd
     import torch
@@ -37,7 +37,7 @@ def measure(path: Path, seed: int, threads: int) -> dict:
     tr, va, te = protocol_split(len(df), seed)
     name = path.name.removesuffix(".csv.gz")
     classify = name in CLASSIFICATION
-    est = (XRFMClassifier if classify else XRFMRegressor)(random_state=seed)
+    est = (XRFMClassifier if classify else XRFMRegressor)(random_state=seed, **(options or {}))
     start = time.perf_counter()
     est.fit(X.iloc[tr], y[tr], eval_set=(X.iloc[va], y[va]))
     row: dict = {"fit_s": time.perf_counter() - start, "leaves": est.tree_.n_leaves}
@@ -64,11 +64,13 @@ def main() -> None:
     ap.add_argument("--datasets", nargs="+", default=["adult", "ames"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--options", default="{}", help="JSON keyword arguments for the estimator")
     ap.add_argument("--out", type=Path, default=Path("bench-mixed"))
     ap.add_argument("--one", nargs=2, metavar=("PATH", "SEED"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print(json.dumps(measure(Path(a.one[0]), int(a.one[1]), a.threads)))
+        options = json.loads(a.options)
+        print(json.dumps(measure(Path(a.one[0]), int(a.one[1]), a.threads, options)))
         return
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -77,6 +79,7 @@ def main() -> None:
             for seed in a.seeds:
                 path = a.data_dir / f"{name}.csv.gz"
                 args = ["--one", str(path), str(seed), "--threads", str(a.threads)]
+                args += ["--options", a.options]
                 row = {"dataset": name, "seed": seed, **run_module_child("bench.mixed", args)}
                 rows.append(row)
                 fh.write(json.dumps(row) + "\n")

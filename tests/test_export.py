@@ -41,6 +41,7 @@ def fitted(config: str) -> tuple[xRFMTree, torch.Tensor]:
         X, y = planted(1200, d=5, dtype=torch.float64, noise=0.1)
         model = xRFMTree(
             max_leaf_size=300,
+            n_trees=1,
             temperature=0.3,
             input_transform=["identity", "quantile+raw"],
             leaf=FAST,
@@ -51,6 +52,7 @@ def fitted(config: str) -> tuple[xRFMTree, torch.Tensor]:
     model = xRFMTree(
         task="classification",
         max_leaf_size=400,
+        n_trees=1,
         temperature=0.2,
         input_transform="quantile",
         categorical_features=[3],

@@ -23,6 +23,7 @@ def fitted_tree(trainable: bool, dtype=torch.float64, n=600, d=4, temperature=0.
         max_soft_leaves=64,
         trainable_routing=trainable,
         leaf=LeafConfig(n_iters=1),
+        n_trees=1,  # the routing math below is one tree's
     )
     return tree.to(dtype).fit(X, y, generator=torch.Generator().manual_seed(0))
 
@@ -79,6 +80,9 @@ def test_buffers_vs_parameters():
                 "val_errors_",
                 "reg_",
                 "offset_",
+                "approx_",
+                "fourier_w_",
+                "fourier_b_",
                 "noise_coef_",
                 "noise_mean_",
                 "signal_var_",

@@ -66,7 +66,7 @@ def test_a_map_is_the_same_as_fitting_on_mapped_inputs(transform: str) -> None:
     # Fit, prediction, routing and refit all see the mapped rows, nothing else: the training
     # rows standardized with their own statistics, then (for "quantile") their normal scores.
     X, Xv, Xt, y, yv, _ = standardized("rank")
-    model = fit(transform, X, y, Xv, yv, max_leaf_size=500, leaf=LeafConfig(n_iters=1))
+    model = fit(transform, X, y, Xv, yv, max_leaf_size=500, leaf=LeafConfig(n_iters=1), n_trees=1)
     X64 = X.double()
     center, scale = X64.mean(0).float(), X64.std(0, correction=0).float()
     qn = QuantileNormal().fit((X - center) / scale)
@@ -168,7 +168,7 @@ def test_a_list_of_maps_averages_one_tree_per_map() -> None:
     # The trees are those of the single-map models fitted with the same seed, with leaves of
     # at most set_leaf_fraction * max_leaf_size rows.
     X, Xv, Xt, y, yv, yt = standardized("rank")
-    kw = {"max_leaf_size": 500, "leaf": LeafConfig(n_iters=1), "temperature": 0.0}
+    kw = {"max_leaf_size": 500, "leaf": LeafConfig(n_iters=1), "temperature": 0.0, "n_trees": 1}
     both = xRFMTree(input_transform=["identity", "quantile"], **{**kw, "max_leaf_size": 1000}).fit(
         X, y, Xv, yv, generator=seeded(4)
     )

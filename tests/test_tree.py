@@ -223,7 +223,7 @@ def test_borrow_rule():
 def test_iter_rows_leaves_pay_one_final_solve_that_includes_borrowed_rows(refit_borrowed):
     X, y = planted(1200, d=5, dtype=torch.float64)
     Xv, yv = planted(60, d=5, seed=1, dtype=torch.float64)
-    kw = {"max_leaf_size": 600, "min_leaf_val": 100, "temperature": 0.0}
+    kw = {"max_leaf_size": 600, "min_leaf_val": 100, "temperature": 0.0, "n_trees": 1}
     kw["input_transform"] = "identity"  # the leaves store the (standardized) rows themselves
     model = xRFMTree(refit_borrowed=refit_borrowed, **kw, leaf=LeafConfig(n_iters=1, iter_rows=250))
     model.fit(X, y, Xv, yv, generator=seeded())
@@ -364,6 +364,7 @@ def test_overlap_changes_the_fit_only_through_leaf_rows():
         "max_leaf_size": 700,
         "temperature": 0.0,
         "leaf": LeafConfig(n_iters=1, kernel_exponents=None),
+        "n_trees": 1,
     }
     plain = xRFMTree(overlap_fraction=0.0, **kw).fit(X, y, Xv, yv, generator=seeded())
     over = xRFMTree(overlap_fraction=0.1, **kw).fit(X, y, Xv, yv, generator=seeded())
@@ -508,8 +509,8 @@ def test_missing_cells_are_imputed_and_flagged_where_the_training_rows_had_them(
 
 
 def test_large_fit_iterates_on_subsamples_only_above_its_row_count():
-    """Above ``large_fit_rows`` the leaves are those of ``LeafConfig(iter_rows=...)``; at or below
-    it, the fit is the plain one."""
+    """Above ``large_fit_rows`` the leaves are those of ``LeafConfig(iter_rows=...)`` and one tree
+    per map; at or below it, the fit is the plain one (two trees per map)."""
     X, y = planted(900, d=4, seed=5, dtype=torch.float64)
     Xq = planted(50, d=4, seed=6, dtype=torch.float64)[0]
     cfg = LeafConfig(n_iters=3)
@@ -519,9 +520,11 @@ def test_large_fit_iterates_on_subsamples_only_above_its_row_count():
         return model.fit(X, y, generator=torch.Generator().manual_seed(0))
 
     large = fit(cfg, large_fit_rows=500, large_fit_iter_rows=150)
-    explicit = fit(cfg.replace(iter_rows=150), large_fit_rows=None)
+    explicit = fit(cfg.replace(iter_rows=150), large_fit_rows=None, n_trees=1)
     plain = fit(cfg, large_fit_rows=None)
     torch.testing.assert_close(large(Xq), explicit(Xq), rtol=0, atol=0)
+    n_maps = len(set(plain.input_map.names))
+    assert len(large.trees) == n_maps and len(plain.trees) == 2 * n_maps
     assert not torch.allclose(large(Xq), plain(Xq))
     torch.testing.assert_close(fit(cfg, large_fit_rows=900)(Xq), plain(Xq), rtol=0, atol=0)
     # the final solves still see every row of a leaf

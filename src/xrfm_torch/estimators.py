@@ -53,7 +53,7 @@ class _XRFMEstimator(BaseEstimator):
         linear_mix: Weight of the constant + linear part of the leaf kernel.
         input_transform: What the trees see: ``"identity"``, ``"quantile"``, ``"quantile+raw"``,
             a list of these, or ``"auto"``.
-        n_trees: Trees per input map, averaged.
+        n_trees: Trees per input map, averaged (``None``: 2, or 1 in a large fit).
         temperature: Soft-routing temperature; ``None`` tunes it on validation data.
         val_fraction: Share of the training rows held out for the validation-based choices when
             ``fit`` gets no ``eval_set``.
@@ -86,7 +86,7 @@ class _XRFMEstimator(BaseEstimator):
         diag: bool | str = _LEAF.diag,
         linear_mix: float = _LEAF.linear_mix,
         input_transform: str | Sequence[str] = _TREE["input_transform"],
-        n_trees: int = _TREE["n_trees"],
+        n_trees: int | None = _TREE["n_trees"],
         temperature: float | None = _TREE["temperature"],
         val_fraction: float = _TREE["val_fraction"],
         categorical_features: CategoricalSpec = "auto",
@@ -255,7 +255,7 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
         diag: bool | str = _LEAF.diag,
         linear_mix: float = _LEAF.linear_mix,
         input_transform: str | Sequence[str] = _TREE["input_transform"],
-        n_trees: int = _TREE["n_trees"],
+        n_trees: int | None = _TREE["n_trees"],
         temperature: float | None = _TREE["temperature"],
         val_fraction: float = _TREE["val_fraction"],
         categorical_features: CategoricalSpec = "auto",

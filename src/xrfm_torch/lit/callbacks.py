@@ -105,15 +105,16 @@ class TreeSummary(_FileCallback):
 
 
 class LeafMetrics(_FileCallback):
-    """Per-leaf validation and test error table (rows routed hard by the first tree).
+    """Per-leaf validation and test error table, for every tree (rows routed hard by each).
 
-    Writes ``leaf_metrics_{val,test}.csv`` with columns ``leaf, n_support, n_rows`` and ``rmse``
-    (regression, original units) or ``accuracy`` (classification).
+    Writes ``leaf_metrics_{val,test}.csv`` with columns ``tree, leaf, n_support, n_rows`` and
+    ``rmse`` (regression, original units) or ``accuracy`` (classification) of the model's
+    predictions on the rows that tree routes to that leaf: each tree's rows add up to the split.
     """
 
     def __init__(self, dirpath: str | None = None) -> None:
         super().__init__(dirpath)
-        self._sums: dict[int, list[float]] = {}
+        self._sums: dict[tuple[int, int], list[float]] = {}
 
     def _reset(self) -> None:
         self._sums = {}
@@ -122,32 +123,35 @@ class LeafMetrics(_FileCallback):
         if not isinstance(outputs, dict):
             return
         x, y, pred = outputs["x"], outputs["y"], outputs["pred"]
-        ids = module.tree.leaf_ids(module.tree_inputs(x))
         if module.hparams["task"] == "classification":
             err = (pred.argmax(1) == y.long()).double()
         else:
             err = ((pred - y) ** 2).double().reshape(len(x), -1).mean(1)
-        for leaf in ids.unique().tolist():
-            mask = ids == leaf
-            acc = self._sums.setdefault(int(leaf), [0.0, 0])
-            acc[0] += float(err[mask].sum())
-            acc[1] += int(mask.sum())
+        xt = module.tree_inputs(x)
+        for tree in range(len(module.tree.partition_trees())):
+            ids = module.tree.leaf_ids(xt, tree)
+            for leaf in ids.unique().tolist():
+                mask = ids == leaf
+                acc = self._sums.setdefault((tree, int(leaf)), [0.0, 0])
+                acc[0] += float(err[mask].sum())
+                acc[1] += int(mask.sum())
 
     def _write(self, trainer: pl.Trainer, module: XRFMLitModule, stage: str) -> None:
-        leaves = module.tree.partition_trees()[0].leaf_list()
         name = "accuracy" if module.hparams["task"] == "classification" else "rmse"
         path = self.out_dir(trainer) / f"leaf_metrics_{stage}.csv"
         with path.open("w", newline="") as fh:
             w = csv.writer(fh)
-            w.writerow(["leaf", "n_support", "n_rows", name])
-            for leaf_id, leaf in enumerate(leaves):
-                total, count = self._sums.get(leaf_id, [0.0, 0])
-                value = (
-                    (total / count if name == "accuracy" else math.sqrt(total / count))
-                    if count
-                    else ""
-                )
-                w.writerow([leaf_id, int(leaf.support_.shape[0]), count, value])
+            w.writerow(["tree", "leaf", "n_support", "n_rows", name])
+            for tree_id, tree in enumerate(module.tree.partition_trees()):
+                for leaf_id, leaf in enumerate(tree.leaf_list()):
+                    total, count = self._sums.get((tree_id, leaf_id), [0.0, 0])
+                    value = (
+                        (total / count if name == "accuracy" else math.sqrt(total / count))
+                        if count
+                        else ""
+                    )
+                    row = [tree_id, leaf_id, int(leaf.support_.shape[0]), count, value]
+                    w.writerow(row)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
