@@ -8,8 +8,8 @@ learned kernel ``k_tot = k_M + c (1 + <S x, S z> / d)`` (the leaf's kernel and l
 - ``"nystrom"``: ``f(x) = k_tot(x, C) w`` with ``(Phi^T Phi + reg K_CC) w = Phi^T y``,
   ``Phi = k_tot(X, C)``: the exact KRR restricted to the span of the centres ``C``.
 - ``"centroids"``: seed ``002_…``'s RBF-centroid linear model, the same features with
-  ``w = Phi^+ y`` (the pseudoinverse: small singular values cut at ``PINV_RTOL`` of the largest,
-  the seed's "automatic regularization with SVD").
+  ``w = Phi^+ y`` (the pseudoinverse: singular values below ``PINV_RTOL`` of the largest cut,
+  the seed's "automatic regularization with SVD"; no ridge).
 - ``"fourier"``: ``f(x) = [phi(S x), U(S x)] w`` with ``phi`` ``D`` random Fourier features of
   ``k_M`` (:mod:`xrfm_torch.kernels.fourier`) and ``U`` the linear part's features, and
   ``(F^T F + reg I) w = F^T y``: the KRR of the approximate kernel ``F F^T``, whose ridge means
@@ -78,9 +78,18 @@ def nystrom_weights(
 
 
 def centroid_weights(kernel: Kernel, xs: Tensor, cs: Tensor, y: Tensor, c: float) -> Tensor:
-    """``w = Phi^+ y`` (b, c_out) over the centres' features (``"centroids"``), in float64."""
+    """``w = Phi^+ y`` (b, c_out) over the centres' features (``"centroids"``), in float64.
+
+    Through the eigendecomposition of the (b, b) Gram ``Phi^T Phi = V diag(s^2) V^T``:
+    ``w = V_k diag(1 / s_k^2) V_k^T Phi^T y`` over the singular values ``s_k`` above ``PINV_RTOL``
+    times the largest, which is the pseudoinverse's solution with that cut at ``O(n b^2)``
+    (products) instead of an SVD of the (n, b) matrix.
+    """
     Phi = centre_features(kernel, xs, cs, c).double()
-    w = torch.linalg.pinv(Phi, rtol=PINV_RTOL) @ y.double()
+    s2, V = torch.linalg.eigh(Phi.T @ Phi)
+    keep = s2 > (PINV_RTOL**2) * s2[-1].clamp_min(torch.finfo(torch.float64).tiny)
+    Vk = V[:, keep]
+    w = Vk @ ((Vk.T @ (Phi.T @ y.double())) / s2[keep, None])
     return w.to(xs.dtype)
 
 
