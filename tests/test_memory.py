@@ -16,6 +16,7 @@ from xrfm_torch.tree.memory import (
     LEAF_MATRICES,
     LEAF_OVERHEAD,
     MemoryBudgetError,
+    approx_width,
     available_bytes,
     leaf_peak_bytes,
 )
@@ -35,6 +36,37 @@ def test_estimate_counts_dense_matrices_of_the_largest_solve():
         leaf_peak_bytes(1000, v, n, torch.float64)
         == int(8 * (LEAF_MATRICES * n * n + 2 * v * 1000)) + base
     )
+
+
+def test_an_approximate_final_solve_is_charged_for_its_features_not_n_squared():
+    n_fit, v, n = 3000, 500, 40_000
+    cfg = LeafConfig(approx_above=3000, approx="fourier", fourier_features=4096)
+    width = approx_width(cfg, n_fit, n, d=20)
+    assert width == 4096 + 21
+    final = (4 + 8) * n * width + 2 * 8 * width * width
+    assert leaf_peak_bytes(n_fit, v, n, torch.float32, width) == final + LEAF_OVERHEAD
+    assert final < leaf_peak_bytes(n, v, n, torch.float32) / 5  # the exact leaf: 4 n^2 floats
+    # Nystrom and centroids: as wide as their centres (the iteration rows); exact below the rule
+    assert approx_width(cfg.replace(approx="nystrom"), n_fit, n, d=20) == n_fit
+    assert approx_width(cfg, n_fit, 3000, d=20) is None  # not above approx_above
+    assert approx_width(cfg, 3000, 5000, d=20) is None  # iterations on more than half
+    assert approx_width(LeafConfig(), n_fit, n, d=20) is None
+
+
+def test_a_tree_of_approximate_leaves_fits_where_exact_leaves_would_not():
+    X, y = planted(2000, d=4)
+    kw = {
+        "max_leaf_size": 2000,
+        "input_transform": "identity",
+        "n_trees": 1,
+        # exact final solve on 2000 rows: 4 * 4 * 2000^2 + 32 MiB ~ 98 MB; Fourier: ~41 MB
+        "memory_budget": 60_000_000,
+    }
+    with pytest.raises(MemoryBudgetError):
+        xRFMTree(leaf=LeafConfig(n_iters=1, iter_rows=300), **kw).fit(X, y)
+    cfg = LeafConfig(n_iters=1, iter_rows=300, approx_above=600, approx="fourier")
+    model = xRFMTree(leaf=cfg.replace(fourier_features=256), **kw).fit(X, y)
+    assert model.leaves()[0].approximation == "fourier"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS read from /proc")

@@ -17,7 +17,7 @@ from torch import Tensor
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.tree.memory import MemoryBudget, check_leaf_memory
+from xrfm_torch.tree.memory import MemoryBudget, approx_width, check_leaf_memory
 from xrfm_torch.tree.parallel import (
     LeafJob,
     assign_by_cost,
@@ -274,10 +274,12 @@ def fit_leaves(
     seeds = leaf_seeds(generator, len(plans))
     leaves = [new_leaf().to(device=X.device, dtype=X.dtype) for _ in plans]
     # before any leaf is fitted: the largest planned leaf against the memory budget
-    sizes = [
-        (min(tr.shape[0], leaf.config.iter_rows or tr.shape[0]), Xv.shape[0], final.shape[0])
-        for leaf, (tr, Xv, _, final) in zip(leaves, plans)
-    ]
+    sizes = []
+    for leaf, (tr, Xv, _, final) in zip(leaves, plans):
+        n_fit = min(tr.shape[0], leaf.config.iter_rows or tr.shape[0])
+        n_final = final.shape[0]
+        width = None if leaf.keep_factor else approx_width(leaf.config, n_fit, n_final, X.shape[1])
+        sizes.append((n_fit, Xv.shape[0], n_final, width))
     check_leaf_memory(sizes, X.dtype, X.device, memory_budget)
     done = [0]
 

@@ -7,7 +7,10 @@ matrices at 12k–2k rows) is below ``LEAF_MATRICES`` such matrices of the leaf'
 the validation block and a fixed overhead (the estimate is 27–38 % above the measurement), so a
 tree checks its largest planned leaf before fitting: a fit that cannot fit stops at once with a
 message that names the leaf size, the estimate, the budget and the knobs, instead of an
-out-of-memory kill an hour in.
+out-of-memory kill an hour in. A leaf whose final solve is approximate
+(:mod:`xrfm_torch.leaf.approx`) pays dense matrices only for its iteration rows, and for the final
+solve its (rows x width) features twice (its dtype and float64) and two float64 (width x width)
+matrices, ``width`` being its centres or Fourier features.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import os
 from typing import Literal
 
 import torch
+
+from xrfm_torch.leaf.config import LeafConfig
 
 #: Dense (n, n) matrices alive at a leaf fit's peak (measured; see the module docstring).
 LEAF_MATRICES = 4.0
@@ -29,7 +34,9 @@ class MemoryBudgetError(MemoryError):
     """A planned leaf fit needs more memory than the budget allows."""
 
 
-def leaf_peak_bytes(n_fit: int, n_val: int, n_final: int, dtype: torch.dtype) -> int:
+def leaf_peak_bytes(
+    n_fit: int, n_val: int, n_final: int, dtype: torch.dtype, approx_width: int | None = None
+) -> int:
     """Estimated peak bytes of fitting one leaf.
 
     Args:
@@ -37,10 +44,28 @@ def leaf_peak_bytes(n_fit: int, n_val: int, n_final: int, dtype: torch.dtype) ->
         n_val: Validation rows scored at each iteration.
         n_final: Rows of the final solve (the fitted rows plus overlap and borrowed rows).
         dtype: The model's floating dtype.
+        approx_width: Centres or features of an approximate final solve (``None``: exact).
     """
     size = torch.finfo(dtype).bits // 8
-    n = max(n_fit, n_final)
-    return int(size * (LEAF_MATRICES * n * n + 2 * n_val * n_fit)) + LEAF_OVERHEAD
+    if approx_width is None:
+        n = max(n_fit, n_final)
+        return int(size * (LEAF_MATRICES * n * n + 2 * n_val * n_fit)) + LEAF_OVERHEAD
+    iterations = size * (LEAF_MATRICES * n_fit * n_fit + 2 * n_val * n_fit)
+    final = (size + 8) * n_final * approx_width + 2 * 8 * approx_width * approx_width
+    return int(max(iterations, final)) + LEAF_OVERHEAD
+
+
+def approx_width(config: LeafConfig, n_fit: int, n_final: int, d: int) -> int | None:
+    """The width of a leaf's approximate final solve, or ``None`` where it solves exactly.
+
+    The rule of :meth:`xrfm_torch.leaf.LeafRFM.refit`: above ``approx_above`` rows, after
+    iterations on at most half of them (leaves kept for a posterior solve exactly: the caller
+    passes no width for them).
+    """
+    above = config.approx_above
+    if above is None or n_final <= above or 2 * n_fit > n_final:
+        return None
+    return config.fourier_features + d + 1 if config.approx == "fourier" else n_fit
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -63,7 +88,7 @@ def available_bytes(device: torch.device) -> int | None:
 
 
 def check_leaf_memory(
-    sizes: list[tuple[int, int, int]],
+    sizes: list[tuple[int, int, int]] | list[tuple[int, int, int, int | None]],
     dtype: torch.dtype,
     device: torch.device,
     budget: MemoryBudget,
@@ -71,7 +96,8 @@ def check_leaf_memory(
     """Raise :class:`MemoryBudgetError` if the largest planned leaf exceeds ``budget``.
 
     Args:
-        sizes: Per leaf ``(n_fit, n_val, n_final)`` rows (:func:`leaf_peak_bytes`).
+        sizes: Per leaf ``(n_fit, n_val, n_final)`` rows, or ``(n_fit, n_val, n_final, width)``
+            with the width of an approximate final solve (:func:`leaf_peak_bytes`).
         dtype: The model's dtype.
         device: Where the leaves are fitted.
         budget: Bytes, ``"auto"`` (:func:`available_bytes`; no check where unknown) or ``None``.
@@ -81,7 +107,9 @@ def check_leaf_memory(
     limit = available_bytes(device) if budget == "auto" else int(budget)
     if limit is None:
         return
-    need, (n_fit, n_val, n_final) = max((leaf_peak_bytes(*s, dtype), s) for s in sizes)
+    need, (n_fit, n_val, n_final, *_) = max(
+        (leaf_peak_bytes(*s[:3], dtype, *s[3:]), s) for s in sizes
+    )
     if need <= limit:
         return
     gib = 2.0**30
@@ -90,6 +118,7 @@ def check_leaf_memory(
         f"the largest leaf ({n_fit} rows fitted, {n_val} validation rows, final solve on "
         f"{n_final} rows, {dtype}) needs about {need / gib:.2f} GiB, more than the memory "
         f"budget of {limit / gib:.2f} GiB ({where}). Lower max_leaf_size (the rows per leaf; "
-        "the need grows with its square), fit in float32 rather than float64, or raise "
-        "memory_budget (memory_budget=None turns the check off)"
+        "the need grows with its square), solve large leaves approximately "
+        "(LeafConfig(iter_rows=..., approx_above=...)), fit in float32 rather than float64, or "
+        "raise memory_budget (memory_budget=None turns the check off)"
     )
