@@ -509,8 +509,8 @@ def test_missing_cells_are_imputed_and_flagged_where_the_training_rows_had_them(
 
 
 def test_large_fit_iterates_on_subsamples_only_above_its_row_count():
-    """Above ``large_fit_rows`` the leaves are those of ``LeafConfig(iter_rows=...)`` and one tree
-    per map; at or below it, the fit is the plain one (two trees per map)."""
+    """Above ``large_fit_rows`` the leaves are those of ``LeafConfig(iter_rows=...)``; at or below
+    it, the fit is the plain one."""
     X, y = planted(900, d=4, seed=5, dtype=torch.float64)
     Xq = planted(50, d=4, seed=6, dtype=torch.float64)[0]
     cfg = LeafConfig(n_iters=3)
@@ -523,11 +523,25 @@ def test_large_fit_iterates_on_subsamples_only_above_its_row_count():
     explicit = fit(cfg.replace(iter_rows=150), large_fit_rows=None, n_trees=1)
     plain = fit(cfg, large_fit_rows=None)
     torch.testing.assert_close(large(Xq), explicit(Xq), rtol=0, atol=0)
-    n_maps = len(set(plain.input_map.names))
-    assert len(large.trees) == n_maps and len(plain.trees) == 2 * n_maps
+    assert len(large.trees) == len(plain.trees)  # one tree per map in regression
     assert not torch.allclose(large(Xq), plain(Xq))
     torch.testing.assert_close(fit(cfg, large_fit_rows=900)(Xq), plain(Xq), rtol=0, atol=0)
     # the final solves still see every row of a leaf
     assert sum(lf.support_.shape[0] for lf in large.leaves()) >= 900
     with pytest.raises(ValueError, match="large_fit_rows"):
         xRFMTree(large_fit_rows=0)
+
+
+def test_default_tree_count_is_two_per_map_for_classification_only():
+    X, y = planted(900, d=4, seed=7)
+    labels = (y.reshape(len(y), -1)[:, 0] > y.reshape(len(y), -1)[:, 0].median()).long()
+    kw = {"max_leaf_size": 400, "leaf": LeafConfig(n_iters=1), "input_transform": "identity"}
+    g = torch.Generator
+    reg = xRFMTree(**kw).fit(X, y, generator=g().manual_seed(0))
+    clf = xRFMTree(task="classification", **kw).fit(X, labels, generator=g().manual_seed(0))
+    big = xRFMTree(task="classification", large_fit_rows=500, **kw)
+    big.fit(X, labels, generator=g().manual_seed(0))
+    assert (len(reg.trees), len(clf.trees), len(big.trees)) == (1, 2, 1)
+    assert clf.n_leaves > 2
+    # the two trees differ (split-model subsamples)
+    assert not torch.equal(clf.trees[0].thresholds_, clf.trees[1].thresholds_)

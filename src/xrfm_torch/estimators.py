@@ -53,7 +53,7 @@ class _XRFMEstimator(BaseEstimator):
         linear_mix: Weight of the constant + linear part of the leaf kernel.
         input_transform: What the trees see: ``"identity"``, ``"quantile"``, ``"quantile+raw"``,
             a list of these, or ``"auto"``.
-        n_trees: Trees per input map, averaged (``None``: 2, or 1 in a large fit).
+        n_trees: Trees per input map, averaged (``None``: 2 for classification, else 1).
         temperature: Soft-routing temperature; ``None`` tunes it on validation data.
         val_fraction: Share of the training rows held out for the validation-based choices when
             ``fit`` gets no ``eval_set``.
