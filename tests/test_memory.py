@@ -12,11 +12,11 @@ import torch
 
 from conftest import planted
 from xrfm_torch import LeafConfig, LeafRFM, PCASplit, xRFMTree
+from xrfm_torch.leaf.approx import approx_width
 from xrfm_torch.tree.memory import (
     LEAF_MATRICES,
     LEAF_OVERHEAD,
     MemoryBudgetError,
-    approx_width,
     available_bytes,
     leaf_peak_bytes,
 )

@@ -40,6 +40,18 @@ def test_nystrom_weights_minimize_the_restricted_ridge_objective(generator):
         solve_nystrom(Phi, K_cc[:10, :10], y, 0.1)
 
 
+def _centre_system(leaf, X, C):
+    """``(k_tot(X, C), k_tot(C, C))`` of a leaf's learned kernel plus its linear part, by hand."""
+    xs, cs = transform(X, leaf.sqrt_m_), transform(C, leaf.sqrt_m_)
+    c = leaf.config.linear_mix
+
+    def k_tot(a, b):
+        K = leaf.kernel.from_distance(leaf.kernel.distance(a, b))
+        return K + linear_features(a, c) @ linear_features(b, c).T
+
+    return k_tot(xs, cs), k_tot(cs, cs)
+
+
 def _leaf(X, y, Xv, yv, generator, **cfg):
     config = LeafConfig(n_iters=1, iter_rows=100, kernel_exponents=None, **cfg)
     return LeafRFM("laplace", config).fit(X, y, Xv, yv, generator=generator)
@@ -58,19 +70,11 @@ def test_leaf_final_solve_above_approx_rows_keeps_its_iteration_rows_as_centres(
     assert C.shape[0] == 100 and exact.support_.shape[0] == 400
     assert float(torch.cdist(C, X).min(1).values.max()) < 1e-6  # the centres are training rows
     # the weights solve the Nyström system of the leaf's learned kernel (plus its linear part)
-    xs, cs = transform(X, leaf.sqrt_m_), transform(C, leaf.sqrt_m_)
-    c = leaf.config.linear_mix
-    Phi = leaf.kernel.from_distance(leaf.kernel.distance(xs, cs))
-    Phi = Phi + linear_features(xs, c) @ linear_features(cs, c).T
-    K_cc = leaf.kernel.from_distance(leaf.kernel.distance(cs, cs))
-    K_cc = K_cc + linear_features(cs, c) @ linear_features(cs, c).T
+    Phi, K_cc = _centre_system(leaf, X, C)
     w = solve_nystrom(Phi, K_cc, y, float(leaf.reg_))
     torch.testing.assert_close(leaf.alpha_, w, rtol=1e-10, atol=1e-12)
     Xq = torch.randn(50, 3, generator=generator, dtype=torch.float64)
-    xq = transform(Xq, leaf.sqrt_m_)
-    want = leaf.kernel.from_distance(leaf.kernel.distance(xq, cs)) @ w
-    want = want + linear_features(xq, c) @ (linear_features(cs, c).T @ w)
-    torch.testing.assert_close(leaf(Xq), want)
+    torch.testing.assert_close(leaf(Xq), _centre_system(leaf, Xq, C)[0] @ w)
     # same M and ridge as the exact leaf: only the final solve differs
     torch.testing.assert_close(leaf.sqrt_m_, exact.sqrt_m_)
 
@@ -173,10 +177,7 @@ def test_centroid_leaf_is_the_least_squares_fit_on_its_centres(generator):
     X, y, Xv, yv = _data(generator)
     leaf = _leaf(X, y, Xv, yv, generator, approx_above=150, approx="centroids")
     assert leaf.approximation == "centroids" and leaf.support_.shape[0] == 100
-    xs, cs = transform(X, leaf.sqrt_m_), transform(leaf.support_, leaf.sqrt_m_)
-    c = leaf.config.linear_mix
-    Phi = leaf.kernel.from_distance(leaf.kernel.distance(xs, cs))
-    Phi = Phi + linear_features(xs, c) @ linear_features(cs, c).T
+    Phi = _centre_system(leaf, X, leaf.support_)[0]
     # the pseudoinverse's fit (the fitted values are what is well conditioned)
     want = Phi @ (torch.linalg.pinv(Phi, rtol=1e-6) @ y[:, None])
     torch.testing.assert_close(Phi @ leaf.alpha_, want, rtol=1e-6, atol=1e-8)
@@ -208,10 +209,5 @@ def test_kmeans_centres_serve_a_nystrom_leaf(generator):
     C = leaf.support_
     # means of the rows nearest them: only a centre left with a single row is a training row
     assert float((torch.cdist(C, X).min(1).values > 1e-9).double().mean()) > 0.5
-    xs, cs = transform(X, leaf.sqrt_m_), transform(C, leaf.sqrt_m_)
-    c = leaf.config.linear_mix
-    Phi = leaf.kernel.from_distance(leaf.kernel.distance(xs, cs))
-    Phi = Phi + linear_features(xs, c) @ linear_features(cs, c).T
-    K_cc = leaf.kernel.from_distance(leaf.kernel.distance(cs, cs))
-    K_cc = K_cc + linear_features(cs, c) @ linear_features(cs, c).T
+    Phi, K_cc = _centre_system(leaf, X, C)
     torch.testing.assert_close(leaf.alpha_, solve_nystrom(Phi, K_cc, y, float(leaf.reg_)))

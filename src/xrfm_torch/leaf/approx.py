@@ -27,12 +27,26 @@ from torch import Tensor
 from xrfm_torch.kernels import Kernel, chain_rule, transform
 from xrfm_torch.kernels.fourier import fourier_features, fourier_frequencies, fourier_grads
 from xrfm_torch.kernels.linear import linear_features
+from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.numerics.solvers import solve_nystrom
 
 #: Singular values below this share of the largest are cut in the ``"centroids"`` pseudoinverse.
 PINV_RTOL = 1e-6
 #: Lloyd's iterations of the ``"kmeans"`` centres.
 KMEANS_ITERS = 10
+
+
+def approx_width(config: LeafConfig, n_fit: int, n_final: int, d: int) -> int | None:
+    """The width of a leaf's approximate final solve, or ``None`` where it solves exactly.
+
+    Approximate above ``approx_above`` rows, after iterations on at most half of them: ``b =
+    n_fit`` centres, or ``D + d + 1`` Fourier and linear features (d input columns). A leaf kept
+    for a posterior always solves exactly; that is the caller's to add.
+    """
+    above = config.approx_above
+    if above is None or n_final <= above or 2 * n_fit > n_final:
+        return None
+    return config.fourier_features + d + 1 if config.approx == "fourier" else n_fit
 
 
 def kmeans_centres(

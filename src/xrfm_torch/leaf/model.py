@@ -17,6 +17,7 @@ from xrfm_torch.kernels.linear import (
     summed_predict,
 )
 from xrfm_torch.leaf.approx import (
+    approx_width,
     centroid_weights,
     fourier_input_grads,
     fourier_predict,
@@ -350,13 +351,8 @@ class LeafRFM(ResizableBuffers):
         if self.is_constant:
             self._set_constant(X, y)
             return self
-        above = self.config.approx_above
-        if (
-            above is not None
-            and X.shape[0] > above
-            and 2 * self.support_.shape[0] <= X.shape[0]
-            and not self.keep_factor
-        ):
+        n_fit, (n, d) = self.support_.shape[0], X.shape
+        if not self.keep_factor and approx_width(self.config, n_fit, n, d) is not None:
             return self._refit_approx(X, y)
         xs = transform(X, self.sqrt_m_)
         R = self.kernel.distance(xs, xs)  # (n, n); the kernel values overwrite it: one buffer
@@ -407,10 +403,9 @@ class LeafRFM(ResizableBuffers):
             self._set_exact()
             self.fourier_w_, self.fourier_b_, self.alpha_ = w, b, coef.contiguous()
         else:
-            cs = transform(self.support_, s)
             if cfg.approx_centres == "kmeans":
                 self.support_ = kmeans_centres(X, self.support_, s)
-                cs = transform(self.support_, s)
+            cs = transform(self.support_, s)
             if cfg.approx == "nystrom":
                 w = nystrom_weights(self.kernel, xs, cs, y2, float(self.reg_), c)
             else:

@@ -16,8 +16,9 @@ from torch import Tensor
 
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.leaf.approx import approx_width
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.tree.memory import MemoryBudget, approx_width, check_leaf_memory
+from xrfm_torch.tree.memory import MemoryBudget, check_leaf_memory
 from xrfm_torch.tree.parallel import (
     LeafJob,
     assign_by_cost,

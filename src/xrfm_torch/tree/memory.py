@@ -20,8 +20,6 @@ from typing import Literal
 
 import torch
 
-from xrfm_torch.leaf.config import LeafConfig
-
 #: Dense (n, n) matrices alive at a leaf fit's peak (measured; see the module docstring).
 LEAF_MATRICES = 4.0
 #: Fixed allocator and workspace overhead of a fit, bytes (what small leaves add beyond n^2).
@@ -53,19 +51,6 @@ def leaf_peak_bytes(
     iterations = size * (LEAF_MATRICES * n_fit * n_fit + 2 * n_val * n_fit)
     final = (size + 8) * n_final * approx_width + 2 * 8 * approx_width * approx_width
     return int(max(iterations, final)) + LEAF_OVERHEAD
-
-
-def approx_width(config: LeafConfig, n_fit: int, n_final: int, d: int) -> int | None:
-    """The width of a leaf's approximate final solve, or ``None`` where it solves exactly.
-
-    The rule of :meth:`xrfm_torch.leaf.LeafRFM.refit`: above ``approx_above`` rows, after
-    iterations on at most half of them (leaves kept for a posterior solve exactly: the caller
-    passes no width for them).
-    """
-    above = config.approx_above
-    if above is None or n_final <= above or 2 * n_fit > n_final:
-        return None
-    return config.fourier_features + d + 1 if config.approx == "fourier" else n_fit
 
 
 def available_bytes(device: torch.device) -> int | None:

@@ -299,17 +299,19 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         """Where NaN is accepted in numeric columns (held by :attr:`input_map`)."""
         return self.input_map.missing_values
 
+    def _is_large(self, n_rows: int) -> bool:
+        """Whether a fit on ``n_rows`` training rows is a large fit (``large_fit_rows``)."""
+        return self.large_fit_rows is not None and n_rows > self.large_fit_rows
+
     def _n_trees(self, n_rows: int) -> int:
         """Trees per map for a fit on ``n_rows`` training rows (``n_trees=None``: the rule)."""
         if self.n_trees is not None:
             return self.n_trees
-        large = self.large_fit_rows is not None and n_rows > self.large_fit_rows
-        return 2 if self.task == "classification" and not large else 1
+        return 2 if self.task == "classification" and not self._is_large(n_rows) else 1
 
     def _leaf_fitting(self, n_rows: int) -> LeafFitting:
         leaf = self.leaf
-        large = self.large_fit_rows is not None and n_rows > self.large_fit_rows
-        if large and leaf.iter_rows is None:
+        if self._is_large(n_rows) and leaf.iter_rows is None:
             log.info(
                 "large fit (%d rows > large_fit_rows=%s): leaves iterate on %d-row subsamples",
                 n_rows,
