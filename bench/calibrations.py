@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bench.common import ROOT, run_module_child, write_table
+from bench.common import ROOT, fit_on_split, run_module_child, write_table
 
 CALIBRATIONS = ("clip", "softmax", "auto", "platt")
 
@@ -49,13 +49,7 @@ def measure(path: Path, seed: int, threads: int) -> dict:
     d = prepare(X, y, seed, regression=False, feature_names=names)
     t = torch.from_numpy
     model = xRFMTree(task="classification")
-    model.fit(
-        t(d.X_train),
-        t(d.y_train),
-        t(d.X_val),
-        t(d.y_val),
-        generator=torch.Generator().manual_seed(seed),
-    )
+    fit_on_split(model, d, seed)
     with torch.no_grad():
         test = model(t(d.X_test)).double()
     labels = t(d.y_test).long()

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import ROOT, run_module_child, write_table
+from bench.common import ROOT, fit_on_split, run_module_child, write_table
 
 
 def measure(path: Path, seed: int, criterion: str, threads: int, options: dict) -> dict:
@@ -34,15 +33,7 @@ def measure(path: Path, seed: int, criterion: str, threads: int, options: dict) 
     t = torch.from_numpy
     leaf = LeafConfig(criterion=criterion)  # type: ignore[arg-type]
     model = xRFMTree(task="classification", leaf=leaf, **options)
-    start = time.perf_counter()
-    model.fit(
-        t(d.X_train),
-        t(d.y_train),
-        t(d.X_val),
-        t(d.y_val),
-        generator=torch.Generator().manual_seed(seed),
-    )
-    fit_s = time.perf_counter() - start
+    fit_s = fit_on_split(model, d, seed)
     with torch.no_grad():
         p = model.predict_proba(t(d.X_test)).double().numpy()
     yt = d.y_test

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import DEFAULT_DATA, write_table
+from bench.common import DEFAULT_DATA, fit_on_split, write_table
 
 
 def best_of(fn: Callable[[], object], rounds: int = 3) -> float:
@@ -42,13 +42,7 @@ def measure(path: Path, batch: int, threads: int, out: Path) -> dict:
     d = prepare(X, y, 0, feature_names=names)
     t = torch.from_numpy
     model = xRFMTree()
-    model.fit(
-        t(d.X_train),
-        t(d.y_train),
-        t(d.X_val),
-        t(d.y_val),
-        generator=torch.Generator().manual_seed(0),
-    )
+    fit_on_split(model, d, 0)
     x = t(d.X_test)
     batches = list(torch.split(x, batch))
     start = time.perf_counter()

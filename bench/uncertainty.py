@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import DEFAULT_DATA, run_module_child, write_table
+from bench.common import DEFAULT_DATA, fit_on_split, run_module_child, write_table
 
 MODELS = ["ours", "ours_gp", "catboost_unc"]
 COVERAGES = (0.5, 0.8, 0.9, 0.95)
@@ -85,15 +85,7 @@ def measure(path: Path, seed: int, model: str, threads: int, agop_ridge: float =
         fitted = {}
         for unc in ("none", kind):  # the same seed: the same means, with and without variances
             m = xRFMTree(uncertainty=unc, leaf=LeafConfig(agop_ridge=agop_ridge))
-            s = time.perf_counter()
-            m.fit(
-                t(d.X_train),
-                t(d.y_train),
-                t(d.X_val),
-                t(d.y_val),
-                generator=torch.Generator().manual_seed(seed),
-            )
-            fitted[unc] = (m, time.perf_counter() - s)
+            fitted[unc] = (m, fit_on_split(m, d, seed))
         m, row["fit_s"] = fitted[kind]
         row["fit_s_mean_only"] = fitted["none"][1]
         with torch.no_grad():
