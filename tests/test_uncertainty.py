@@ -279,7 +279,7 @@ def test_lightning_logs_nll_and_writes_the_coverage_report(tmp_path):
 def test_posterior_reuses_the_final_solves_factor(monkeypatch, user_val):
     """Each leaf's cached factor is that of its own system; with user validation data (final
     solve = the chosen model's factor continued by the bordered solve) nothing is factored again."""
-    import xrfm_torch.leaf.model as leaf_module
+    import xrfm_torch.leaf.gp_view as leaf_module
     from xrfm_torch.kernels import transform
     from xrfm_torch.leaf.posterior import system_matrix
 

@@ -10,7 +10,6 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
-from xrfm_torch.kernels.distance import row_chunks
 from xrfm_torch.kernels.linear import (
     features_or_none,
     linear_grad,
@@ -28,21 +27,13 @@ from xrfm_torch.leaf.approx import (
 from xrfm_torch.leaf.config import APPROXES, LeafConfig
 from xrfm_torch.leaf.criteria import validation_errors
 from xrfm_torch.leaf.data import fit_data
+from xrfm_torch.leaf.gp_view import LeafGPView
 from xrfm_torch.leaf.iteration import run_iterations
-from xrfm_torch.leaf.posterior import (
-    cholesky_factor,
-    loo_residuals,
-    moments,
-    noise_model,
-    signal_variance,
-    system_matrix,
-)
 from xrfm_torch.leaf.selection import Candidate, paired_win
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.numerics.solvers import krr_workspace, solve_bordered, solve_krr
-from xrfm_torch.numerics.state import ResizableBuffers
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +42,7 @@ log = logging.getLogger(__name__)
 MEAN_FALLBACK_MARGIN = 2.0
 
 
-class LeafRFM(ResizableBuffers):
+class LeafRFM(LeafGPView):
     """Recursive Feature Machine fitted in closed form on one leaf's data.
 
     For ``t = 0 .. tau`` (``tau = config.n_iters``): solve ``(K_{M_t}(X, X) + reg I) alpha_t = y``,
@@ -414,99 +405,6 @@ class LeafRFM(ResizableBuffers):
             self.alpha_ = w.contiguous()
         self.approx_ = torch.tensor(1 + APPROXES.index(cfg.approx), device=X.device)
         return self
-
-    # ---- Gaussian-process view -----------------------------------------------------------------
-    def drop_factor(self) -> None:
-        """Free the cached Cholesky factor (:meth:`posterior_factor` recomputes it on use)."""
-        self.factor_ = self.factor_.new_empty(0, 0)
-
-    def _forget_posterior(self) -> None:
-        """Drop the factor and noise model (stale once the support or coefficients change)."""
-        self.drop_factor()
-        self.noise_coef_ = self.noise_coef_.new_empty(0, 0)
-        self.noise_mean_ = self.noise_mean_.new_empty(0)
-        self.signal_var_ = self.signal_var_.new_empty(0)
-
-    @property
-    def has_posterior(self) -> bool:
-        """Whether :meth:`fit_posterior` has run for the current support."""
-        return self.noise_coef_.numel() > 0
-
-    @torch.no_grad()
-    def posterior_factor(self) -> Tensor:
-        """Lower Cholesky factor of ``K + U U^T + reg I`` on the support (cached), (n, n).
-
-        In the leaf's dtype, or float64 where that factorization fails (a tiny ridge).
-        """
-        self._check_fitted()
-        if self.approximation is not None:
-            raise RuntimeError(
-                f"the leaf's final solve is approximate ({self.approximation}); its Gaussian-"
-                "process view needs the exact solve (fit without approx_above)"
-            )
-        n = self.support_.shape[0]
-        if self.factor_.shape != (n, n):
-            xs = transform(self.support_, self.sqrt_m_)
-            dtype = self.config.solve_dtype or xs.dtype
-            for attempt in (dtype, torch.float64) if dtype != torch.float64 else (dtype,):
-                # float64 from the distances on: float32 kernel values of rows close together
-                # can be indefinite by more than a tiny ridge
-                A = system_matrix(
-                    self.kernel, xs.to(attempt), float(self.reg_), self.config.linear_mix
-                )
-                L = cholesky_factor(A)
-                if L is not None:
-                    break
-            if L is None:
-                raise RuntimeError(
-                    f"the leaf's system matrix (n={n}, reg={float(self.reg_):g}) is not positive "
-                    "definite even in float64; fit with a larger reg"
-                )
-            self.factor_ = L
-        return self.factor_
-
-    @torch.no_grad()
-    def fit_posterior(self) -> LeafRFM:
-        """Fit the log-noise model on leave-one-out residuals and the marginal-likelihood scale.
-
-        Costs one inverse from the cached factor (about two more factorizations).
-        """
-        L = self.posterior_factor()
-        loo = loo_residuals(L, self.alpha_)
-        beta, z_mean = noise_model(L, loo)
-        dtype = self.alpha_.dtype
-        self.noise_coef_, self.noise_mean_ = beta.to(dtype), z_mean.to(dtype)
-        self.signal_var_ = signal_variance(L, self.alpha_).to(dtype)
-        return self
-
-    def moments(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Mean (n, c), latent GP variance ``v`` (n,) and log-noise estimate ``g`` (n, c) at ``x``.
-
-        ``v`` is in units of the process scale (``signal_var_`` times it is the GP's latent
-        variance); rows are processed in chunks so that no more than the kernel's ``chunk_bytes``
-        of (support x rows) intermediates exist at once. Differentiable in ``x``.
-        """
-        self._check_input(x)
-        if not self.has_posterior:
-            raise RuntimeError("the leaf has no posterior; call .fit_posterior() first")
-        L = self.posterior_factor()
-        per_row = self.support_.shape[0] * x.element_size() * 4
-        parts = [
-            moments(
-                self.kernel,
-                self.sqrt_m_,
-                self.support_,
-                x[rows],
-                L,
-                self.alpha_,
-                self.noise_coef_,
-                self.noise_mean_,
-                self.config.linear_mix,
-            )
-            for rows in row_chunks(x.shape[0], per_row, self.kernel.chunk_bytes)
-        ]
-        mean, v, g = (torch.cat(p) for p in zip(*parts))
-        return self._offset(mean), v, g
 
     def _support_linear_grad(self) -> Tensor | float:
         """Input gradient of the fitted leaf's linear part, (1, c, d), or 0 when it is off."""
