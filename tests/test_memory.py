@@ -17,6 +17,7 @@ from xrfm_torch.tree.memory import (
     LEAF_MATRICES,
     LEAF_OVERHEAD,
     MemoryBudgetError,
+    approximate_to_fit,
     available_bytes,
     leaf_peak_bytes,
 )
@@ -62,11 +63,58 @@ def test_a_tree_of_approximate_leaves_fits_where_exact_leaves_would_not():
         # exact final solve on 2000 rows: 4 * 4 * 2000^2 + 32 MiB ~ 98 MB; Fourier: ~41 MB
         "memory_budget": 60_000_000,
     }
-    with pytest.raises(MemoryBudgetError):
-        xRFMTree(leaf=LeafConfig(n_iters=1, iter_rows=300), **kw).fit(X, y)
     cfg = LeafConfig(n_iters=1, iter_rows=300, approx_above=600, approx="fourier")
     model = xRFMTree(leaf=cfg.replace(fourier_features=256), **kw).fit(X, y)
     assert model.leaves()[0].approximation == "fourier"
+    assert model.leaves()[0].config.iter_rows == 300  # the user's settings fitted: kept
+
+
+def test_a_leaf_over_budget_is_approximated_to_fit(caplog):
+    """Exact leaves over the budget become Nystrom leaves (k-means centres) that fit it; the
+    model stays close to the exact one, and a budget no leaf fits still stops the fit."""
+    X, y = planted(2400, d=4, seed=1)
+    X_test, y_test = planted(1000, d=4, seed=2)
+    kw = {"max_leaf_size": 2400, "input_transform": "identity", "n_trees": 1}
+    leaf = LeafConfig(n_iters=2)
+    g = torch.Generator
+    exact = xRFMTree(leaf=leaf, memory_budget=None, **kw).fit(X, y, generator=g().manual_seed(0))
+    limit = 60_000_000  # the exact leaf: 16 * 2400^2 + 32 MiB ~ 126 MB
+    with caplog.at_level("WARNING", logger="xrfm_torch.tree.grow"):
+        model = xRFMTree(leaf=leaf, memory_budget=limit, **kw).fit(
+            X, y, generator=g().manual_seed(0)
+        )
+    (fitted,) = model.leaves()
+    assert fitted.approximation == "nystrom" and fitted.config.approx_centres == "kmeans"
+    b = fitted.config.iter_rows
+    # no validation data: 480 rows held out, then all 2400 in the final solve; 1200 centres
+    # would need ~91 MB, 600 need ~57 MB
+    assert fitted.support_.shape[0] == b == 600
+    assert leaf_peak_bytes(b, 480, 2400, torch.float32, b) <= limit
+    assert any("exceed the memory budget" in r.message for r in caplog.records)
+    assert exact.leaves()[0].approximation is None
+    mse = [float(((m(X_test)[:, 0] - y_test) ** 2).mean()) for m in (exact, model)]
+    assert mse[1] < 0.1 * float(y_test.var())  # still learns the planted function
+    assert mse[1] < 1.5 * mse[0]
+    with pytest.raises(MemoryBudgetError, match="not even a leaf approximated"):
+        xRFMTree(leaf=leaf, memory_budget=LEAF_OVERHEAD, **kw).fit(X, y)
+
+
+def test_approximate_to_fit_halves_the_centres_until_the_estimate_fits():
+    cfg = LeafConfig()
+    n_fit, v, n = 20_000, 2000, 20_000
+    limit = leaf_peak_bytes(750, v, n, torch.float32, 750)
+    new = approximate_to_fit(cfg, n_fit, v, n, 10, torch.float32, limit)
+    assert new is not None and new.iter_rows == new.approx_above == 750  # 3000 -> 1500 -> 750
+    assert (new.approx, new.approx_centres) == ("nystrom", "kmeans")
+    assert approximate_to_fit(cfg, n_fit, v, n, 10, torch.float32, LEAF_OVERHEAD) is None
+    # a leaf that chose its approximation keeps it; only the rows shrink
+    own = LeafConfig(iter_rows=4000, approx_above=4000, approx="centroids")
+    new = approximate_to_fit(own, n_fit, v, n, 10, torch.float32, limit)
+    assert new is not None and (new.approx, new.approx_centres, new.iter_rows) == (
+        "centroids",
+        "rows",
+        500,
+    )
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS read from /proc")

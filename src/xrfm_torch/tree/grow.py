@@ -18,7 +18,13 @@ from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.approx import approx_width
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.tree.memory import MemoryBudget, check_leaf_memory
+from xrfm_torch.tree.memory import (
+    MemoryBudget,
+    approximate_to_fit,
+    budget_bytes,
+    check_leaf_memory,
+    leaf_peak_bytes,
+)
 from xrfm_torch.tree.parallel import (
     LeafJob,
     assign_by_cost,
@@ -274,13 +280,31 @@ def fit_leaves(
         plans.append((tr, Xv, yv, rows if refit_borrowed else torch.cat([tr, extra])))
     seeds = leaf_seeds(generator, len(plans))
     leaves = [new_leaf().to(device=X.device, dtype=X.dtype) for _ in plans]
-    # before any leaf is fitted: the largest planned leaf against the memory budget
+    # before any leaf is fitted: every planned leaf against the memory budget; one that would
+    # exceed it is fitted approximately where that fits (tree/memory.py), else the fit stops
+    limit = budget_bytes(memory_budget, X.device)
     sizes = []
-    for leaf, (tr, Xv, _, final) in zip(leaves, plans):
-        n_fit = min(tr.shape[0], leaf.config.iter_rows or tr.shape[0])
-        n_final = final.shape[0]
-        width = None if leaf.keep_factor else approx_width(leaf.config, n_fit, n_final, X.shape[1])
-        sizes.append((n_fit, Xv.shape[0], n_final, width))
+    for k, (leaf, (tr, Xv, _, final)) in enumerate(zip(leaves, plans)):
+        size = _planned_size(leaf, tr.shape[0], Xv.shape[0], final.shape[0], X.shape[1])
+        if (
+            limit is not None
+            and not leaf.keep_factor
+            and leaf_peak_bytes(*size[:3], X.dtype, size[3]) > limit
+        ):
+            cfg = approximate_to_fit(leaf.config, *size[:3], X.shape[1], X.dtype, limit)
+            if cfg is not None:
+                log.warning(
+                    "leaf %d (%d rows) would exceed the memory budget (%.2f GiB) exactly: "
+                    "iterations on %d rows and a %s final solve over them instead",
+                    k,
+                    final.shape[0],
+                    limit / 2**30,
+                    cfg.iter_rows,
+                    cfg.approx,
+                )
+                leaf.config = cfg
+                size = _planned_size(leaf, tr.shape[0], Xv.shape[0], final.shape[0], X.shape[1])
+        sizes.append(size)
     check_leaf_memory(sizes, X.dtype, X.device, memory_budget)
     done = [0]
 
@@ -326,3 +350,12 @@ def fit_leaves(
         for leaf, (_, _, _, final) in zip(leaves, plans)
     ]
     return leaves, refit, owners
+
+
+def _planned_size(
+    leaf: LeafRFM, n_train: int, n_val: int, n_final: int, d: int
+) -> tuple[int, int, int, int | None]:
+    """``(iteration rows, validation rows, final rows, approximate width or None)`` of a leaf."""
+    n_fit = min(n_train, leaf.config.iter_rows or n_train)
+    width = None if leaf.keep_factor else approx_width(leaf.config, n_fit, n_final, d)
+    return n_fit, n_val, n_final, width

@@ -148,11 +148,13 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             calls ``fit`` with the same data and seed, grows the same tree top, fits its share of
             the leaves (by cost) and loads the others', so all ranks end with the model one
             process would fit. Without an initialized group of several ranks it does nothing.
-        memory_budget: Before any leaf is fitted, the largest planned leaf's peak memory is
-            estimated (:mod:`xrfm_torch.tree.memory`); above this budget the fit stops with a
-            ``MemoryBudgetError`` naming the sizes and the knobs. Bytes, ``"auto"`` (the memory
-            free on the device: available host memory, or CUDA's free memory) or ``None`` (no
-            check).
+        memory_budget: Before any leaf is fitted, each planned leaf's peak memory is
+            estimated (:mod:`xrfm_torch.tree.memory`); a leaf above this budget is fitted
+            approximately (iterations on ``b`` rows, a Nystrom final solve over ``b`` k-means
+            centres, ``b`` the largest of 3000, 1500, ... that fits; a warning names it), and
+            where not even that fits the fit stops with a ``MemoryBudgetError`` naming the sizes
+            and the knobs. Bytes, ``"auto"`` (the memory free on the device: available host
+            memory, or CUDA's free memory) or ``None`` (no check: every leaf exact).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
