@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -185,8 +186,7 @@ def run_iterations(
         chosen model and the workspace holding the Cholesky factor of its system, when the
         post-hoc search left them so (a final solve with more rows continues from them).
     """
-    n, tau = X.shape[0], cfg.n_iters
-    errors = torch.full((tau + 1,), float("nan"), dtype=torch.float64)
+    n = X.shape[0]
     buffers = (
         X.new_empty(n, n),
         X.new_empty(n, n),
@@ -224,50 +224,7 @@ def run_iterations(
             factor_diag = None if sqrt_m is None else diag
         return cand, G
 
-    # "auto" decides diag vs full at t = 1 (both are fitted from the full G_0; the one with the
-    # lower validation error continues), so it costs one extra solve, not twice the iterations.
-    mode: bool | None = None if cfg.diag == "auto" else bool(cfg.diag)
-    best: Candidate | None = None
-    t_gain = 0  # last iteration that improved the best error by more than tol
-    G: Tensor | None = None
-    for t in range(tau + 1):
-        agop = t < tau
-        if t == 0:
-            cands = [step(None, agop, diag=mode is True)]
-        elif G is None:
-            break
-        elif mode is None:
-            cands = [
-                step(sqrt_psd(normalize_agop(Gm, cfg.eps, cfg.agop_ridge)), agop, diag=dg)
-                for dg, Gm in ((True, G.diagonal()), (False, G))
-            ]
-        else:
-            cands = [step(sqrt_psd(normalize_agop(G, cfg.eps, cfg.agop_ridge)), agop, diag=mode)]
-        for c, _ in cands:
-            c.t = t
-            if math.isfinite(c.err) and (best is None or c.err < best.err):
-                if best is None or c.err < (1.0 - cfg.tol) * best.err:
-                    t_gain = t
-                best = c
-        cand, G = min(cands, key=lambda cg: cg[0].err if math.isfinite(cg[0].err) else math.inf)
-        if mode is None and t > 0:
-            mode = cand.sqrt_m is not None and cand.sqrt_m.ndim == 1
-            log.debug("leaf n=%d: auto chose %s M", n, "diagonal" if mode else "full")
-        errors[t] = cand.err
-        log.debug("leaf n=%d iter %d: val mse %.6g", n, t, cand.err)
-        if not math.isfinite(cand.err):
-            log.warning("leaf n=%d iter %d: non-finite validation error; stopping", n, t)
-            break
-        mult = cfg.early_stop_multiplier
-        if best is not None and mult is not None and cand.err > best.err * float(mult):
-            break
-        if cfg.patience is not None and t >= cfg.min_iters and t - t_gain >= cfg.patience:
-            log.debug("leaf n=%d: no new best for %d iterations; stopping", n, cfg.patience)
-            break
-    if best is None:
-        raise RuntimeError(
-            f"LeafRFM produced no finite validation error (errors: {errors.tolist()})"
-        )
+    best, errors, mode = iterate(step, cfg, n)
     factored = None
     if cfg.bandwidth_factors or cfg.kernel_exponents or cfg.reg_factors:
         best, holds = select_kernel(
@@ -298,3 +255,69 @@ def ridge_rule(cfg: LeafConfig, n_val: int) -> RidgeRule:
     if cfg.ridge_rule == "auto":
         return "gcv" if n_val < cfg.gcv_below else "validation"
     return cfg.ridge_rule
+
+
+#: One RFM step: ``step(sqrt_m or None, whether to compute the AGOP, diagonal AGOP)`` returns the
+#: solved candidate and its AGOP ``G`` (``None`` when not asked for or degenerate).
+Step = Callable[[Tensor | None, bool, bool], tuple[Candidate, Tensor | None]]
+
+
+def iterate(step: Step, cfg: LeafConfig, n: int) -> tuple[Candidate, Tensor, bool | None]:
+    """The RFM loop over ``t = 0 .. tau`` with the leaf's stopping rules, for any solve ``step``.
+
+    ``M_{t+1} = G_t / (eps + max G_t)`` (plus ``agop_ridge``), ``diag="auto"`` fits both layouts
+    at ``t = 1`` and continues with the better; stops on ``early_stop_multiplier``, ``patience``
+    (from ``min_iters``) or a failed step. Shared by the exact iterations (:func:`run_iterations`)
+    and the approximate ones (:mod:`xrfm_torch.leaf.approx_iteration`).
+
+    Returns:
+        ``(best candidate, validation error per iteration (tau + 1,) float64 with NaN where not
+        run, whether M is diagonal or None if never decided)``.
+    """
+    tau = cfg.n_iters
+    errors = torch.full((tau + 1,), float("nan"), dtype=torch.float64)
+    # "auto" decides diag vs full at t = 1 (both are fitted from the full G_0; the one with the
+    # lower validation error continues), so it costs one extra solve, not twice the iterations.
+    mode: bool | None = None if cfg.diag == "auto" else bool(cfg.diag)
+    best: Candidate | None = None
+    t_gain = 0  # last iteration that improved the best error by more than tol
+    G: Tensor | None = None
+    for t in range(tau + 1):
+        agop = t < tau
+        if t == 0:
+            cands = [step(None, agop, mode is True)]
+        elif G is None:
+            break
+        elif mode is None:
+            cands = [
+                step(sqrt_psd(normalize_agop(Gm, cfg.eps, cfg.agop_ridge)), agop, dg)
+                for dg, Gm in ((True, G.diagonal()), (False, G))
+            ]
+        else:
+            cands = [step(sqrt_psd(normalize_agop(G, cfg.eps, cfg.agop_ridge)), agop, mode)]
+        for c, _ in cands:
+            c.t = t
+            if math.isfinite(c.err) and (best is None or c.err < best.err):
+                if best is None or c.err < (1.0 - cfg.tol) * best.err:
+                    t_gain = t
+                best = c
+        cand, G = min(cands, key=lambda cg: cg[0].err if math.isfinite(cg[0].err) else math.inf)
+        if mode is None and t > 0:
+            mode = cand.sqrt_m is not None and cand.sqrt_m.ndim == 1
+            log.debug("leaf n=%d: auto chose %s M", n, "diagonal" if mode else "full")
+        errors[t] = cand.err
+        log.debug("leaf n=%d iter %d: val mse %.6g", n, t, cand.err)
+        if not math.isfinite(cand.err):
+            log.warning("leaf n=%d iter %d: non-finite validation error; stopping", n, t)
+            break
+        mult = cfg.early_stop_multiplier
+        if best is not None and mult is not None and cand.err > best.err * float(mult):
+            break
+        if cfg.patience is not None and t >= cfg.min_iters and t - t_gain >= cfg.patience:
+            log.debug("leaf n=%d: no new best for %d iterations; stopping", n, cfg.patience)
+            break
+    if best is None:
+        raise RuntimeError(
+            f"LeafRFM produced no finite validation error (errors: {errors.tolist()})"
+        )
+    return best, errors, mode
