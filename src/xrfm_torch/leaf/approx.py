@@ -153,7 +153,7 @@ def fourier_predict(xs: Tensor, w: Tensor, b: Tensor, coef: Tensor, c: float) ->
 
 
 def fourier_input_grads(
-    x: Tensor, sqrt_m: Tensor, w: Tensor, b: Tensor, coef: Tensor, c: float
+    x: Tensor, sqrt_m: Tensor | None, w: Tensor, b: Tensor, coef: Tensor, c: float
 ) -> Tensor:
     """Gradients of :func:`fourier_predict` with respect to the original input: (n, c_out, d)."""
     xs = transform(x, sqrt_m)

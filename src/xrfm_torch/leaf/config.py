@@ -81,6 +81,11 @@ class LeafConfig:
             rows (``"rows"``) or k-means centres of all rows in the learned space, started from
             them (``"kmeans"``).
         fourier_features: ``D``, the number of random Fourier features.
+        approx_iters: Where a leaf's final solve is approximate (``approx_above``), run the RFM
+            iterations (AGOP included) and the post-hoc exponent and ridge searches on the same
+            approximation over all of the leaf's rows too, instead of exactly on the
+            ``iter_rows`` subsample (:mod:`xrfm_torch.leaf.approx_iteration`; ``O(n b^2)`` a
+            step instead of ``O(b^3)``; the ``"gcv"`` ridge rule falls back to the walk).
         bandwidth_factors: After the iterations, re-solve the chosen ``M`` with the bandwidth times
             each factor and keep the lowest validation error (``None``: off).
         kernel_exponents: Likewise for the exponent ``q`` of ``exp(-(r / L)^q)`` (values above the
@@ -124,6 +129,7 @@ class LeafConfig:
     approx: Approx = "nystrom"
     approx_centres: ApproxCentres = "rows"
     fourier_features: int = 4096
+    approx_iters: bool = False
     bandwidth_factors: tuple[float, ...] | None = None
     kernel_exponents: tuple[float, ...] | None = (0.7, 1.0, 1.5)
     reg_factors: tuple[float, ...] | None = (0.1, 10.0, 100.0)
@@ -174,6 +180,8 @@ class LeafConfig:
                 f"approx_centres must be 'rows' or 'kmeans', got {self.approx_centres!r}"
             )
         put(self, "fourier_features", check_int(self.fourier_features, "fourier_features", 1))
+        if not isinstance(self.approx_iters, bool):
+            raise ValueError(f"approx_iters must be True or False, got {self.approx_iters!r}")
         for name in ("bandwidth_factors", "kernel_exponents", "reg_factors"):
             put(self, name, _floats(getattr(self, name), name))
         put(

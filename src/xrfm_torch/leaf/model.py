@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
+from xrfm_torch.kernels.fourier import fourier_frequencies
 from xrfm_torch.kernels.linear import (
     features_or_none,
     linear_grad,
@@ -24,6 +25,7 @@ from xrfm_torch.leaf.approx import (
     kmeans_centres,
     nystrom_weights,
 )
+from xrfm_torch.leaf.approx_iteration import run_approx_iterations
 from xrfm_torch.leaf.config import APPROXES, LeafConfig
 from xrfm_torch.leaf.criteria import validation_errors
 from xrfm_torch.leaf.data import fit_data
@@ -209,6 +211,7 @@ class LeafRFM(LeafGPView):
         X, y = X_all, y_all
         if data.holdout is not None:
             X, y = X[~data.holdout], y[~data.holdout]
+        X_rows, y_rows = X, y  # the rows an approximate fit learns from (approx_iters)
         if cfg.iter_rows is not None and X.shape[0] > cfg.iter_rows:
             keep = torch.randperm(X.shape[0], generator=generator)[: cfg.iter_rows].to(X.device)
             X, y = X[keep], y[keep]
@@ -218,9 +221,21 @@ class LeafRFM(LeafGPView):
             self._fourier_seed = int(torch.randint(2**62, (1,), generator=generator))
         self.kernel.q = self._kernel_start[0]
         self.kernel.bandwidth.fill_(self._kernel_start[1])
-        fitted = run_iterations(self.kernel, cfg, X, y, data.X_val, data.y_val, generator)
-        best, self.val_errors_, self._chosen_diag, factored = fitted
-        self._store(X, best)
+        d = X.shape[1]
+        if (
+            cfg.approx_iters
+            and not self.keep_factor
+            and approx_width(cfg, X.shape[0], X_rows.shape[0], d) is not None
+        ):
+            best, self.val_errors_, self._chosen_diag = run_approx_iterations(
+                self.kernel, cfg, X_rows, y_rows, data.X_val, data.y_val, X, self._fourier_seed
+            )
+            factored = None
+            self._store_approx(X, best)
+        else:
+            fitted = run_iterations(self.kernel, cfg, X, y, data.X_val, data.y_val, generator)
+            best, self.val_errors_, self._chosen_diag, factored = fitted
+            self._store(X, best)
         # (not in a leaf kept for a posterior: its Gaussian-process view is the kernel model's)
         if not self.keep_factor and self._mean_is_better(best, y, data.y_val):
             factored = None
@@ -325,6 +340,26 @@ class LeafRFM(LeafGPView):
         self.best_iter_ = torch.tensor(best.t, device=X.device)
         self.offset_ = self.offset_.new_empty(0)
         self._set_exact()
+
+    def _store_approx(self, centres: Tensor, best: Candidate) -> None:
+        """Keep the approximate iterations' choice, ready to predict before any refit.
+
+        The centres (the iteration rows) as support, its coefficients, and for ``"fourier"`` the
+        frequencies and phases drawn again from the leaf's seed (those its solves used).
+        """
+        cfg = self.config
+        self._store(centres, best)
+        if cfg.approx == "fourier":
+            w, b = fourier_frequencies(
+                centres.shape[1],
+                cfg.fourier_features,
+                float(self.kernel.q),
+                float(self.kernel.bandwidth),
+                generator=torch.Generator().manual_seed(self._fourier_seed),
+                dtype=centres.dtype,
+            )
+            self.fourier_w_, self.fourier_b_ = w.to(centres.device), b.to(centres.device)
+        self.approx_ = torch.tensor(1 + APPROXES.index(cfg.approx), device=centres.device)
 
     @torch.no_grad()
     def refit(self, X: Tensor, y: Tensor) -> LeafRFM:
