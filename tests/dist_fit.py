@@ -1,12 +1,13 @@
 """Worker for tests/test_parallel.py: one rank of a distributed (gloo) fit, or a plain fit.
 
-    python tests/dist_fit.py RANK WORLD_SIZE OUT_DIR [--differ] [--uncertainty] [--fail]
+    python tests/dist_fit.py RANK WORLD_SIZE OUT_DIR [--differ] [--uncertainty] [--fail] [--budget]
 
 With ``WORLD_SIZE`` 1 no process group is created (the single-process reference). Each rank saves
 its state dict and its predictions on fixed query rows to ``OUT_DIR/rank{RANK}.pt``; with
 ``--differ`` rank 1 is given one changed target (the fit must refuse); with ``--fail`` rank 1's
-leaf posteriors raise (every rank's fit must fail, none hang). A refused or failed fit saves its
-error message instead.
+leaf posteriors raise (every rank's fit must fail, none hang); with ``--budget`` the last rank
+(the only one, in a plain fit) has a memory budget its exact leaves exceed and the others none
+(every rank must plan against it). A refused or failed fit saves its error message instead.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from xrfm_torch import LeafConfig, LeafRFM, xRFMTree
+from xrfm_torch.tree.memory import LEAF_OVERHEAD
 
 FITS = [0]  # leaf fits run in this process
 _fit = LeafRFM.fit
@@ -58,6 +60,10 @@ def main() -> None:
         large_fit_iter_rows=150,
         input_transform="identity",  # no input-map choice: every leaf fit is a tree leaf
         distributed=True,
+        # exact leaves of ~300 rows need ~1.5 MB beyond the overhead, approximate ones < 1 MB
+        memory_budget=LEAF_OVERHEAD + 1_200_000
+        if "--budget" in sys.argv and rank == size - 1
+        else None,
     )
     try:
         model.fit(X, y, generator=torch.Generator().manual_seed(1))
@@ -69,7 +75,13 @@ def main() -> None:
     Xq = torch.randn(200, 5, generator=torch.Generator().manual_seed(2))
     pred = model(Xq, return_std=True) if model.uncertainty != "none" else (model(Xq),)
     torch.save(
-        {"state": model.state_dict(), "pred": pred, "n_leaves": model.n_leaves, "fits": FITS[0]},
+        {
+            "state": model.state_dict(),
+            "pred": pred,
+            "n_leaves": model.n_leaves,
+            "fits": FITS[0],
+            "approximate": sum(leaf.approximation is not None for leaf in model.leaves()),
+        },
         out / f"rank{rank}.pt",
     )
     if size > 1:

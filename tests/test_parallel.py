@@ -37,6 +37,9 @@ def test_leaf_cost_counts_iterations_on_the_subsample_and_one_full_solve():
     assert leaf_cost(1000, None, 4) == 5 * 1000.0**3 + 1000.0**3
     assert leaf_cost(1000, 100, 4) == 5 * 100.0**3 + 1000.0**3
     assert leaf_cost(50, 100, 0) == 2 * 50.0**3
+    # approximate: the final solve costs rows * width^2, and so does every approximate iteration
+    assert leaf_cost(1000, 100, 4, width=100) == 5 * 100.0**3 + 1000.0 * 100**2
+    assert leaf_cost(1000, 100, 4, width=100, approx_iters=True) == 6 * 1000.0 * 100**2
 
 
 def test_run_leaf_jobs_without_a_group_runs_every_job_here(generator):
@@ -94,6 +97,18 @@ def test_two_gloo_ranks_fit_the_single_process_model(tmp_path, uncertainty):
     # use each leaf's Cholesky factor, which the leaf's owner keeps from its solve and rank 0
     # recomputes for the leaves it did not fit)
     _assert_same(ranks[0], single, variance_rtol=1e-4 if uncertainty else 0.0)
+
+
+def test_ranks_plan_their_leaves_against_the_strictest_memory_budget(tmp_path):
+    """Rank 1's budget (rank 0 has none) approximates leaves on both ranks, as in one process."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    (single,) = _run(1, tmp_path / "one", "--budget")
+    ranks = _run(2, tmp_path / "two", "--budget")
+    assert single["approximate"] == single["n_leaves"] >= 4
+    assert ranks[0]["approximate"] == ranks[1]["approximate"] == single["n_leaves"]
+    _assert_same(ranks[1], ranks[0])
+    _assert_same(ranks[0], single)
 
 
 def test_ranks_given_different_data_are_refused(tmp_path):

@@ -27,6 +27,7 @@ from xrfm_torch.tree.memory import (
 )
 from xrfm_torch.tree.parallel import (
     LeafJob,
+    agreed_limit,
     assign_by_cost,
     leaf_cost,
     leaf_seeds,
@@ -282,7 +283,7 @@ def fit_leaves(
     leaves = [new_leaf().to(device=X.device, dtype=X.dtype) for _ in plans]
     # before any leaf is fitted: every planned leaf against the memory budget; one that would
     # exceed it is fitted approximately where that fits (tree/memory.py), else the fit stops
-    limit = budget_bytes(memory_budget, X.device)
+    limit = agreed_limit(budget_bytes(memory_budget, X.device), distributed)
     sizes = []
     for k, (leaf, (tr, Xv, _, final)) in enumerate(zip(leaves, plans)):
         size = _planned_size(leaf, tr.shape[0], Xv.shape[0], final.shape[0], X.shape[1])
@@ -305,7 +306,7 @@ def fit_leaves(
                 leaf.config = cfg
                 size = _planned_size(leaf, tr.shape[0], Xv.shape[0], final.shape[0], X.shape[1])
         sizes.append(size)
-    check_leaf_memory(sizes, X.dtype, X.device, memory_budget)
+    check_leaf_memory(sizes, X.dtype, X.device, limit, auto=memory_budget == "auto")
     done = [0]
 
     def job(k: int) -> LeafJob:
@@ -340,8 +341,14 @@ def fit_leaves(
         return run
 
     costs = [
-        leaf_cost(final.shape[0], leaf.config.iter_rows, leaf.config.n_iters)
-        for leaf, (_, _, _, final) in zip(leaves, plans)
+        leaf_cost(
+            final.shape[0],
+            leaf.config.iter_rows,
+            leaf.config.n_iters,
+            width=size[3],
+            approx_iters=leaf.config.approx_iters,
+        )
+        for leaf, (_, _, _, final), size in zip(leaves, plans, sizes)
     ]
     owners = assign_by_cost(costs, world(distributed)[1])
     run_leaf_jobs(leaves, [job(k) for k in range(len(plans))], owners, distributed=distributed)

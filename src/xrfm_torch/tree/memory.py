@@ -138,6 +138,8 @@ def check_leaf_memory(
     dtype: torch.dtype,
     device: torch.device,
     budget: MemoryBudget,
+    *,
+    auto: bool = False,
 ) -> None:
     """Raise :class:`MemoryBudgetError` if the largest planned leaf exceeds ``budget``.
 
@@ -147,6 +149,7 @@ def check_leaf_memory(
         dtype: The model's dtype.
         device: Where the leaves are fitted.
         budget: Bytes, ``"auto"`` (:func:`available_bytes`; no check where unknown) or ``None``.
+        auto: The byte budget is the free memory (for the message).
     """
     limit = budget_bytes(budget, device)
     if limit is None or not sizes:
@@ -157,7 +160,7 @@ def check_leaf_memory(
     if need <= limit:
         return
     gib = 2.0**30
-    where = f"free on {device}" if budget == "auto" else "memory_budget"
+    where = f"free on {device}" if budget == "auto" or auto else "memory_budget"
     raise MemoryBudgetError(
         f"the largest leaf ({n_fit} rows fitted, {n_val} validation rows, final solve on "
         f"{n_final} rows, {dtype}) needs about {need / gib:.2f} GiB, more than the memory "

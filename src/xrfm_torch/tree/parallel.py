@@ -65,10 +65,24 @@ def assign_by_cost(costs: Sequence[float], n_ranks: int) -> list[int]:
     return owners
 
 
-def leaf_cost(rows: int, iter_rows: int | None, n_iters: int) -> float:
-    """Dense-solve cost of a leaf: ``(n_iters + 1)`` solves on its iteration rows, one on all."""
+def leaf_cost(
+    rows: int,
+    iter_rows: int | None,
+    n_iters: int,
+    width: int | None = None,
+    approx_iters: bool = False,
+) -> float:
+    """Solve cost of a leaf: ``(n_iters + 1)`` solves on its iteration rows, one on all.
+
+    An exact solve of ``m`` rows costs ``m^3``; an approximate one of ``width`` centres or
+    features on ``rows`` rows ``rows * width^2`` (the final solve, and with ``approx_iters``
+    every iteration).
+    """
     m = rows if iter_rows is None else min(rows, iter_rows)
-    return float(n_iters + 1) * m**3 + float(rows) ** 3
+    if width is None:
+        return float(n_iters + 1) * m**3 + float(rows) ** 3
+    step = float(rows) * width**2
+    return (float(n_iters + 1) * step if approx_iters else float(n_iters + 1) * m**3) + step
 
 
 def run_leaf_jobs(
@@ -160,6 +174,23 @@ def check_same_data(distributed: bool, *tensors: Tensor) -> None:
             f"(shapes and checksums {gathered[differ[0]]} vs {gathered[0]}); every rank must "
             "call fit with the same rows (do not shard them)"
         )
+
+
+def agreed_limit(limit: int | None, distributed: bool) -> int | None:
+    """The smallest memory limit of any rank (``None`` where no rank has one).
+
+    Ranks may see different free memory (``memory_budget="auto"``) or be given different
+    budgets; planning every leaf against the same, strictest limit keeps their plans (which leaves
+    are approximated, whether the fit stops) identical, so no rank fits a different model or waits
+    for one that stopped.
+    """
+    size = world(distributed)[1]
+    if size == 1:
+        return limit
+    gathered: list[int | None] = [None] * size
+    dist.all_gather_object(gathered, limit)
+    known = [g for g in gathered if g is not None]
+    return min(known) if known else None
 
 
 def leaf_seeds(generator: torch.Generator, n: int) -> list[int]:
