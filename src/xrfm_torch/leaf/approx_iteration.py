@@ -40,9 +40,8 @@ from xrfm_torch.leaf.approx import (
 )
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import validation_errors
-from xrfm_torch.leaf.iteration import iterate
-from xrfm_torch.leaf.selection import Candidate, beats, search_reg
-from xrfm_torch.numerics.agop import agop_from_grads
+from xrfm_torch.leaf.iteration import agop_or_none, iterate
+from xrfm_torch.leaf.selection import Candidate, beats, kernel_grid, search_grid, search_reg
 
 log = logging.getLogger(__name__)
 
@@ -139,12 +138,7 @@ def run_approx_iterations(
         cand, g = candidate(sqrt_m, cfg.reg, agop)
         if g is None or not math.isfinite(cand.err):
             return cand, None
-        G = agop_from_grads(g, diag=diag)
-        top = float(G.max())
-        if not math.isfinite(top) or top <= 0.0:
-            log.warning("leaf n=%d: degenerate AGOP (max %g); stopping", n, top)
-            return cand, None
-        return cand, G
+        return cand, agop_or_none(g, diag, n)
 
     best, errors, mode = iterate(step, cfg, n)
     best = _select(kernel, cfg, best, candidate)
@@ -160,22 +154,18 @@ def _select(
     candidate: Callable[[Tensor | None, float, bool], tuple[Candidate, Tensor | None]],
 ) -> Candidate:
     """Exponent and bandwidth grid (a change must win by ``kernel_margin``), then the ridge walk."""
-    q0, base = best.q, best.bandwidth
-    qs = sorted({q0, *(q for q in cfg.kernel_exponents or () if q <= kernel.p)})
-    factors = sorted({1.0, *(cfg.bandwidth_factors or ())})
-    start = best
-    for q in qs:
-        for f in factors:
-            if (q, f) == (q0, 1.0):
-                continue
-            kernel.q = q
-            kernel.bandwidth.fill_(base * f)
-            cand, _ = candidate(best.sqrt_m, cfg.reg, False)
-            cand.t = start.t
-            if beats(cand, best, 0.0):
-                best = cand
-    if best is not start and not beats(best, start, cfg.kernel_margin):
-        best = start
+
+    def at(q: float, bandwidth: float, incumbent: Candidate) -> Candidate:
+        kernel.q = q
+        kernel.bandwidth.fill_(bandwidth)
+        cand, _ = candidate(incumbent.sqrt_m, cfg.reg, False)
+        cand.t = incumbent.t
+        return cand if beats(cand, incumbent, 0.0) else incumbent
+
+    grid = kernel_grid(
+        best.q, best.bandwidth, kernel.p, cfg.kernel_exponents, cfg.bandwidth_factors
+    )
+    best = search_grid(best, grid, at, cfg.kernel_margin)
     if cfg.reg_factors and cfg.approx != "centroids":  # the pseudoinverse has no ridge
         kernel.q = best.q
         kernel.bandwidth.fill_(best.bandwidth)

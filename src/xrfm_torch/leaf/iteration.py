@@ -145,12 +145,20 @@ def rfm_step(
         g = kernel.function_grads(X, X, alpha, sqrt_m, exclude_self=True)
         if lin is not None:
             g = g + chain_rule(lin, sqrt_m)
+    return cand, agop_or_none(g, diag, X.shape[0]), factored
+
+
+def agop_or_none(g: Tensor, diag: bool, n: int) -> Tensor | None:
+    """The AGOP of gradients ``g`` (n, c, d): (d,) if ``diag`` else (d, d).
+
+    ``None`` (with a warning; the iterations then stop) when it is degenerate: not finite, or zero.
+    """
     G = agop_from_grads(g, diag=diag)
     top = float(G.max())
     if not math.isfinite(top) or top <= 0.0:
-        log.warning("leaf n=%d: degenerate AGOP (max %g); stopping", X.shape[0], top)
-        return cand, None, factored
-    return cand, G, factored
+        log.warning("leaf n=%d: degenerate AGOP (max %g); stopping", n, top)
+        return None
+    return G
 
 
 @torch.no_grad()

@@ -135,9 +135,7 @@ def select_kernel(
     xs, xv = transform(X, best.sqrt_m), transform(X_val, best.sqrt_m)
     kernel.distance(xs, xs, out=R)  # (n, n), shared by every candidate
     U = features_or_none(xs, linear_mix)  # (n, d + 1) or None
-    qs = {q0, *(q for q in exponents or () if q <= kernel.p)}
-    factors = sorted({1.0, *(bandwidth_factors or ())})
-    grid = [(q, base * f) for q in sorted(qs) for f in factors if (q, f) != (q0, 1.0)]
+    grid = kernel_grid(q0, base, kernel.p, exponents, bandwidth_factors)
 
     built: tuple[float, float] | None = None  # (q, bandwidth) of the values K holds for this M
     factored: tuple[float, float, float] | None = None  # (q, bandwidth, ridge) of F's factor
@@ -175,17 +173,11 @@ def select_kernel(
         cand = Candidate(err, best.t, alpha, best.sqrt_m, bandwidth, q, lam, sq)
         return cand if force or beats(cand, best, 0.0) else best
 
-    # the grid's lowest validation MSE must clearly beat the iterations' own kernel (comparing with
-    # that, not step by step, makes the choice order-free). The ridge walk needs no margin: its
-    # steps change every prediction a little and consistently (a margin there cost accuracy,
-    # docs/design.md), while a new exponent can win on a few rows.
-    start = best
-    for q, bandwidth in grid:
+    def at(q: float, bandwidth: float, incumbent: Candidate) -> Candidate:
         set_kernel(q, bandwidth)
-        best = consider(reg, best)
-    if best is not start and not beats(best, start, margin):
-        log.debug("leaf n=%d: kernel choice not significant; keeping q %.3g", X.shape[0], start.q)
-        best = start
+        return consider(reg, incumbent)
+
+    best = search_grid(best, grid, at, margin)
     if reg_factors:
         set_kernel(best.q, best.bandwidth)
         if ridge_rule == "gcv":
@@ -198,6 +190,46 @@ def select_kernel(
     kernel.q = best.q
     holds = built is not None and built == (best.q, best.bandwidth)
     return best, holds and factored == (best.q, best.bandwidth, best.reg)
+
+
+def kernel_grid(
+    q0: float,
+    bandwidth: float,
+    p: float,
+    exponents: Sequence[float] | None,
+    bandwidth_factors: Sequence[float] | None,
+) -> list[tuple[float, float]]:
+    """The ``(q, bandwidth)`` pairs the post-hoc grid tries besides the iterations' own.
+
+    Every exponent up to the kernel's ``p`` times every bandwidth factor, in order, without
+    ``(q0, bandwidth)`` itself.
+    """
+    qs = sorted({q0, *(q for q in exponents or () if q <= p)})
+    factors = sorted({1.0, *(bandwidth_factors or ())})
+    return [(q, bandwidth * f) for q in qs for f in factors if (q, f) != (q0, 1.0)]
+
+
+def search_grid(
+    start: Candidate,
+    grid: Sequence[tuple[float, float]],
+    at: Callable[[float, float, Candidate], Candidate],
+    margin: float,
+) -> Candidate:
+    """The grid's lowest-error candidate if it beats ``start`` by ``margin``, else ``start``.
+
+    ``at(q, bandwidth, incumbent)`` solves that kernel and returns the better of the new
+    candidate and ``incumbent``. The winner must clearly beat the iterations' own kernel
+    (comparing with that, not step by step, makes the choice order-free); the ridge walk after it
+    needs no margin: its steps change every prediction a little and consistently (a margin there
+    cost accuracy, docs/design.md), while a new exponent can win on a few rows.
+    """
+    best = start
+    for q, bandwidth in grid:
+        best = at(q, bandwidth, best)
+    if best is not start and not beats(best, start, margin):
+        log.debug("kernel choice not significant; keeping q %.3g", start.q)
+        return start
+    return best
 
 
 def search_reg(
