@@ -284,28 +284,9 @@ def fit_leaves(
     # before any leaf is fitted: every planned leaf against the memory budget; one that would
     # exceed it is fitted approximately where that fits (tree/memory.py), else the fit stops
     limit = agreed_limit(budget_bytes(memory_budget, X.device), distributed)
-    sizes = []
-    for k, (leaf, (tr, Xv, _, final)) in enumerate(zip(leaves, plans)):
-        size = _planned_size(leaf, tr.shape[0], Xv.shape[0], final.shape[0], X.shape[1])
-        if (
-            limit is not None
-            and not leaf.keep_factor
-            and leaf_peak_bytes(*size[:3], X.dtype, size[3]) > limit
-        ):
-            cfg = approximate_to_fit(leaf.config, *size[:3], X.shape[1], X.dtype, limit)
-            if cfg is not None:
-                log.warning(
-                    "leaf %d (%d rows) would exceed the memory budget (%.2f GiB) exactly: "
-                    "iterations on %d rows and a %s final solve over them instead",
-                    k,
-                    final.shape[0],
-                    limit / 2**30,
-                    cfg.iter_rows,
-                    cfg.approx,
-                )
-                leaf.config = cfg
-                size = _planned_size(leaf, tr.shape[0], Xv.shape[0], final.shape[0], X.shape[1])
-        sizes.append(size)
+    sizes = _fit_in_budget(
+        leaves, [(p[0].shape[0], p[1].shape[0], p[3].shape[0]) for p in plans], X, limit
+    )
     check_leaf_memory(sizes, X.dtype, X.device, limit, auto=memory_budget == "auto")
     done = [0]
 
@@ -366,3 +347,43 @@ def _planned_size(
     n_fit = min(n_train, leaf.config.iter_rows or n_train)
     width = None if leaf.keep_factor else approx_width(leaf.config, n_fit, n_final, d)
     return n_fit, n_val, n_final, width
+
+
+def _fit_in_budget(
+    leaves: list[LeafRFM], rows: list[tuple[int, int, int]], X: Tensor, limit: int | None
+) -> list[tuple[int, int, int, int | None]]:
+    """Approximate the leaves whose exact fit would exceed ``limit`` bytes, where that fits.
+
+    ``rows``: per leaf ``(training, validation, final)`` rows. A leaf over the limit gets the
+    settings of :func:`~xrfm_torch.tree.memory.approximate_to_fit` (one warning counts them);
+    one that cannot fit even so is left for :func:`check_leaf_memory` to refuse.
+
+    Returns:
+        Per leaf, its planned size (:func:`_planned_size`) after the change.
+    """
+    d, sizes, changed = X.shape[1], [], []
+    for k, (leaf, (n_train, n_val, n_final)) in enumerate(zip(leaves, rows)):
+        size = _planned_size(leaf, n_train, n_val, n_final, d)
+        over = limit is not None and leaf_peak_bytes(*size[:3], X.dtype, size[3]) > limit
+        if over and limit is not None and not leaf.keep_factor:
+            cfg = approximate_to_fit(leaf.config, *size[:3], d, X.dtype, limit)
+            if cfg is not None:
+                leaf.config = cfg
+                size = _planned_size(leaf, n_train, n_val, n_final, d)
+                changed.append((k, n_final, cfg))
+        sizes.append(size)
+    if changed and limit is not None:
+        k, n, cfg = max(changed, key=lambda c: c[1])
+        log.warning(
+            "%d of %d leaves would exceed the memory budget (%.2f GiB) solved exactly; they "
+            "iterate on a subsample and solve %s over it instead (largest: leaf %d, %d rows, "
+            "iterations on %d); memory_budget and max_leaf_size change this",
+            len(changed),
+            len(leaves),
+            limit / 2**30,
+            cfg.approx,
+            k,
+            n,
+            cfg.iter_rows,
+        )
+    return sizes

@@ -151,7 +151,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         memory_budget: Before any leaf is fitted, each planned leaf's peak memory is
             estimated (:mod:`xrfm_torch.tree.memory`); a leaf above this budget is fitted
             approximately (iterations on ``b`` rows, a Nystrom final solve over ``b`` k-means
-            centres, ``b`` the largest of 3000, 1500, ... that fits; a warning names it), and
+            centres, ``b`` the largest of 3000, 1500, ... that fits; one warning counts them), and
             where not even that fits the fit stops with a ``MemoryBudgetError`` naming the sizes
             and the knobs. Bytes, ``"auto"`` (the memory free on the device: available host
             memory, or CUDA's free memory) or ``None`` (no check: every leaf exact).
