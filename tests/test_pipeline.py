@@ -300,7 +300,8 @@ def test_train_py_under_ddp_fits_the_one_process_model(tmp_path):
         )
         results[trainer] = (metrics["test/rmse"], system.tree)
     (rmse_ddp, tree_ddp), (rmse_one, tree_one) = results["ddp"], results["default"]
-    assert tree_ddp.n_leaves == tree_one.n_leaves > 1
-    assert rmse_ddp == pytest.approx(rmse_one, rel=0.01)
+    seen = f"ddp: {tree_ddp.n_leaves} leaves, RMSE {rmse_ddp}; one process: {tree_one.n_leaves}, {rmse_one}"
+    assert tree_ddp.n_leaves == tree_one.n_leaves > 1, seen
+    assert rmse_ddp == pytest.approx(rmse_one, rel=0.01), seen
     Xq = torch.randn(100, 20, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(tree_ddp(Xq), tree_one(Xq), rtol=1e-3, atol=1e-3)
