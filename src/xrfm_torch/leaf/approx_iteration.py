@@ -40,7 +40,7 @@ from xrfm_torch.leaf.approx import (
 )
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import validation_errors
-from xrfm_torch.leaf.iteration import agop_or_none, iterate
+from xrfm_torch.leaf.iteration import agop_or_none, failed_candidate, iterate
 from xrfm_torch.leaf.selection import Candidate, beats, kernel_grid, search_grid, search_reg
 
 log = logging.getLogger(__name__)
@@ -120,16 +120,13 @@ def run_approx_iterations(
     def candidate(
         sqrt_m: Tensor | None, reg: float, grads: bool
     ) -> tuple[Candidate, Tensor | None]:
-        nan = float("nan")
         if sqrt_m is not None and not bool(sqrt_m.isfinite().all()):
-            rows = X_val.new_full((X_val.shape[0],), nan)
-            return Candidate(nan, -1, y.new_zeros(0, y.shape[1]), sqrt_m, 0.0, 0.0, reg, rows), None
+            return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None
         try:
             coef, pred, g = fit(sqrt_m, reg, grads)
         except RuntimeError as failure:  # an indefinite system: this step failed
             log.warning("leaf n=%d: approximate solve failed (%s); stopping", n, failure)
-            rows = X_val.new_full((X_val.shape[0],), nan)
-            return Candidate(nan, -1, y.new_zeros(0, y.shape[1]), sqrt_m, 0.0, 0.0, reg, rows), None
+            return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None
         err, sq = validation_errors(pred, y_val, cfg.criterion)
         bw = float(kernel.bandwidth)
         return Candidate(err, -1, coef, sqrt_m, bw, kernel.q, reg, sq), g

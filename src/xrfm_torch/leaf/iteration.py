@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 PCG_ROWS_PER_ITER = 300
 
 
-def _failed(
-    X: Tensor, y: Tensor, X_val: Tensor, sqrt_m: Tensor, kernel: Kernel, reg: float
+def failed_candidate(
+    X: Tensor, y: Tensor, X_val: Tensor, sqrt_m: Tensor | None, kernel: Kernel, reg: float
 ) -> Candidate:
     """A step whose ``M`` is not finite or whose system cannot be factored: error NaN.
 
@@ -111,7 +111,7 @@ def rfm_step(
     """
     R, K, F = buffers
     if sqrt_m is not None and not bool(sqrt_m.isfinite().all()):
-        return _failed(X, y, X_val, sqrt_m, kernel, reg), None, False
+        return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None, False
     xs = transform(X, sqrt_m)
     if adaptive_bandwidth is not None:
         med = median_pairwise_distance(xs, kernel.p, generator=generator)
@@ -130,7 +130,7 @@ def rfm_step(
         except KRRSolveError:
             if sqrt_m is None:  # the plain kernel machine: nothing to fall back to
                 raise
-            return _failed(X, y, X_val, sqrt_m, kernel, reg), None, False
+            return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None, False
     pred = summed_predict(kernel, transform(X_val, sqrt_m), xs, alpha, linear_mix)
     err, sq = validation_errors(pred, y_val, criterion)
     cand = Candidate(err, -1, alpha, sqrt_m, float(kernel.bandwidth), kernel.q, reg, sq)
