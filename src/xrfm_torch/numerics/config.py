@@ -5,6 +5,12 @@ each argument's value read back from the same-named attribute. Values that are t
 objects (a kernel, a split rule, a :class:`~xrfm_torch.leaf.config.LeafConfig`) nest the same way;
 dtypes become their names and sequences lists. Plain data survives ``torch.load`` with
 ``weights_only=True`` and round-trips through YAML.
+
+A config read from a file is data from whoever wrote the file, so :func:`from_config` builds only
+the classes of :data:`CONFIG_TARGETS` (what :func:`to_config` emits for this package's models):
+every ``_target_``, at every depth of dicts and lists, is checked against it before anything is
+imported or called, and any other target is refused. Hydra's instantiation of the user's own
+``conf/`` files does not pass through here and is not restricted.
 """
 
 from __future__ import annotations
@@ -16,6 +22,24 @@ from typing import Any
 import torch
 
 PLAIN = (str, int, float, bool, type(None))
+
+#: The classes a config may name: the model, its leaf settings, kernels and split rules (exactly
+#: what ``xRFMTree.get_config`` can emit; ``tests/test_io.py`` checks both directions). Names
+#: only: checking a target imports nothing.
+CONFIG_TARGETS: frozenset[str] = frozenset(
+    {
+        "xrfm_torch.tree.model.xRFMTree",
+        "xrfm_torch.leaf.config.LeafConfig",
+        "xrfm_torch.kernels.lpq.LpqLaplaceKernel",
+        "xrfm_torch.kernels.lpq.LaplaceKernel",
+        "xrfm_torch.kernels.lpq.ProductLaplaceKernel",
+        "xrfm_torch.kernels.lpq.GaussianKernel",
+        "xrfm_torch.tree.splits.AGOPSplit",
+        "xrfm_torch.tree.splits.PCASplit",
+        "xrfm_torch.tree.splits.RandomSplit",
+        "xrfm_torch.tree.splits.CARTSplit",
+    }
+)
 
 
 def to_config(obj: Any) -> dict[str, Any]:
@@ -44,15 +68,56 @@ def to_plain(value: Any) -> Any:
     return to_config(value)
 
 
+def check_targets(cfg: Any, where: str = "config") -> None:
+    """Refuse any ``_target_`` outside :data:`CONFIG_TARGETS`, at any depth (imports nothing).
+
+    Raises:
+        ValueError: Naming the offending target, where it sits and the allowed ones.
+    """
+    if isinstance(cfg, dict):
+        if "_target_" in cfg:
+            target = cfg["_target_"]
+            if not isinstance(target, str) or target not in CONFIG_TARGETS:
+                raise ValueError(
+                    f"{where} names _target_ {target!r}, which is not a class xrfm_torch builds "
+                    f"from a config; allowed: {sorted(CONFIG_TARGETS)}"
+                )
+        for key, value in cfg.items():
+            check_targets(value, f"{where}[{key!r}]")
+    elif isinstance(cfg, (list, tuple)):
+        for i, value in enumerate(cfg):
+            check_targets(value, f"{where}[{i}]")
+
+
 def from_config(cfg: dict[str, Any]) -> Any:
-    """Rebuild an object (and the objects nested in its arguments) from :func:`to_config` output."""
+    """Rebuild an object (and the objects nested in its arguments) from :func:`to_config` output.
+
+    Every ``_target_`` in ``cfg`` is checked against :data:`CONFIG_TARGETS` first
+    (:func:`check_targets`), so a crafted config cannot import or call anything else.
+
+    Raises:
+        ValueError: ``cfg`` is not a dict with a ``_target_``, or names a target not allowed.
+    """
+    if not isinstance(cfg, dict):
+        raise ValueError(f"a config must be a dict with a '_target_', got {type(cfg).__name__}")
+    check_targets(cfg)
+    return _build(cfg)
+
+
+def _build(cfg: dict[str, Any]) -> Any:
     cfg = dict(cfg)
     target = cfg.pop("_target_", None)
     if not isinstance(target, str) or "." not in target:
         raise ValueError(f"config needs a '_target_' class path, got {target!r}")
     module, _, name = target.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
-    args = {
-        k: from_config(v) if isinstance(v, dict) and "_target_" in v else v for k, v in cfg.items()
-    }
-    return cls(**args)
+    return cls(**{k: _value(v) for k, v in cfg.items()})
+
+
+def _value(value: Any) -> Any:
+    """A constructor argument from a config: nested configs built, lists element by element."""
+    if isinstance(value, dict) and "_target_" in value:
+        return _build(value)
+    if isinstance(value, list):
+        return [_value(v) for v in value]
+    return value

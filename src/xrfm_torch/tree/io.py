@@ -5,8 +5,13 @@ A model file is ``torch.save`` of plain data only::
     {"format": "xrfm_torch.xRFMTree", "format_version": int, "config": model.get_config(),
      "state_dict": model.state_dict()}
 
-so it loads with ``torch.load(weights_only=True)``: no code is unpickled, and a file from an
-untrusted source cannot run any. It holds the leaves' support points, i.e. training rows (in the
+so it loads with ``torch.load(weights_only=True)``: no code is unpickled. The config is then
+built by :func:`~xrfm_torch.numerics.config.from_config`, which builds only the package's own
+classes (:data:`~xrfm_torch.numerics.config.CONFIG_TARGETS`: the model, ``LeafConfig``, the
+kernels, the split rules), checking every ``_target_`` before importing anything; a file naming
+any other target is refused with a ``ValueError``. So reading a file from an untrusted source
+runs no code of the file's choosing (its tensors still go through ``load_state_dict``'s shape
+checks only: a crafted file can make a model that predicts nonsense). It holds the leaves' support points, i.e. training rows (in the
 model's standardized units): share it as you would the training data.
 
 Every ``xRFMTree.state_dict()`` also carries ``_extra_state = {"format_version": N}``; a state

@@ -275,7 +275,15 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> xRFMTree:
-        """Build an unfitted model from :meth:`get_config` output."""
+        """Build an unfitted model from :meth:`get_config` output.
+
+        Only the package's own classes are built (:data:`~xrfm_torch.numerics.config.CONFIG_TARGETS`,
+        checked at every depth before anything is imported): a config from a file cannot run code.
+
+        Raises:
+            ValueError: ``cfg`` names a ``_target_`` outside that list.
+            TypeError: ``cfg`` builds something other than an ``xRFMTree``.
+        """
         model = from_config(cfg)
         if not isinstance(model, cls):
             raise TypeError(f"the config builds a {type(model).__name__}, not a {cls.__name__}")
