@@ -75,7 +75,9 @@ def test_a_failed_factorization_in_a_later_iteration_keeps_the_best_one(
 
 def test_a_degenerate_agop_stops_at_the_plain_kernel_machine(monkeypatch, generator, caplog):
     monkeypatch.setattr(
-        iteration, "agop_from_grads", lambda g, diag: torch.full((g.shape[-1],), float("inf"))
+        iteration,
+        "agop_from_grads",
+        lambda g, diag, weights=None: torch.full((g.shape[-1],), float("inf")),
     )
     with caplog.at_level(logging.WARNING, logger="xrfm_torch.leaf.iteration"):
         leaf, Xv = _fit(generator)

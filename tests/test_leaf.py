@@ -446,7 +446,11 @@ def test_warm_cg_iterations_give_the_factored_leaf(monkeypatch):
     cold = plain_leaf(pcg_tol=None, **kw).fit(X[:1600], y[:1600], Xv, yv)
     assert not accepted
     torch.testing.assert_close(warm.val_errors_, cold.val_errors_, rtol=2e-3, atol=0)
-    assert int(warm.best_iter_) == int(cold.best_iter_)
+    # the curve is flat at its minimum (t = 4 .. 6 within 3e-5 relative): t* may differ only
+    # between iterations whose errors agree to rounding (on some CPUs it does: 5 vs 6)
+    tw, tc = int(warm.best_iter_), int(cold.best_iter_)
+    errs = cold.val_errors_
+    assert tw == tc or abs(float(errs[tw] - errs[tc])) <= 1e-4 * float(errs[tc]), (tw, tc)
     torch.testing.assert_close(warm(X[1600:]), cold(X[1600:]), rtol=0, atol=2e-3 * float(y.std()))
 
 

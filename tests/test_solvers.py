@@ -111,7 +111,7 @@ def test_float32_solve_failing_the_residual_bound_is_repeated_in_float64(monkeyp
     K, Y = gram(83)
     calls = []
 
-    def flag_first(K_, alpha, b, U=None):
+    def flag_first(K_, alpha, b, U=None, w=None):
         calls.append(alpha.dtype)
         return len(calls) == 1
 

@@ -83,27 +83,43 @@ def centre_features(kernel: Kernel, xs: Tensor, cs: Tensor, c: float) -> Tensor:
 
 
 def nystrom_weights(
-    kernel: Kernel, xs: Tensor, cs: Tensor, y: Tensor, reg: float, c: float
+    kernel: Kernel,
+    xs: Tensor,
+    cs: Tensor,
+    y: Tensor,
+    reg: float,
+    c: float,
+    weights: Tensor | None = None,
 ) -> Tensor:
-    """``w`` (b, c_out) of ``(Phi^T Phi + reg K_CC) w = Phi^T y`` (``"nystrom"``)."""
+    """``w`` (b, c_out) of ``(Phi^T W Phi + reg K_CC) w = Phi^T W y`` (``"nystrom"``).
+
+    ``W = diag(weights)``, the rows' sample weights (default ``I``).
+    """
     return solve_nystrom(
-        centre_features(kernel, xs, cs, c), centre_features(kernel, cs, cs, c), y, reg
+        centre_features(kernel, xs, cs, c), centre_features(kernel, cs, cs, c), y, reg, weights
     )
 
 
-def centroid_weights(kernel: Kernel, xs: Tensor, cs: Tensor, y: Tensor, c: float) -> Tensor:
+def centroid_weights(
+    kernel: Kernel, xs: Tensor, cs: Tensor, y: Tensor, c: float, weights: Tensor | None = None
+) -> Tensor:
     """``w = Phi^+ y`` (b, c_out) over the centres' features (``"centroids"``), in float64.
+
+    With ``weights``, the weighted least squares: ``Phi`` and ``y`` rows scaled by ``sqrt(w)``.
 
     Through the eigendecomposition of the (b, b) Gram ``Phi^T Phi = V diag(s^2) V^T``:
     ``w = V_k diag(1 / s_k^2) V_k^T Phi^T y`` over the singular values ``s_k`` above ``PINV_RTOL``
     times the largest, which is the pseudoinverse's solution with that cut at ``O(n b^2)``
     (products) instead of an SVD of the (n, b) matrix.
     """
-    Phi = centre_features(kernel, xs, cs, c).double()
+    Phi, Y = centre_features(kernel, xs, cs, c).double(), y.double()
+    if weights is not None:
+        root = weights.double().sqrt()[:, None]
+        Phi, Y = Phi * root, Y * root
     s2, V = torch.linalg.eigh(Phi.T @ Phi)
     keep = s2 > (PINV_RTOL**2) * s2[-1].clamp_min(torch.finfo(torch.float64).tiny)
     Vk = V[:, keep]
-    w = Vk @ ((Vk.T @ (Phi.T @ y.double())) / s2[keep, None])
+    w = Vk @ ((Vk.T @ (Phi.T @ Y)) / s2[keep, None])
     return w.to(xs.dtype)
 
 
@@ -121,8 +137,11 @@ def fourier_solve(
     c: float,
     n_features: int,
     generator: torch.Generator,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Frequencies (d, D), phases (D,) and weights (D [+ d + 1], c_out) of a ``"fourier"`` solve.
+
+    ``(F^T W F + reg I) coef = F^T W y`` with ``W = diag(weights)`` (default ``I``).
 
     Raises:
         ValueError: For a kernel with ``p != 2`` (its spectral measure is not drawn here).
@@ -143,7 +162,7 @@ def fourier_solve(
     w, b = w.to(xs.device), b.to(xs.device)
     F = fourier_design(xs, w, b, c)
     eye = torch.eye(F.shape[1], dtype=F.dtype, device=F.device)
-    coef = solve_nystrom(F, eye, y, reg)  # (F^T F + reg I) coef = F^T y
+    coef = solve_nystrom(F, eye, y, reg, weights)  # (F^T W F + reg I) coef = F^T W y
     return w, b, coef
 
 

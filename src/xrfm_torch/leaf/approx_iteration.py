@@ -58,12 +58,14 @@ def approx_fitter(
     X_val: Tensor,
     centres: Tensor,
     fourier_seed: int,
+    weights: Tensor | None = None,
 ) -> ApproxFit:
     """``fit(sqrt_m, reg, grads) -> (coefficients, validation predictions, gradients or None)``.
 
     One approximate solve (``cfg.approx``) on all rows ``X`` (n, d) with the kernel's current
     exponent and bandwidth; gradients of the fitted ``f`` with respect to the original inputs at
-    the rows, (n, c, d), when ``grads``.
+    the rows, (n, c, d), when ``grads``. ``weights`` (n,): the rows' sample weights of the
+    (weighted least-squares) solves.
     """
     c = cfg.linear_mix
 
@@ -72,16 +74,16 @@ def approx_fitter(
         g: Tensor | None = None
         if cfg.approx == "fourier":
             gen = torch.Generator().manual_seed(fourier_seed)
-            w, b, coef = fourier_solve(kernel, xs, y, reg, c, cfg.fourier_features, gen)
+            w, b, coef = fourier_solve(kernel, xs, y, reg, c, cfg.fourier_features, gen, weights)
             pred = fourier_predict(xv, w, b, coef, c)
             if grads:
                 g = fourier_input_grads(X, sqrt_m, w, b, coef, c)
             return coef, pred, g
         cs = transform(centres, sqrt_m)
         if cfg.approx == "nystrom":
-            coef = nystrom_weights(kernel, xs, cs, y, reg, c)
+            coef = nystrom_weights(kernel, xs, cs, y, reg, c, weights)
         else:
-            coef = centroid_weights(kernel, xs, cs, y, c)
+            coef = centroid_weights(kernel, xs, cs, y, c, weights)
         pred = summed_predict(kernel, xv, cs, coef, c)
         if grads:
             g = kernel.function_grads(X, centres, coef, sqrt_m)
@@ -103,18 +105,21 @@ def run_approx_iterations(
     y_val: Tensor,
     centres: Tensor,
     fourier_seed: int,
+    weights: tuple[Tensor | None, Tensor | None] = (None, None),
 ) -> tuple[Candidate, Tensor, bool]:
     """:func:`~xrfm_torch.leaf.iteration.run_iterations` on ``cfg.approx`` over all rows.
 
     ``X`` (n, d) are all of the leaf's fitted rows; ``centres`` (b, d) those of Nyström and
-    centroids (the iteration subsample).
+    centroids (the iteration subsample). ``weights``: (the rows' (n,), the validation rows'
+    (n_val,)) sample weights, each ``None`` for 1: weighted solves, AGOP and validation errors.
 
     Returns:
         ``(best candidate, validation error per iteration, whether M is diagonal)``; the
         candidate's ``alpha`` holds the approximation's coefficients, and the kernel is left at
         its exponent and bandwidth.
     """
-    fit = approx_fitter(kernel, cfg, X, y, X_val, centres, fourier_seed)
+    w, w_val = weights
+    fit = approx_fitter(kernel, cfg, X, y, X_val, centres, fourier_seed, w)
     n = X.shape[0]
 
     def candidate(
@@ -127,7 +132,7 @@ def run_approx_iterations(
         except RuntimeError as failure:  # an indefinite system: this step failed
             log.warning("leaf n=%d: approximate solve failed (%s); stopping", n, failure)
             return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None
-        err, sq = validation_errors(pred, y_val, cfg.criterion)
+        err, sq = validation_errors(pred, y_val, cfg.criterion, w_val)
         bw = float(kernel.bandwidth)
         return Candidate(err, -1, coef, sqrt_m, bw, kernel.q, reg, sq), g
 
@@ -135,7 +140,7 @@ def run_approx_iterations(
         cand, g = candidate(sqrt_m, cfg.reg, agop)
         if g is None or not math.isfinite(cand.err):
             return cand, None
-        return cand, agop_or_none(g, diag, n)
+        return cand, agop_or_none(g, diag, n, w)
 
     best, errors, mode = iterate(step, cfg, n)
     best = _select(kernel, cfg, best, candidate)

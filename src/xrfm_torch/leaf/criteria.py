@@ -171,10 +171,18 @@ def choose_softmax_scale(scores: Tensor, labels: Tensor, margin: float = SOFTMAX
     return a if float(d.mean()) > margin * float(d.std()) / math.sqrt(n) else 0.0
 
 
-def validation_errors(pred: Tensor, target: Tensor, criterion: Criterion) -> tuple[float, Tensor]:
-    """``(criterion value, per-row losses (n_val,))`` of predictions against targets (n_val, c)."""
+def validation_errors(
+    pred: Tensor, target: Tensor, criterion: Criterion, weights: Tensor | None = None
+) -> tuple[float, Tensor]:
+    """``(criterion value, per-row losses (n_val,))`` of predictions against targets (n_val, c).
+
+    With ``weights`` (n_val,), each row's loss is scaled by ``w_i / mean(w)``: the value (their
+    mean) is the weighted mean loss, and the paired tests on these rows
+    (:func:`~xrfm_torch.leaf.selection.paired_win`) compare weighted losses.
+    """
     if criterion == "mse":
         per_row = ((pred - target) ** 2).sum(1)
+        per_row = per_row if weights is None else per_row * relative(weights).to(per_row)
         return float(per_row.mean()) / pred.shape[1], per_row
     true = target.argmax(1, keepdim=True)
     if criterion == "logloss":
@@ -183,4 +191,10 @@ def validation_errors(pred: Tensor, target: Tensor, criterion: Criterion) -> tup
         per_row = (pred.argmax(1, keepdim=True) != true)[:, 0].to(pred.dtype)
     else:
         raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
+    per_row = per_row if weights is None else per_row * relative(weights).to(per_row)
     return float(per_row.mean()), per_row
+
+
+def relative(weights: Tensor) -> Tensor:
+    """``w / mean(w)``: weights that average 1 (a weighted mean is then a plain mean)."""
+    return weights / weights.mean()

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
+from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets, as_weights
 
 
 def holdout_rows(
@@ -35,6 +35,8 @@ class FitData:
         y_val: Validation targets, shape (n_val, c).
         holdout: Bool mask over the training rows that serve as validation (no user validation
             data), or ``None``.
+        w: Sample weights of the training rows (n,), all positive, or ``None`` (unweighted).
+        w_val: Weights of the validation rows (n_val,), or ``None``.
     """
 
     X: Tensor
@@ -42,6 +44,16 @@ class FitData:
     X_val: Tensor
     y_val: Tensor
     holdout: Tensor | None
+    w: Tensor | None = None
+    w_val: Tensor | None = None
+
+    def weights(self, rows: Tensor) -> Tensor | None:
+        """The training weights of ``rows`` (indices or mask), or ``None`` when unweighted."""
+        return None if self.w is None else self.w[rows]
+
+    def val_weights(self, rows: Tensor) -> Tensor | None:
+        """The validation weights of ``rows``, or ``None`` when unweighted."""
+        return None if self.w_val is None else self.w_val[rows]
 
 
 def fit_data(
@@ -55,24 +67,56 @@ def fit_data(
     n_features: int | None = None,
     min_rows: int = 4,
     allow_nan: bool = False,
+    sample_weight: Any | None = None,
+    val_sample_weight: Any | None = None,
+    relative_weights: bool = False,
 ) -> FitData:
     """Validate ``fit`` arguments; without validation data, hold out a seeded ``val_fraction``.
 
     ``allow_nan`` lets missing cells (NaN) of ``X`` and ``X_val`` through; targets must be finite.
+    Weights (:func:`~xrfm_torch.numerics.checks.as_weights`) must be finite and non-negative,
+    not all zero; rows of weight 0 are dropped (they would have no influence), before the
+    hold-out is drawn, so a zero weight is the row left out. ``relative_weights`` divides each
+    set by its mean (the tree's rule: a weight's unit does not matter); weights that are then all
+    1 become ``None``, so equal weights fit the unweighted model exactly.
     """
     X = as_float_matrix(X, "X", n_features=n_features, allow_nan=allow_nan)
     y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
+    X, y, w = _weighted_rows(X, y, sample_weight, "sample_weight", relative_weights)
     if X.shape[0] < min_rows:
-        raise ValueError(f"need at least {min_rows} training rows, got {X.shape[0]}")
+        what = " of positive weight" if sample_weight is not None else ""
+        raise ValueError(f"need at least {min_rows} training rows{what}, got {X.shape[0]}")
     if (X_val is None) != (y_val is None):
         raise ValueError("X_val and y_val must be given together")
     if X_val is None or y_val is None:
+        if val_sample_weight is not None:
+            raise ValueError("val_sample_weight needs X_val and y_val")
         va = holdout_rows(X.shape[0], val_fraction, generator, X.device)
         holdout = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
         holdout[va] = True
-        return FitData(X, y, X[va], y[va], holdout)
+        return FitData(X, y, X[va], y[va], holdout, w, None if w is None else w[va])
     X_val = as_float_matrix(X_val, "X_val", n_features=X.shape[1], allow_nan=allow_nan).to(X.dtype)
     y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X.dtype)
     if y_val.shape[1] != y.shape[1]:
         raise ValueError(f"y_val has {y_val.shape[1]} outputs but y has {y.shape[1]}")
-    return FitData(X, y, X_val, y_val, None)
+    X_val, y_val, w_val = _weighted_rows(
+        X_val, y_val, val_sample_weight, "val_sample_weight", relative_weights
+    )
+    return FitData(X, y, X_val, y_val, None, w, w_val)
+
+
+def _weighted_rows(
+    X: Tensor, y: Tensor, w: Any | None, name: str, relative: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(X, y, w)`` without the rows of weight 0; ``w`` relative (mean 1) if asked, else raw."""
+    if w is None:
+        return X, y, None
+    w = as_weights(w, name, n_rows=X.shape[0], dtype=X.dtype, device=X.device)
+    keep = w > 0
+    if not bool(keep.all()):
+        X, y, w = X[keep], y[keep], w[keep]
+    if relative:
+        w = w / w.mean()
+        if bool((w == w[0]).all()):
+            return X, y, None
+    return X, y, w

@@ -74,13 +74,15 @@ def rfm_step(
     generator: torch.Generator | None,
     warm: tuple[float, int] | None = None,
     criterion: Criterion = "mse",
+    weights: tuple[Tensor | None, Tensor | None] = (None, None),
 ) -> tuple[Candidate, Tensor | None, bool]:
     """One KRR fit in the M-space of ``sqrt_m`` (+ the AGOP of its predictor, while K is at hand).
 
-    Solves ``(K(S X, S X) + c U U^T + reg I) alpha = y`` with ``S = sqrt_m`` (``None``: identity)
-    and the linear part ``U`` of weight ``c = linear_mix``, and measures the validation MSE. With
-    ``agop``, also returns ``G = sum_i J(x_i)^T J(x_i)`` of the fitted predictor at the training
-    rows (self-terms excluded), (d,) if ``diag`` else (d, d), or ``None`` when it is degenerate.
+    Solves ``(K(S X, S X) + c U U^T + reg W^{-1}) alpha = y`` with ``S = sqrt_m`` (``None``:
+    identity), the linear part ``U`` of weight ``c = linear_mix`` and ``W`` the training rows'
+    weights, and measures the (weighted) validation error. With ``agop``, also returns the
+    weighted mean ``G`` of ``J(x_i)^T J(x_i)`` of the fitted predictor at the training rows
+    (self-terms excluded), (d,) if ``diag`` else (d, d), or ``None`` when it is degenerate.
 
     Args:
         kernel: The leaf's kernel (its bandwidth is reset here under ``adaptive_bandwidth``).
@@ -104,12 +106,14 @@ def rfm_step(
             (:func:`xrfm_torch.numerics.solvers.pcg_krr`); factor afresh only if they give up.
             ``None``: factor afresh.
         criterion: The validation criterion (:mod:`xrfm_torch.leaf.criteria`).
+        weights: ``(training weights (n,), validation weights (n_val,))``, each ``None`` for 1.
 
     Returns:
         ``(candidate, G or None, whether F now holds this step's factor)``; the candidate's ``t``
         is left at -1 for the caller to set.
     """
     R, K, F = buffers
+    row_w, w_val = weights
     if sqrt_m is not None and not bool(sqrt_m.isfinite().all()):
         return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None, False
     xs = transform(X, sqrt_m)
@@ -122,17 +126,19 @@ def rfm_step(
     U = features_or_none(xs, linear_mix)
     alpha = None
     if warm is not None:
-        alpha = pcg_krr(K, y, reg, F, features=U, tol=warm[0], max_iters=warm[1])
+        alpha = pcg_krr(K, y, reg, F, features=U, tol=warm[0], max_iters=warm[1], weights=row_w)
     factored = alpha is None
     if alpha is None:
         try:
-            alpha = solve_krr(K, y, reg, solve_dtype=solve_dtype, workspace=F, features=U)
+            alpha = solve_krr(
+                K, y, reg, solve_dtype=solve_dtype, workspace=F, features=U, weights=row_w
+            )
         except KRRSolveError:
             if sqrt_m is None:  # the plain kernel machine: nothing to fall back to
                 raise
             return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None, False
     pred = summed_predict(kernel, transform(X_val, sqrt_m), xs, alpha, linear_mix)
-    err, sq = validation_errors(pred, y_val, criterion)
+    err, sq = validation_errors(pred, y_val, criterion, w_val)
     cand = Candidate(err, -1, alpha, sqrt_m, float(kernel.bandwidth), kernel.q, reg, sq)
     if not (agop and math.isfinite(cand.err)):
         return cand, None, factored
@@ -145,15 +151,15 @@ def rfm_step(
         g = kernel.function_grads(X, X, alpha, sqrt_m, exclude_self=True)
         if lin is not None:
             g = g + chain_rule(lin, sqrt_m)
-    return cand, agop_or_none(g, diag, X.shape[0]), factored
+    return cand, agop_or_none(g, diag, X.shape[0], row_w), factored
 
 
-def agop_or_none(g: Tensor, diag: bool, n: int) -> Tensor | None:
-    """The AGOP of gradients ``g`` (n, c, d): (d,) if ``diag`` else (d, d).
+def agop_or_none(g: Tensor, diag: bool, n: int, weights: Tensor | None = None) -> Tensor | None:
+    """The (weighted) AGOP of gradients ``g`` (n, c, d): (d,) if ``diag`` else (d, d).
 
     ``None`` (with a warning; the iterations then stop) when it is degenerate: not finite, or zero.
     """
-    G = agop_from_grads(g, diag=diag)
+    G = agop_from_grads(g, diag=diag, weights=weights)
     top = float(G.max())
     if not math.isfinite(top) or top <= 0.0:
         log.warning("leaf n=%d: degenerate AGOP (max %g); stopping", n, top)
@@ -170,6 +176,7 @@ def run_iterations(
     X_val: Tensor,
     y_val: Tensor,
     generator: torch.Generator | None,
+    weights: tuple[Tensor | None, Tensor | None] = (None, None),
 ) -> tuple[Candidate, Tensor, bool, tuple[Tensor, Tensor] | None]:
     """Fit ``t = 0 .. tau`` with ``M_{t+1} = G_t / (eps + max G_t)`` and keep the best validation MSE.
 
@@ -187,6 +194,8 @@ def run_iterations(
         X_val: Validation inputs, shape (n_val, d).
         y_val: Validation targets, shape (n_val, c).
         generator: For the adaptive-bandwidth subsamples.
+        weights: ``(training weights (n,), validation weights (n_val,))``, each ``None`` for 1:
+            every solve, AGOP and validation error is weighted (:func:`rfm_step`).
 
     Returns:
         ``(best candidate, validation MSE per iteration (tau + 1,) with NaN where not run,
@@ -227,6 +236,7 @@ def run_iterations(
             generator=generator,
             warm=warm if factor_diag is diag else None,
             criterion=cfg.criterion,
+            weights=weights,
         )
         if factored:
             factor_diag = None if sqrt_m is None else diag
@@ -253,6 +263,7 @@ def run_iterations(
             linear_mix=cfg.linear_mix,
             warm=warm,
             criterion=cfg.criterion,
+            weights=weights,
         )
         factored = (buffers[1], buffers[2]) if holds else None
     return best, errors.to(X.device), mode if mode is not None else True, factored

@@ -33,11 +33,19 @@ from xrfm_torch.leaf.gp_view import LeafGPView
 from xrfm_torch.leaf.iteration import run_iterations
 from xrfm_torch.leaf.selection import Candidate, paired_win
 from xrfm_torch.numerics.agop import agop_from_grads
-from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
+from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets, as_weights
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.numerics.solvers import krr_workspace, solve_bordered, solve_krr
 
 log = logging.getLogger(__name__)
+
+
+def weighted_mean(y: Tensor, w: Tensor | None) -> Tensor:
+    """The (weighted) mean of the rows of ``y`` (n, c), shape (1, c)."""
+    if w is None:
+        return y.mean(0, keepdim=True)
+    return (w.to(y.dtype) @ y)[None] / w.sum().to(y.dtype)
+
 
 #: A leaf predicts its training mean when that beats its fitted model on the validation rows by
 #: this many paired standard errors (the margin of the other validation choices).
@@ -175,11 +183,21 @@ class LeafRFM(LeafGPView):
         X_val: Tensor | None = None,
         y_val: Tensor | None = None,
         *,
+        sample_weight: Tensor | None = None,
+        val_sample_weight: Tensor | None = None,
         generator: torch.Generator | None = None,
         final_solve: bool = True,
         extra: tuple[Tensor, Tensor] | None = None,
+        extra_weight: Tensor | None = None,
     ) -> LeafRFM:
         """Run the RFM iterations and keep the iteration with the lowest validation MSE.
+
+        With ``sample_weight`` every solve minimizes ``sum_i w_i (y_i - f(x_i))^2 + reg ||f||^2``
+        (ridge ``reg / w_i`` on row ``i``, :func:`~xrfm_torch.numerics.solvers.solve_krr`; integer
+        weights fit exactly the rows repeated), the AGOP is the weighted mean over the rows, and
+        every validation error is weighted by ``val_sample_weight`` (held-out rows keep their
+        own). The weights are used as given (not rescaled: the ridge is absolute). Rows of weight
+        0 are dropped.
 
         Args:
             X: Training inputs, shape (n, d).
@@ -187,6 +205,8 @@ class LeafRFM(LeafGPView):
             X_val: Validation inputs, shape (n_val, d); if ``None`` a seeded ``val_fraction`` of the
                 rows is held out (they are then added back by a final refit with the chosen ``M``).
             y_val: Validation targets, shape (n_val,) or (n_val, c).
+            sample_weight: Training row weights (n,), finite, non-negative, not all 0.
+            val_sample_weight: Validation row weights (n_val,) (needs ``X_val``).
             generator: CPU random generator for the hold-out, ``iter_rows`` and bandwidth subsamples
                 (default: a new one seeded with ``torch.initial_seed()``; the global one is untouched).
             final_solve: Re-solve on all of ``X`` when the iterations saw fewer rows (a hold-out or
@@ -198,6 +218,7 @@ class LeafRFM(LeafGPView):
                 continues it (:func:`xrfm_torch.numerics.solvers.solve_bordered`, ``O(n^2 b)`` for ``b``
                 extra rows) instead of factoring ``n + b`` rows afresh. Only without a hold-out
                 or ``iter_rows`` subsample (whose rows would need the same final solve).
+            extra_weight: The weights of the ``extra`` rows (b,), given with ``sample_weight``.
 
         Returns:
             ``self``.
@@ -205,16 +226,33 @@ class LeafRFM(LeafGPView):
         cfg = self.config
         generator = own_generator(generator)
         data = fit_data(
-            X, y, X_val, y_val, val_fraction=cfg.val_fraction, generator=generator, min_rows=1
+            X,
+            y,
+            X_val,
+            y_val,
+            val_fraction=cfg.val_fraction,
+            generator=generator,
+            min_rows=1,
+            sample_weight=sample_weight,
+            val_sample_weight=val_sample_weight,
         )
-        X_all, y_all = data.X, data.y
-        X, y = X_all, y_all
+        if data.w is not None and self.keep_factor:
+            raise ValueError(
+                "sample weights and a Gaussian-process posterior (keep_factor, the tree's "
+                "uncertainty) cannot be combined: the posterior's noise model is unweighted"
+            )
+        if (extra_weight is not None) != (extra is not None and data.w is not None):
+            raise ValueError(
+                "extra_weight must be given exactly when extra rows join a weighted fit"
+            )
+        X_all, y_all, w_all = data.X, data.y, data.w
+        X, y, w = X_all, y_all, w_all
         if data.holdout is not None:
-            X, y = X[~data.holdout], y[~data.holdout]
-        X_rows, y_rows = X, y  # the rows an approximate fit learns from (approx_iters)
+            X, y, w = X[~data.holdout], y[~data.holdout], data.weights(~data.holdout)
+        X_rows, y_rows, w_rows = X, y, w  # the rows an approximate fit learns from (approx_iters)
         if cfg.iter_rows is not None and X.shape[0] > cfg.iter_rows:
             keep = torch.randperm(X.shape[0], generator=generator)[: cfg.iter_rows].to(X.device)
-            X, y = X[keep], y[keep]
+            X, y, w = X[keep], y[keep], None if w is None else w[keep]
         if extra is not None and X.shape[0] < X_all.shape[0]:
             raise ValueError("extra rows need a fit on all of X (validation data, no iter_rows)")
         if cfg.approx_above is not None and cfg.approx == "fourier":  # (only then: same streams)
@@ -228,30 +266,54 @@ class LeafRFM(LeafGPView):
             and approx_width(cfg, X.shape[0], X_rows.shape[0], d) is not None
         ):
             best, self.val_errors_, self._chosen_diag = run_approx_iterations(
-                self.kernel, cfg, X_rows, y_rows, data.X_val, data.y_val, X, self._fourier_seed
+                self.kernel,
+                cfg,
+                X_rows,
+                y_rows,
+                data.X_val,
+                data.y_val,
+                X,
+                self._fourier_seed,
+                weights=(w_rows, data.w_val),
             )
             factored = None
             self._store_approx(X, best)
         else:
-            fitted = run_iterations(self.kernel, cfg, X, y, data.X_val, data.y_val, generator)
+            fitted = run_iterations(
+                self.kernel, cfg, X, y, data.X_val, data.y_val, generator, (w, data.w_val)
+            )
             best, self.val_errors_, self._chosen_diag, factored = fitted
             self._store(X, best)
         # (not in a leaf kept for a posterior: its Gaussian-process view is the kernel model's)
-        if not self.keep_factor and self._mean_is_better(best, y, data.y_val):
+        if not self.keep_factor and self._mean_is_better(best, y, data.y_val, w, data.w_val):
             factored = None
-            self._set_constant(X, y)
+            self._set_constant(X, y, w)
         if self.keep_factor and factored is not None:
             self._keep(factored[1], X.shape[0])
         if extra is not None and extra[0].shape[0] > 0:
             X_b = as_float_matrix(extra[0], "extra X", n_features=X.shape[1]).to(X)
             y_b = as_float_targets(extra[1], "extra y", n_rows=X_b.shape[0], dtype=X.dtype)
-            self._extend(X, y, X_b, y_b.reshape(X_b.shape[0], -1), factored)
+            w_b = None
+            if extra_weight is not None and w is not None:
+                w_b = as_weights(
+                    extra_weight,
+                    "extra_weight",
+                    n_rows=X_b.shape[0],
+                    dtype=X.dtype,
+                    device=X.device,
+                )
+                keep_b = w_b > 0
+                X_b, y_b, w_b = X_b[keep_b], y_b[keep_b], w_b[keep_b]
+            y_b = y_b.reshape(X_b.shape[0], -1)
+            self._extend(X, y, X_b, y_b, factored, w, w_b)
         elif final_solve and X.shape[0] < X_all.shape[0]:
-            self.refit(X_all, y_all)
+            self.refit(X_all, y_all, w_all)
         return self
 
-    def _mean_is_better(self, best: Candidate, y: Tensor, y_val: Tensor) -> bool:
-        """Whether the training mean beats the chosen model on the validation rows.
+    def _mean_is_better(
+        self, best: Candidate, y: Tensor, y_val: Tensor, w: Tensor | None, w_val: Tensor | None
+    ) -> bool:
+        """Whether the (weighted) training mean beats the chosen model on the validation rows.
 
         By ``MEAN_FALLBACK_MARGIN`` paired standard errors (:func:`paired_win`), so that a few
         validation rows cannot turn a working leaf into a constant by chance.
@@ -259,8 +321,8 @@ class LeafRFM(LeafGPView):
         if y_val.shape[0] < 2:
             return False
         y = y.reshape(y.shape[0], -1)
-        mean = y.mean(0, keepdim=True).expand(y_val.shape[0], -1)
-        err, rows = validation_errors(mean, y_val, self.config.criterion)
+        mean = weighted_mean(y, w).expand(y_val.shape[0], -1)
+        err, rows = validation_errors(mean, y_val, self.config.criterion, w_val)
         if not paired_win(rows, best.sq_err, MEAN_FALLBACK_MARGIN):
             return False
         log.warning(
@@ -278,12 +340,12 @@ class LeafRFM(LeafGPView):
         """Whether the leaf fell back to its mean predictor (``offset_``)."""
         return self.offset_.numel() > 0
 
-    def _set_constant(self, X: Tensor, y: Tensor) -> None:
-        """Predict the mean of ``y`` everywhere: ``alpha_ = 0``, ``offset_`` the mean (c,)."""
+    def _set_constant(self, X: Tensor, y: Tensor, w: Tensor | None = None) -> None:
+        """Predict the (weighted) mean of ``y`` everywhere: ``alpha_ = 0``, ``offset_`` it (c,)."""
         y = y.reshape(X.shape[0], -1)
         self.support_ = X.detach().clone()
         self.alpha_ = torch.zeros_like(y)
-        self.offset_ = y.mean(0).detach()
+        self.offset_ = weighted_mean(y, w)[0].detach()
         self._set_exact()
 
     def _offset(self, pred: Tensor) -> Tensor:
@@ -291,12 +353,20 @@ class LeafRFM(LeafGPView):
 
     @torch.no_grad()
     def _extend(
-        self, X: Tensor, y: Tensor, X_b: Tensor, y_b: Tensor, factored: tuple[Tensor, Tensor] | None
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_b: Tensor,
+        y_b: Tensor,
+        factored: tuple[Tensor, Tensor] | None,
+        w: Tensor | None = None,
+        w_b: Tensor | None = None,
     ) -> None:
         """Final solve on ``X`` then ``X_b``: continue the chosen model's factor when at hand."""
         X_all, y_all = torch.cat([X, X_b]), torch.cat([y, y_b])
+        w_all = None if w is None or w_b is None else torch.cat([w, w_b])
         if self.is_constant:
-            self._set_constant(X_all, y_all)
+            self._set_constant(X_all, y_all, w_all)
             return
         alpha, out = None, None
         if factored is not None:
@@ -308,10 +378,18 @@ class LeafRFM(LeafGPView):
             n = X_all.shape[0]
             out = F.new_empty(n, n) if self.keep_factor else None
             alpha = solve_bordered(
-                F, K_ss, K_sb, K_bb, y_all, float(self.reg_), features=U, factor_out=out
+                F,
+                K_ss,
+                K_sb,
+                K_bb,
+                y_all,
+                float(self.reg_),
+                features=U,
+                factor_out=out,
+                weights=w_all,
             )
         if alpha is None:
-            self.refit(X_all, y_all)
+            self.refit(X_all, y_all, w_all)
             return
         self.alpha_ = alpha.contiguous()
         self.support_ = X_all.detach().clone()
@@ -362,7 +440,7 @@ class LeafRFM(LeafGPView):
         self.approx_ = torch.tensor(1 + APPROXES.index(cfg.approx), device=centres.device)
 
     @torch.no_grad()
-    def refit(self, X: Tensor, y: Tensor) -> LeafRFM:
+    def refit(self, X: Tensor, y: Tensor, sample_weight: Tensor | None = None) -> LeafRFM:
         """Re-solve ``alpha`` on new rows with the selected ``M`` and bandwidth (one KRR solve).
 
         Used to add validation rows that were borrowed from training back into the fit.
@@ -370,16 +448,25 @@ class LeafRFM(LeafGPView):
         Args:
             X: Inputs, shape (n, d).
             y: Targets, shape (n,) or (n, c).
+            sample_weight: Row weights (n,) (as in :meth:`fit`; rows of weight 0 are dropped).
         """
         self._check_fitted()
         X = as_float_matrix(X, "X", n_features=self.support_.shape[1])
         y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
+        w = None
+        if sample_weight is not None:
+            w = as_weights(
+                sample_weight, "sample_weight", n_rows=X.shape[0], dtype=X.dtype, device=X.device
+            )
+            X, y, w = X[w > 0], y[w > 0], w[w > 0]
+            if self.keep_factor:
+                raise ValueError("sample weights and a kept posterior factor cannot be combined")
         if self.is_constant:
-            self._set_constant(X, y)
+            self._set_constant(X, y, w)
             return self
         n_fit, (n, d) = self.support_.shape[0], X.shape
         if not self.keep_factor and approx_width(self.config, n_fit, n, d) is not None:
-            return self._refit_approx(X, y)
+            return self._refit_approx(X, y, w)
         xs = transform(X, self.sqrt_m_)
         R = self.kernel.distance(xs, xs)  # (n, n); the kernel values overwrite it: one buffer
         K = self.kernel.from_distance(R, out=R)
@@ -392,6 +479,7 @@ class LeafRFM(LeafGPView):
             solve_dtype=self.config.solve_dtype,
             features=features_or_none(xs, self.config.linear_mix),
             workspace=workspace,
+            weights=w,
         )
         self.alpha_ = alpha.contiguous()
         self.support_ = X.detach().clone()
@@ -413,7 +501,7 @@ class LeafRFM(LeafGPView):
         code = int(self.approx_)
         return APPROXES[code - 1] if code > 0 else None
 
-    def _refit_approx(self, X: Tensor, y: Tensor) -> LeafRFM:
+    def _refit_approx(self, X: Tensor, y: Tensor, w: Tensor | None = None) -> LeafRFM:
         """Final solve on ``X`` approximated over the current support (``LeafConfig.approx_above``).
 
         The iteration rows are the centres (or start k-means for them); ``alpha_`` becomes the
@@ -425,19 +513,19 @@ class LeafRFM(LeafGPView):
         if cfg.approx == "fourier":
             g = torch.Generator().manual_seed(self._fourier_seed)
             D = cfg.fourier_features
-            w, b, coef = fourier_solve(self.kernel, xs, y2, float(self.reg_), c, D, g)
+            freq, b, coef = fourier_solve(self.kernel, xs, y2, float(self.reg_), c, D, g, w)
             self._set_exact()
-            self.fourier_w_, self.fourier_b_, self.alpha_ = w, b, coef.contiguous()
+            self.fourier_w_, self.fourier_b_, self.alpha_ = freq, b, coef.contiguous()
         else:
             if cfg.approx_centres == "kmeans":
                 self.support_ = kmeans_centres(X, self.support_, s)
             cs = transform(self.support_, s)
             if cfg.approx == "nystrom":
-                w = nystrom_weights(self.kernel, xs, cs, y2, float(self.reg_), c)
+                coef = nystrom_weights(self.kernel, xs, cs, y2, float(self.reg_), c, w)
             else:
-                w = centroid_weights(self.kernel, xs, cs, y2, c)
+                coef = centroid_weights(self.kernel, xs, cs, y2, c, w)
             self._set_exact()
-            self.alpha_ = w.contiguous()
+            self.alpha_ = coef.contiguous()
         self.approx_ = torch.tensor(1 + APPROXES.index(cfg.approx), device=X.device)
         return self
 

@@ -92,6 +92,7 @@ def select_kernel(
     warm: tuple[float, int] | None = None,
     criterion: Criterion = "mse",
     ridge_rule: RidgeRule = "validation",
+    weights: tuple[Tensor | None, Tensor | None] = (None, None),
 ) -> tuple[Candidate, bool]:
     """Re-solve ``best``'s ``M`` for each (exponent, bandwidth factor), then search the ridge.
 
@@ -124,6 +125,9 @@ def select_kernel(
         ridge_rule: ``"validation"``: the ridge walk; ``"gcv"``: the GCV minimizer over
             ``reg * [min, max]`` of the factors (:func:`~xrfm_torch.numerics.risk.gcv_ridge`),
             taken whatever its validation error.
+        weights: ``(training weights (n,), validation weights (n_val,))``, each ``None`` for 1:
+            weighted solves (ridge ``reg / w_i`` per row), weighted validation errors, and GCV on
+            the system scaled by ``sqrt(w)`` (weighted GCV).
 
     Returns:
         ``(chosen candidate, whether the buffers still hold its kernel matrix in K and the
@@ -131,6 +135,7 @@ def select_kernel(
         that factorization (:func:`xrfm_torch.numerics.solvers.solve_bordered`).
     """
     R, K, F = buffers
+    w, w_val = weights
     base, q0 = best.bandwidth, best.q
     xs, xv = transform(X, best.sqrt_m), transform(X_val, best.sqrt_m)
     kernel.distance(xs, xs, out=R)  # (n, n), shared by every candidate
@@ -154,12 +159,14 @@ def select_kernel(
         alpha = None
         near = factored is not None and factored[:2] == built and 0.1 <= lam / factored[2] <= 10
         if warm is not None and near:
-            alpha = pcg_krr(K, y, lam, F, features=U, tol=warm[0], max_iters=warm[1])
+            alpha = pcg_krr(K, y, lam, F, features=U, tol=warm[0], max_iters=warm[1], weights=w)
         if alpha is None:
-            alpha = solve_krr(K, y, lam, solve_dtype=solve_dtype, workspace=F, features=U)
+            alpha = solve_krr(
+                K, y, lam, solve_dtype=solve_dtype, workspace=F, features=U, weights=w
+            )
             factored = None if built is None else (*built, lam)
         pred = summed_predict(kernel, xv, xs, alpha, linear_mix)
-        err, sq = validation_errors(pred, y_val, criterion)
+        err, sq = validation_errors(pred, y_val, criterion, w_val)
         q, bandwidth = kernel.q, float(kernel.bandwidth)
         log.debug(
             "leaf n=%d q %.3g bandwidth %.4g reg %.3g: val mse %.6g (best %.6g)",
@@ -182,7 +189,14 @@ def select_kernel(
         set_kernel(best.q, best.bandwidth)
         if ridge_rule == "gcv":
             ladder = [reg * f for f in (1.0, *reg_factors)]
-            lam, _, _ = gcv_ridge(K, y, min(ladder), max(ladder), features=U)
+            if w is None:
+                lam, _, _ = gcv_ridge(K, y, min(ladder), max(ladder), features=U)
+            else:  # GCV of the system scaled by sqrt(w): a copy, K stays for the solves
+                r = w.sqrt().to(K.dtype)
+                Ur = None if U is None else U * r[:, None]
+                Kr, yr = K * r[:, None] * r[None, :], y * r[:, None]
+                lam, _, _ = gcv_ridge(Kr, yr, min(ladder), max(ladder), features=Ur)
+                del Kr
             best = consider(lam, best, force=True)
         else:
             best = search_reg(best, consider, reg, reg_factors)

@@ -12,18 +12,24 @@ import torch
 from torch import Tensor
 
 
-def agop_from_grads(grads: Tensor, *, diag: bool = False) -> Tensor:
+def agop_from_grads(grads: Tensor, *, diag: bool = False, weights: Tensor | None = None) -> Tensor:
     """AGOP of per-sample gradients, summed over outputs and averaged over samples.
 
     Args:
         grads: Gradients, shape (n, c, d) (or (n, d) for one output).
         diag: Return only the diagonal.
+        weights: Optional sample weights (n,): the weighted average
+            ``sum_i w_i J_i^T J_i / sum_i w_i`` (integer weights: the samples repeated).
 
     Returns:
         ``G``, shape (d, d), or its diagonal, shape (d,).
     """
-    g = grads.reshape(-1, grads.shape[-1])  # (n * c, d)
     n = grads.shape[0]
+    if weights is not None:
+        w = (weights / weights.sum()).to(grads.dtype)
+        grads = grads * w.sqrt().reshape(n, *([1] * (grads.ndim - 1)))
+        n = 1
+    g = grads.reshape(-1, grads.shape[-1])  # (n * c, d)
     if diag:
         return (g * g).sum(0) / n
     return (g.mT @ g) / n

@@ -110,3 +110,34 @@ def check_fraction(value: float, name: str, *, low: float = 0.0, high: float = 1
     if not low < v <= high:
         raise ValueError(f"{name} must be in ({low}, {high}], got {value!r}")
     return v
+
+
+def as_weights(w: Any, name: str, *, n_rows: int, dtype: torch.dtype, device: Any) -> Tensor:
+    """Sample weights as a floating (n,) tensor: finite, non-negative, not all zero.
+
+    Args:
+        w: Weights, shape (n,) (a tensor, array or list).
+        name: Argument name used in error messages.
+        n_rows: Required length (the matching inputs' row count).
+        dtype: Floating dtype to cast to (the inputs').
+        device: Device to move to (the inputs').
+    """
+    if not isinstance(w, Tensor):
+        try:
+            w = torch.as_tensor(w)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(
+                f"{name} must be a tensor or array-like, got {type(w).__name__}"
+            ) from err
+    if w.is_complex() or w.dtype == torch.bool:
+        raise TypeError(f"{name} must hold real numbers, got dtype {w.dtype}")
+    if w.ndim != 1 or w.shape[0] != n_rows:
+        raise ValueError(f"{name} must have shape ({n_rows},), got {tuple(w.shape)}")
+    w = w.to(dtype=dtype, device=device)
+    check_finite(w, name)
+    if bool((w < 0).any()):
+        i = int((w < 0).nonzero()[0, 0])
+        raise ValueError(f"{name} must be non-negative; index {i} holds {w[i].item()}")
+    if not bool((w > 0).any()):
+        raise ValueError(f"{name} is zero for every row: no row would have any influence")
+    return w

@@ -39,9 +39,15 @@ def krr_workspace(
     return torch.empty(m, m, dtype=dtype, device=device).mT
 
 
-def _residual_too_large(K: Tensor, alpha: Tensor, b: Tensor, U: Tensor | None = None) -> bool:
-    """Whether ``||(K + U U^T) alpha - b||^2 > ||b||^2`` (float64 sums, row chunks of ``K``)."""
+def _residual_too_large(
+    K: Tensor, alpha: Tensor, b: Tensor, U: Tensor | None = None, w: Tensor | None = None
+) -> bool:
+    """Whether ``||(K + U U^T) alpha - b||_w^2 > ||b||_w^2`` (float64 sums, row chunks of ``K``).
+
+    ``w``: row weights of the norm (default 1).
+    """
     a = alpha.to(K.dtype)
+    wd = None if w is None else w.double()[:, None]
     Uk = None if U is None else U.to(K.dtype)
     ua = None if Uk is None else Uk.mT @ a  # (r, c): U^T alpha once, not per chunk
     res = 0.0
@@ -50,8 +56,9 @@ def _residual_too_large(K: Tensor, alpha: Tensor, b: Tensor, U: Tensor | None = 
         if Uk is not None and ua is not None:
             ka = ka + Uk[i : i + 4096] @ ua
         r = ka.double() - b[i : i + 4096].double()
-        res += float((r * r).sum())
-    return not res <= float((b.double() ** 2).sum())  # also True for NaN
+        res += float((r * r if wd is None else wd[i : i + 4096] * r * r).sum())
+    bb = b.double() ** 2
+    return not res <= float((bb if wd is None else wd * bb).sum())  # also True for NaN
 
 
 def solve_krr(
@@ -63,8 +70,14 @@ def solve_krr(
     max_tries: int = 4,
     workspace: Tensor | None = None,
     features: Tensor | None = None,
+    weights: Tensor | None = None,
 ) -> Tensor:
-    """Solve ``(K + U U^T + reg I) alpha = y`` by Cholesky (``U = features``, default none).
+    """Solve ``(K + U U^T + reg W^{-1}) alpha = y`` by Cholesky (``U = features``, default none).
+
+    ``W = diag(weights)`` (default ``I``): the minimizer of the weighted ridge objective
+    ``sum_i w_i (y_i - f(x_i))^2 + reg ||f||^2``. Integer weights give exactly the ``alpha`` of
+    the rows repeated that many times, summed over the copies (a copy's row of the repeated
+    system reads ``(K a)_i + reg a_i / w_i = y_i`` for ``a_i`` the copies' total).
 
     ``K + reg I`` is copied into a padded buffer ``[[K + reg I, 0], [0, I]]`` (see :data:`PAD_TO`)
     and factored there in place, so ``K`` is never modified and the solve allocates at most that
@@ -94,6 +107,8 @@ def solve_krr(
             across calls (a fresh matrix of this size costs as much as an elementwise pass).
         features: Optional low-rank part ``U``, shape (n, r), added to ``K`` in the factored copy
             only (e.g. :func:`xrfm_torch.kernels.linear.linear_features`), so ``K`` stays as it was.
+        weights: Optional positive row weights (n,); the residual bound is then in the weighted
+            norm ``sum_i w_i r_i^2`` (the weighted objective at ``alpha = 0``).
 
     Returns:
         Coefficients ``alpha`` with the shape and dtype of ``y``.
@@ -112,6 +127,9 @@ def solve_krr(
     if features is not None and (features.ndim != 2 or features.shape[0] != n):
         raise ValueError(f"features must have shape ({n}, r), got {tuple(features.shape)}")
     U = None if features is None else features.to(dtype)
+    if weights is not None and (weights.shape != (n,) or not bool((weights > 0).all())):
+        raise ValueError(f"weights must be positive with shape ({n},), got {tuple(weights.shape)}")
+    inv_w = None if weights is None else (1.0 / weights.double()).to(dtype)
     differentiable = torch.is_grad_enabled() and (
         K.requires_grad or y.requires_grad or (U is not None and U.requires_grad)
     )
@@ -130,7 +148,8 @@ def solve_krr(
     for attempt in range(max_tries):
         ridge = float(reg) if attempt == 0 else base * 10.0**attempt
         if differentiable:
-            A = K.to(dtype) + ridge * torch.eye(n, dtype=dtype, device=K.device)
+            eye = torch.eye(n, dtype=dtype, device=K.device)
+            A = K.to(dtype) + (ridge * eye if inv_w is None else torch.diag(ridge * inv_w))
             if U is not None:
                 A = A + U @ U.mT
             L, info = torch.linalg.cholesky_ex(A)
@@ -144,7 +163,10 @@ def solve_krr(
                 W[n:].zero_()
                 W[:, n:].zero_()
                 W.diagonal()[n:].fill_(1.0)
-            W.diagonal()[:n].add_(ridge)
+            if inv_w is None:
+                W.diagonal()[:n].add_(ridge)
+            else:
+                W.diagonal()[:n].add_(inv_w, alpha=ridge)
             info_buf = torch.empty((), dtype=torch.int32, device=K.device)
             L, info = torch.linalg.cholesky_ex(W, out=(W, info_buf))
         if int(info) == 0:
@@ -158,7 +180,7 @@ def solve_krr(
             if (
                 not differentiable
                 and dtype != torch.float64
-                and _residual_too_large(K, alpha, b, U)
+                and _residual_too_large(K, alpha, b, U, weights)
             ):
                 log.warning(
                     "KRR solve in %s is numerically useless for n=%d (residual above ||y||); "
@@ -167,7 +189,13 @@ def solve_krr(
                     n,
                 )
                 alpha = solve_krr(
-                    K, b, ridge, solve_dtype=torch.float64, max_tries=1, features=features
+                    K,
+                    b,
+                    ridge,
+                    solve_dtype=torch.float64,
+                    max_tries=1,
+                    features=features,
+                    weights=weights,
                 )
                 reusable = False  # the workspace holds the failed float32 factor
             if not reusable and W is not None:
@@ -190,8 +218,11 @@ def pcg_krr(
     tol: float = 1e-4,
     max_iters: int = 30,
     accept: float = 1e-2,
+    weights: Tensor | None = None,
 ) -> Tensor | None:
-    """Solve ``(K + U U^T + reg I) alpha = y`` by conjugate gradients preconditioned with ``factor``.
+    """Solve ``(K + U U^T + reg W^{-1}) alpha = y`` by CG preconditioned with ``factor``.
+
+    ``W = diag(weights)`` as in :func:`solve_krr` (default ``I``).
 
     ``factor`` is the lower Cholesky factor ``L`` that :func:`solve_krr` left in its workspace for
     a *nearby* system ``P = L L^T`` (padded to ``m >= n`` with an identity block), e.g. the
@@ -220,6 +251,7 @@ def pcg_krr(
         tol: Relative residual at which CG stops (its recursive estimate, each column).
         accept: Largest directly computed relative residual of an accepted solution.
         max_iters: Most CG iterations.
+        weights: Optional positive row weights (n,) (the ridge of row ``i`` is ``reg / w_i``).
 
     Returns:
         ``alpha`` with the shape and dtype of ``y``, or ``None``.
@@ -231,8 +263,13 @@ def pcg_krr(
     b = y.to(K.dtype)
     pad = b.new_zeros(m - n, b.shape[1])
 
+    inv_w = None if weights is None else (1.0 / weights.double()).to(K.dtype)[:, None]
+
     def apply_a(v: Tensor) -> Tensor:
-        out = torch.addmm(v, K, v, beta=reg)  # K v + reg v
+        # K v + reg W^{-1} v
+        out = (
+            torch.addmm(v, K, v, beta=reg) if inv_w is None else torch.addmm(reg * inv_w * v, K, v)
+        )
         return out if U is None else out.addmm_(U, U.mT @ v)
 
     def apply_p_inv(r: Tensor) -> Tensor:
@@ -284,6 +321,7 @@ def solve_bordered(
     *,
     features: Tensor | None = None,
     factor_out: Tensor | None = None,
+    weights: Tensor | None = None,
 ) -> Tensor | None:
     """Solve the KRR system of rows ``S`` plus ``b`` new rows ``B`` from the factor of ``S``'s.
 
@@ -305,6 +343,8 @@ def solve_bordered(
         features: Optional low-rank part ``U`` of ``S`` then ``B``, shape (n_S + b, r).
         factor_out: Optional (n_S + b, n_S + b) buffer that receives the lower factor of the
             whole bordered matrix, ``[[L, 0], [W^T, L_B]]`` (valid only when ``alpha`` is returned).
+        weights: Optional positive row weights of ``S`` then ``B`` (n_S + b,): the ridge of row
+            ``i`` is ``reg / w_i`` (:func:`solve_krr`), ``A_SS`` factored so.
 
     Returns:
         ``alpha`` (n_S + b, c) in the dtype of ``y``, or ``None`` when the factor is marked
@@ -317,7 +357,11 @@ def solve_bordered(
         return None
     L = factor[:n, :n]
     U = None if features is None else features.to(K_sb.dtype)
-    A_sb, A_bb = K_sb, K_bb + reg * torch.eye(b, dtype=K_bb.dtype, device=K_bb.device)
+    eye = torch.eye(b, dtype=K_bb.dtype, device=K_bb.device)
+    if weights is None:
+        A_sb, A_bb = K_sb, K_bb + reg * eye
+    else:
+        A_sb, A_bb = K_sb, K_bb + torch.diag(reg / weights[n:].to(K_bb.dtype))
     if U is not None:
         A_sb = A_sb + U[:n] @ U[n:].mT
         A_bb = A_bb + U[n:] @ U[n:].mT
@@ -337,8 +381,9 @@ def solve_bordered(
     r = torch.cat([K_ss @ alpha_s + K_sb @ alpha_b, K_sb.mT @ alpha_s + K_bb @ alpha_b])
     if U is not None:
         r = r + U @ (U.mT @ alpha)
-    res = float(((r.double() - rhs.double()) ** 2).sum())
-    if not res <= float((rhs.double() ** 2).sum()):
+    wd = 1.0 if weights is None else weights.double()[:, None]
+    res = float((wd * (r.double() - rhs.double()) ** 2).sum())
+    if not res <= float((wd * rhs.double() ** 2).sum()):
         return None
     if factor_out is not None:
         factor_out[:n, :n].copy_(L)  # cholesky_ex zeroes the upper triangle
@@ -348,8 +393,10 @@ def solve_bordered(
     return alpha.to(y.dtype)
 
 
-def solve_nystrom(Phi: Tensor, K_cc: Tensor, y: Tensor, reg: float) -> Tensor:
-    """Nyström kernel ridge regression: ``(Phi^T Phi + reg K_cc) w = Phi^T y``.
+def solve_nystrom(
+    Phi: Tensor, K_cc: Tensor, y: Tensor, reg: float, weights: Tensor | None = None
+) -> Tensor:
+    """Nyström kernel ridge regression: ``(Phi^T W Phi + reg K_cc) w = Phi^T W y``.
 
     The predictor ``f(x) = k(x, C) w`` over ``b`` centres ``C`` minimizing
     ``||Phi w - y||^2 + reg w^T K_cc w`` (``Phi = k(X, C)``, (n, b); ``K_cc = k(C, C)``, (b, b)):
@@ -363,6 +410,7 @@ def solve_nystrom(Phi: Tensor, K_cc: Tensor, y: Tensor, reg: float) -> Tensor:
         K_cc: Kernel among the centres, shape (b, b), symmetric PSD.
         y: Targets, shape (n,) or (n, c).
         reg: Ridge (>= 0).
+        weights: Optional row weights ``W = diag(weights)`` (n,) (default ``I``).
 
     Returns:
         ``w``, shape (b, c), in ``Phi``'s dtype.
@@ -372,8 +420,12 @@ def solve_nystrom(Phi: Tensor, K_cc: Tensor, y: Tensor, reg: float) -> Tensor:
     if y.shape[0] != Phi.shape[0]:
         raise ValueError(f"y has {y.shape[0]} rows, Phi {Phi.shape[0]}")
     P = Phi.double()  # float32 products left the system indefinite at 160k rows (reg 1e-4)
+    Y = y.double().reshape(y.shape[0], -1)
+    if weights is not None:  # rows scaled by sqrt(w): the weighted least squares
+        root = weights.double().sqrt()[:, None]
+        P, Y = P * root, Y * root
     A = P.T @ P + float(reg) * K_cc.double()
-    rhs = P.T @ y.double().reshape(y.shape[0], -1)
+    rhs = P.T @ Y
     scale = float(A.diagonal().mean()) or 1.0
     eye = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
     for k in range(6):
