@@ -122,18 +122,19 @@ def probe_input_maps(
         rows = rows[~data.holdout]
     rows = _subsample(rows, PROBE_ROWS, g)
     vrows = _subsample(torch.arange(data.X_val.shape[0], device=rows.device), PROBE_VAL_ROWS, g)
-    X, y = data.X[rows], data.y[rows]
+    X, y, w = data.X[rows], data.y[rows], data.weights(rows)
     X_val, y_val = data.X_val[vrows], data.y_val[vrows]
+    w_val = data.val_weights(vrows)
     preds: dict[InputMapName, Tensor] = {}
     config = probe_config(leaf)
     for name in INPUT_MAPS:
         Xm, Xm_val = imap.encode(X, name), imap.encode(X_val, name)
         probe = LeafRFM(kernel, config)
         g.manual_seed(seed)  # every map's leaf starts from the same draws
-        probe.fit(Xm, y, Xm_val, y_val, generator=g)
+        probe.fit(Xm, y, Xm_val, y_val, sample_weight=w, val_sample_weight=w_val, generator=g)
         with torch.no_grad():
             preds[name] = probe(Xm_val)
-    return choose_map_set(preds, y_val, max_maps, margin, leaf.criterion)
+    return choose_map_set(preds, y_val, max_maps, margin, leaf.criterion, w_val)
 
 
 def choose_map_set(
@@ -142,8 +143,11 @@ def choose_map_set(
     max_maps: int,
     margin: float,
     criterion: Criterion = "mse",
+    weights: Tensor | None = None,
 ) -> list[InputMapName]:
     """The rule of :func:`probe_input_maps` on each map's validation predictions (n_val, c).
+
+    ``weights`` (n_val,): the validation rows' sample weights (weighted per-row losses).
 
     A set of maps predicts the mean of its members' predictions. Sets are visited by size, then in
     the order of ``preds`` (the first map alone is the start); a set replaces the one chosen so far
@@ -156,7 +160,7 @@ def choose_map_set(
     def averaged(s: tuple[InputMapName, ...]) -> Tensor:
         return cast(Tensor, sum(preds[m] for m in s)) / len(s)
 
-    errors = {s: validation_errors(averaged(s), y_val, criterion)[1] for s in sets}
+    errors = {s: validation_errors(averaged(s), y_val, criterion, weights)[1] for s in sets}
     chosen = sets[0]
     for s in sets[1:]:
         if paired_win(errors[s], errors[chosen], margin):

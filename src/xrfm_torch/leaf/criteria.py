@@ -68,7 +68,7 @@ def class_probabilities(
     return p / p.sum(1, keepdim=True)
 
 
-def fit_platt(scores: Tensor, labels: Tensor) -> Tensor:
+def fit_platt(scores: Tensor, labels: Tensor, weights: Tensor | None = None) -> Tensor:
     r"""Platt's map on the log-scores, fitted by validation log-loss: ``platt`` (K + 1,).
 
     :math:`p = \mathrm{softmax}(a \log \max(s, \epsilon) + b)` with one slope ``a`` and a
@@ -82,8 +82,10 @@ def fit_platt(scores: Tensor, labels: Tensor) -> Tensor:
     Args:
         scores: Validation class scores (n, K).
         labels: Their true classes (n,), long.
+        weights: Optional row weights (n,): the weighted mean cross-entropy.
     """
     s = scores.detach().double()
+    rw = None if weights is None else relative(weights).double()
     k = s.shape[1]
     w = torch.zeros(k + 1, dtype=torch.float64, device=s.device)
     w[0] = 1.0
@@ -98,7 +100,11 @@ def fit_platt(scores: Tensor, labels: Tensor) -> Tensor:
 
     def closure() -> Tensor:
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(platt_logits(s, w), labels)
+        logits = platt_logits(s, w)
+        if rw is None:
+            loss = torch.nn.functional.cross_entropy(logits, labels)
+        else:
+            loss = (rw * torch.nn.functional.cross_entropy(logits, labels, reduction="none")).mean()
         loss = loss + PLATT_RIDGE * (w * w).sum()
         loss.backward()
         return loss
@@ -114,7 +120,11 @@ def row_logloss(p: Tensor, labels: Tensor) -> Tensor:
 
 
 def fit_softmax_scale(
-    scores: Tensor, labels: Tensor, low: float = 1e-2, high: float = 1e4
+    scores: Tensor,
+    labels: Tensor,
+    low: float = 1e-2,
+    high: float = 1e4,
+    weights: Tensor | None = None,
 ) -> float:
     """The ``a`` in ``[low, high]`` minimizing the mean log-loss of ``softmax(a * scores)``.
 
@@ -129,11 +139,13 @@ def fit_softmax_scale(
         labels: True classes (n,), long.
         low: Smallest scale searched.
         high: Largest scale searched.
+        weights: Optional row weights (n,): the weighted mean log-loss.
     """
     s = scores.double()
+    rw = 1.0 if weights is None else relative(weights).double()
 
     def loss(log_a: float) -> float:
-        return float(row_logloss(torch.softmax(math.exp(log_a) * s, 1), labels).mean())
+        return float((rw * row_logloss(torch.softmax(math.exp(log_a) * s, 1), labels)).mean())
 
     a, b = math.log(low), math.log(high)
     ratio = (math.sqrt(5) - 1) / 2
@@ -151,7 +163,12 @@ def fit_softmax_scale(
     return math.exp((a + b) / 2)
 
 
-def choose_softmax_scale(scores: Tensor, labels: Tensor, margin: float = SOFTMAX_MARGIN) -> float:
+def choose_softmax_scale(
+    scores: Tensor,
+    labels: Tensor,
+    margin: float = SOFTMAX_MARGIN,
+    weights: Tensor | None = None,
+) -> float:
     """0 (keep clipping) or the fitted softmax scale, whichever the validation rows support.
 
     The softmax is taken when its per-row log-loss beats clipping's by ``margin`` paired standard
@@ -161,13 +178,15 @@ def choose_softmax_scale(scores: Tensor, labels: Tensor, margin: float = SOFTMAX
         scores: Validation class scores (n, K).
         labels: Their true classes (n,), long.
         margin: Paired standard errors the softmax must win by.
+        weights: Optional row weights (n,): weighted per-row losses.
     """
     n = scores.shape[0]
     if n < 2:
         return 0.0
-    a = fit_softmax_scale(scores, labels)
+    a = fit_softmax_scale(scores, labels, weights=weights)
     s = scores.double()
     d = row_logloss(class_probabilities(s), labels) - row_logloss(class_probabilities(s, a), labels)
+    d = d if weights is None else d * relative(weights).double()
     return a if float(d.mean()) > margin * float(d.std()) / math.sqrt(n) else 0.0
 
 

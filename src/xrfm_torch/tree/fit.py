@@ -73,11 +73,7 @@ class LeafFitting:
         """Fit one leaf per leaf of ``layout``: leaves, pending final-solve rows, owner ranks."""
         return fit_leaves(
             layout,
-            data.X,
-            data.y,
-            data.X_val,
-            data.y_val,
-            data.holdout,
+            data,
             new_leaf=self.new_leaf,
             min_leaf_val=self.min_leaf_val,
             max_borrow_fraction=self.max_borrow_fraction,
@@ -135,7 +131,7 @@ def _refit_job(data: FitData, idx: Tensor | None) -> LeafJob | None:
     """The final solve of one leaf on ``data``'s rows ``idx`` (``None``: nothing to do)."""
     if idx is None:
         return None
-    return lambda leaf: leaf.refit(data.X[idx], data.y[idx])
+    return lambda leaf: leaf.refit(data.X[idx], data.y[idx], data.weights(idx))
 
 
 def fit_trees(
@@ -210,6 +206,7 @@ def fit_trees(
                 kernel=fitting.kernel,
                 generator=generator,
                 overlap_fraction=overlap_fraction,
+                weights=(mapped.w, None if held else mapped.w_val),
             )
             leaves, pending, owners = fitting.fit(
                 layout, mapped, generator, progress, len(grown.trees)
@@ -232,7 +229,7 @@ def fit_trees(
         preds = temperature_predictions(
             grown.trees, xs, grid, keep_mass=keep_mass, max_leaves=max_soft_leaves
         )
-        errs = prediction_errors(preds, data.y_val, fitting.leaf.criterion)
+        errs = prediction_errors(preds, data.y_val, fitting.leaf.criterion, data.w_val)
         best = min(range(len(errs)), key=lambda i: errs[i])
         temperature, scores = float(grid[best]), preds[best]
         log.info(

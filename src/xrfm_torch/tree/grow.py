@@ -6,6 +6,7 @@ runs it for a whole model (trees, temperature, refits).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from torch import Tensor
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.approx import approx_width
+from xrfm_torch.leaf.data import FitData
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.memory import (
     MemoryBudget,
@@ -76,15 +78,15 @@ def _iqr(x: Tensor) -> float:
     return max(float(q[1] - q[0]), 1e-6)
 
 
-def _cut(proj: Tensor, split: Split) -> tuple[Tensor, Tensor, float]:
-    """Apply a split's threshold, falling back to the balanced median cut if a side is empty."""
+def _cut(proj: Tensor, split: Split, weights: Tensor | None) -> tuple[Tensor, Tensor, float]:
+    """Apply a split's threshold, falling back to the (weighted) median cut if a side is empty."""
     if split.threshold is not None:
         go_left = proj <= split.threshold
         n_left = int(go_left.sum())
         if 0 < n_left < proj.shape[0]:
             idx = torch.arange(proj.shape[0], device=proj.device)
             return idx[go_left], idx[~go_left], float(split.threshold)
-    return balanced_split(proj)
+    return balanced_split(proj, weights)
 
 
 def _overlap(
@@ -116,6 +118,7 @@ def grow_tree(
     kernel: Kernel,
     generator: torch.Generator | None,
     overlap_fraction: float = 0.0,
+    weights: tuple[Tensor | None, Tensor | None] = (None, None),
 ) -> TreeLayout:
     """Recursively split until every node holds at most ``max_leaf_size`` training rows.
 
@@ -133,10 +136,20 @@ def grow_tree(
             (the reference's ``overlap_fraction``, which applies it at every node), capped so that
             leaves stay within ``max_leaf_size``: overlap adds rows near the last cut, never
             leaves or depth. Validation rows are routed without overlap.
+        weights: ``(training row weights (n,), validation row weights (n_val,))``, each ``None``
+            for 1: handed to the split rule (its ``weights`` keyword), and the median cut is the
+            weighted median (:func:`~xrfm_torch.tree.splits.balanced_split`).
 
     Returns:
         The layout; leaves are numbered in depth-first, left-first order.
     """
+    w, w_val = weights
+    weighted = w is not None or w_val is not None
+    if weighted and "weights" not in inspect.signature(split_rule).parameters:
+        raise TypeError(
+            f"split rule {type(split_rule).__name__} takes no 'weights' keyword, so it cannot "
+            "split a weighted fit; add weights=(row weights, validation row weights) to it"
+        )
     vectors: list[Tensor] = []
     thresholds: list[float] = []
     scales: list[float] = []
@@ -154,6 +167,8 @@ def grow_tree(
             layout.leaf_val.append(vidx)
             return -len(layout.leaf_train)
         has_val = vidx.numel() > 0
+        wi = None if w is None else w[idx]
+        extra = {"weights": (wi, None if w_val is None or not has_val else w_val[vidx])}
         split = split_rule(
             X[idx],
             y[idx],
@@ -161,10 +176,11 @@ def grow_tree(
             y_val[vidx] if has_val else None,
             kernel=kernel,
             generator=generator,
+            **(extra if weighted else {}),
         )
         v = split.direction.to(dtype=X.dtype, device=X.device)
         proj = X[idx] @ v  # (n_node,)
-        left, right, thr = _cut(proj, split)
+        left, right, thr = _cut(proj, split, wi)
         left, right = _overlap(proj, left, right, overlap_fraction, max_leaf_size)
         node = len(thresholds)
         vectors.append(v)
@@ -216,11 +232,7 @@ def borrow_validation_rows(
 
 def fit_leaves(
     layout: TreeLayout,
-    X: Tensor,
-    y: Tensor,
-    X_val: Tensor,
-    y_val: Tensor,
-    holdout: Tensor | None,
+    data: FitData,
     *,
     new_leaf: Callable[[], LeafRFM],
     min_leaf_val: int,
@@ -234,8 +246,10 @@ def fit_leaves(
 ) -> tuple[list[LeafRFM], list[Tensor | None], list[int]]:
     """Fit one LeafRFM per leaf of ``layout`` on the rows routed to it.
 
-    Validation rows per leaf: with ``holdout`` (bool mask over ``X``: no user validation data), the
-    leaf's held-out rows; otherwise the routed ``X_val`` rows. After a split, a leaf short of
+    ``data``: the (mapped) training and validation rows and their weights, if any (every leaf
+    row keeps its weight: training, validation, borrowed and final-solve rows alike).
+    Validation rows per leaf: with ``data.holdout`` (bool mask over ``X``: no user validation
+    data), the leaf's held-out rows; otherwise the routed ``X_val`` rows. After a split, a leaf short of
     validation rows borrows training rows (:func:`borrow_validation_rows`).
 
     Overlap rows (training rows of a leaf that the thresholds route elsewhere) join only the final
@@ -254,14 +268,16 @@ def fit_leaves(
         subsample, so a leaf never pays for two extra solves); per leaf the rank that fitted it.
     """
     generator = own_generator(generator)
-    plans: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # (train, X_val, y_val, final rows)
+    X, y, holdout, w = data.X, data.y, data.holdout, data.w
+    # (train, X_val, y_val, final rows, validation weights)
+    plans: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]] = []
     for index, (rows, va) in enumerate(zip(layout.leaf_train, layout.leaf_val)):
         if holdout is not None:
             tr, held = rows[~holdout[rows]], rows[holdout[rows]]
-            Xv, yv = X[held], y[held]
+            Xv, yv, wv = X[held], y[held], data.weights(held)
         else:
             tr = rows
-            Xv, yv = X_val[va], y_val[va]
+            Xv, yv, wv = data.X_val[va], data.y_val[va], data.val_weights(va)
         extra = tr[:0]
         if layout.overlap:
             own = hard_route(X[tr], layout.vectors, layout.thresholds, layout.children) == index
@@ -278,7 +294,9 @@ def fit_leaves(
                 generator=generator,
             )
             Xv, yv = torch.cat([Xv, X[borrowed]]), torch.cat([yv, y[borrowed]])
-        plans.append((tr, Xv, yv, rows if refit_borrowed else torch.cat([tr, extra])))
+            if wv is not None and w is not None:
+                wv = torch.cat([wv, w[borrowed]])
+        plans.append((tr, Xv, yv, rows if refit_borrowed else torch.cat([tr, extra]), wv))
     seeds = leaf_seeds(generator, len(plans))
     leaves = [new_leaf().to(device=X.device, dtype=X.dtype) for _ in plans]
     # before any leaf is fitted: every planned leaf against the memory budget; one that would
@@ -291,12 +309,13 @@ def fit_leaves(
     done = [0]
 
     def job(k: int) -> LeafJob:
-        tr, Xv, yv, final = plans[k]
+        tr, Xv, yv, final, wv = plans[k]
+        wt = None if w is None else w[tr]
 
         def run(leaf: LeafRFM) -> None:
             g = torch.Generator().manual_seed(seeds[k])
             if Xv.shape[0] == 0:
-                leaf.fit(X[tr], y[tr], generator=g, final_solve=False)
+                leaf.fit(X[tr], y[tr], sample_weight=wt, generator=g, final_solve=False)
             elif holdout is None and leaf.config.iter_rows is None:
                 # the final solve's rows are known now and the temperature is tuned on the
                 # user's validation data either way, so the leaf adds them while its factor is
@@ -304,9 +323,28 @@ def fit_leaves(
                 joins = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
                 joins[tr] = False
                 more = final[joins[final]]
-                leaf.fit(X[tr], y[tr], Xv, yv, generator=g, extra=(X[more], y[more]))
+                leaf.fit(
+                    X[tr],
+                    y[tr],
+                    Xv,
+                    yv,
+                    sample_weight=wt,
+                    val_sample_weight=wv,
+                    generator=g,
+                    extra=(X[more], y[more]),
+                    extra_weight=None if w is None else w[more],
+                )
             else:
-                leaf.fit(X[tr], y[tr], Xv, yv, generator=g, final_solve=False)
+                leaf.fit(
+                    X[tr],
+                    y[tr],
+                    Xv,
+                    yv,
+                    sample_weight=wt,
+                    val_sample_weight=wv,
+                    generator=g,
+                    final_solve=False,
+                )
             done[0] += 1
             if progress is not None:
                 progress(tree_index, done[0], len(plans))
@@ -329,13 +367,13 @@ def fit_leaves(
             width=size[3],
             approx_iters=leaf.config.approx_iters,
         )
-        for leaf, (_, _, _, final), size in zip(leaves, plans, sizes)
+        for leaf, (_, _, _, final, _), size in zip(leaves, plans, sizes)
     ]
     owners = assign_by_cost(costs, world(distributed)[1])
     run_leaf_jobs(leaves, [job(k) for k in range(len(plans))], owners, distributed=distributed)
     refit = [
         final if leaf.support_.shape[0] < final.shape[0] else None
-        for leaf, (_, _, _, final) in zip(leaves, plans)
+        for leaf, (_, _, _, final, _) in zip(leaves, plans)
     ]
     return leaves, refit, owners
 

@@ -404,10 +404,20 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         X_val: Tensor | None = None,
         y_val: Tensor | None = None,
         *,
+        sample_weight: Tensor | None = None,
+        val_sample_weight: Tensor | None = None,
         generator: torch.Generator | None = None,
         progress: Progress | None = None,
     ) -> xRFMTree:
         """Grow the tree(s), fit every leaf, tune the routing temperature.
+
+        Sample weights reach every part of the fit that measures rows: each leaf's solves
+        (weighted kernel ridge regression), its AGOP and the split models', the median cuts
+        (weighted medians), and every choice made on validation rows (iterations, exponent,
+        ridge, input maps, temperature, probability calibration), where ``val_sample_weight``
+        (or, for held-out rows, their own weights) weight the errors. Only their ratios matter
+        (each set is divided by its mean); rows of weight 0 are dropped. The input and target
+        standardization, which only fix units, stay unweighted.
 
         Args:
             X: Training inputs, shape (n, d), floating, finite.
@@ -416,6 +426,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
                 the training rows is held out for leaf selection and temperature tuning, then added
                 back to the leaves (``refit_borrowed``).
             y_val: Validation targets, shape (n_val,) or (n_val, c).
+            sample_weight: Training row weights (n,): finite, non-negative, not all 0.
+            val_sample_weight: Validation row weights (n_val,) (needs ``X_val``).
             generator: CPU random generator; the same seed gives the same model (default: a new
                 one seeded with ``torch.initial_seed()``; the global generator is untouched).
             progress: Called as ``progress(tree_index, leaves_done, leaves_total)`` after each
@@ -427,15 +439,30 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         start = time.perf_counter()
         generator = own_generator(generator)
         data = fit_data(
-            X, y, X_val, y_val, val_fraction=self.val_fraction, generator=generator, allow_nan=True
+            X,
+            y,
+            X_val,
+            y_val,
+            val_fraction=self.val_fraction,
+            generator=generator,
+            allow_nan=True,
+            sample_weight=sample_weight,
+            val_sample_weight=val_sample_weight,
+            relative_weights=True,
         )
-        check_same_data(self.distributed, data.X, data.y, data.X_val, data.y_val)
+        if self.variance is not None and (data.w is not None or data.w_val is not None):
+            raise ValueError(
+                f"uncertainty={self.uncertainty!r} cannot be fitted with sample weights yet: the "
+                "leaves' Gaussian-process noise model is unweighted (use uncertainty='none')"
+            )
+        weights = [t for t in (data.w, data.w_val) if t is not None]
+        check_same_data(self.distributed, data.X, data.y, data.X_val, data.y_val, *weights)
         self.input_map.fit(
             data.X,
             knots=self.input_transform != "identity",
             categorical=self.categorical_features or (),
         )
-        data = self.targets.fit(data.y).encode_data(data)
+        data = self.targets.fit(data.y, data.w).encode_data(data)
         maps = choose_maps(
             self.input_transform,
             self.input_map,
@@ -473,7 +500,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             self.variance.fit(grown.val_moments, data.y_val)
             broadcast_module(self.variance, self.distributed)
         if grown.val_scores is not None:
-            chosen = self.targets.calibrate(self.targets.decode(grown.val_scores), data.y_val)
+            scores = self.targets.decode(grown.val_scores)
+            chosen = self.targets.calibrate(scores, data.y_val, data.w_val)
             log.info("probabilities: %s", chosen)
         self.trees = nn.ModuleList(grown.trees)
         self.input_map.set_maps(grown.maps)
@@ -497,6 +525,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         X_val: Tensor | None = None,
         y_val: Tensor | None = None,
         *,
+        sample_weight: Tensor | None = None,
+        val_sample_weight: Tensor | None = None,
         generator: torch.Generator | None = None,
     ) -> xRFMTree:
         """Re-fit every leaf in closed form on new rows, keeping the routing (splits, temperature).
@@ -509,6 +539,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             y: Targets, shape (n,) or (n, c).
             X_val: Validation inputs (default: a seeded ``val_fraction`` of ``X`` is held out).
             y_val: Validation targets.
+            sample_weight: Row weights (n,), as in :meth:`fit`.
+            val_sample_weight: Validation row weights (n_val,).
             generator: CPU random generator.
         """
         self._check_fitted()
@@ -521,7 +553,12 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             generator=(generator := own_generator(generator)),
             n_features=self.n_features_in_,
             allow_nan=True,
+            sample_weight=sample_weight,
+            val_sample_weight=val_sample_weight,
+            relative_weights=True,
         )
+        if self.variance is not None and (data.w is not None or data.w_val is not None):
+            raise ValueError("refit_leaves with sample weights needs uncertainty='none'")
         data = self.targets.encode_data(data)
         trees = self.partition_trees()
         # the input and target maps keep their statistics: the routing was learned on them

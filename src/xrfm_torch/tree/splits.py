@@ -50,7 +50,12 @@ class SplitRule(Protocol):
         kernel: Kernel,
         generator: torch.Generator | None,
     ) -> Split:
-        """Choose the split of the node holding ``X`` (n, d) and ``y`` (n, c)."""
+        """Choose the split of the node holding ``X`` (n, d) and ``y`` (n, c).
+
+        A rule that takes a keyword ``weights``, ``(training row weights (n,), validation row
+        weights (n_val,) or None)``, is given it in a weighted fit (the package's rules do);
+        a rule without it cannot serve a weighted fit (the tree says so).
+        """
         ...
 
 
@@ -62,14 +67,23 @@ def _subsample(
     return torch.randperm(n, generator=generator)[:size].to(device)
 
 
-def balanced_split(proj: Tensor) -> tuple[Tensor, Tensor, float]:
-    """Rank-balanced median cut of projections.
+#: A weighted median cut leaves each child at least this share of the rows (so extreme weights
+#: cannot make the tree deep: leaf sizes, and the cost of a leaf, are counted in rows).
+MIN_WEIGHTED_SIDE = 0.25
+
+
+def balanced_split(proj: Tensor, weights: Tensor | None = None) -> tuple[Tensor, Tensor, float]:
+    """Rank-balanced median cut of projections (weighted median with ``weights``).
 
     Rows are ordered by ``(proj, row index)`` (a stable sort), so ties are broken deterministically
     and duplicate rows cannot recurse forever: the left child always gets exactly ``ceil(n/2)``.
+    With ``weights`` (n,) the cut is the weighted median, the first position where the left
+    side's weight reaches half the total, kept within ``[MIN_WEIGHTED_SIDE, 1 -
+    MIN_WEIGHTED_SIDE]`` of the rows.
 
     Args:
         proj: Projections ``X @ v``, shape (n,), n >= 2.
+        weights: Optional row weights (n,).
 
     Returns:
         ``(left_idx, right_idx, threshold)``; the threshold is the midpoint of the two middle
@@ -78,6 +92,11 @@ def balanced_split(proj: Tensor) -> tuple[Tensor, Tensor, float]:
     n = proj.shape[0]
     order = torch.sort(proj, stable=True).indices
     k = math.ceil(n / 2)
+    if weights is not None and n > 1:
+        cum = weights[order].double().cumsum(0)
+        half = int(torch.searchsorted(cum, cum[-1] / 2)) + 1  # rows up to the weighted median
+        low = max(1, math.ceil(MIN_WEIGHTED_SIDE * n))
+        k = min(max(half, low), n - low) if n - low >= low else k
     left, right = order[:k], order[k:]
     threshold = (
         0.5 * (float(proj[order[k - 1]]) + float(proj[order[k]])) if n > 1 else float(proj[0])
@@ -85,8 +104,13 @@ def balanced_split(proj: Tensor) -> tuple[Tensor, Tensor, float]:
     return left, right, threshold
 
 
-def sse_cut(X: Tensor, y: Tensor, min_child_fraction: float) -> tuple[int, float] | None:
+def sse_cut(
+    X: Tensor, y: Tensor, min_child_fraction: float, weights: Tensor | None = None
+) -> tuple[int, float] | None:
     """Best single column and threshold by summed squared error (the CART regression cost).
+
+    With ``weights`` (n,), the weighted SSE ``sum_i w_i (y_i - mean_w)^2`` of each side (the
+    admissible cuts still count rows).
 
     ``(j*, t*) = argmin_j argmin_t SSE(y | x_j <= t) + SSE(y | x_j > t)``, summed over outputs, with
     each side keeping at least ``min_child_fraction`` of the rows and cuts only between distinct
@@ -96,6 +120,7 @@ def sse_cut(X: Tensor, y: Tensor, min_child_fraction: float) -> tuple[int, float
         X: Candidate coordinates, shape (n, d) (features, or one projection as (n, 1)).
         y: Targets, shape (n, c).
         min_child_fraction: Smallest share of the rows either side may get, in (0, 0.5].
+        weights: Optional row weights (n,).
 
     Returns:
         ``(j, threshold)`` with the threshold midway between the two values at the cut, or ``None``
@@ -104,14 +129,22 @@ def sse_cut(X: Tensor, y: Tensor, min_child_fraction: float) -> tuple[int, float
     n, d = X.shape
     xs, order = torch.sort(X, dim=0, stable=True)  # (n, d) per-column order
     ys = y[order]  # (n, d, c): targets in each column's order
-    csum = ys.cumsum(0)  # (n, d, c)
-    csq = (ys * ys).cumsum(0).sum(-1)  # (n, d)
+    total: float | Tensor
+    if weights is None:
+        wy, k = ys, torch.arange(1, n, device=X.device, dtype=X.dtype)[:, None]  # left sizes
+        total = float(n)
+    else:
+        ws = weights.to(X.dtype)[order]  # (n, d)
+        wy = ys * ws[..., None]
+        cw = ws.cumsum(0)
+        k, total = cw[:-1], cw[-1]  # left weights (n-1, d), total weight (d,)
+    csum = wy.cumsum(0)  # (n, d, c)
+    csq = (wy * ys).cumsum(0).sum(-1)  # (n, d)
     tot, tot_sq = csum[-1], csq[-1]  # (d, c), (d,)
-    k = torch.arange(1, n, device=X.device, dtype=X.dtype)[:, None]  # left sizes (n-1, 1)
     left_s, left_q = csum[:-1], csq[:-1]
     sse_left = left_q - (left_s * left_s).sum(-1) / k
     right_s = tot - left_s
-    sse_right = (tot_sq - left_q) - (right_s * right_s).sum(-1) / (n - k)
+    sse_right = (tot_sq - left_q) - (right_s * right_s).sum(-1) / (total - k)
     cost = sse_left + sse_right  # (n-1, d): cut after sorted position i
     lo = max(1, math.ceil(min_child_fraction * n))
     valid = torch.zeros(n - 1, d, dtype=torch.bool, device=X.device)
@@ -166,20 +199,31 @@ class AGOPSplit:
         *,
         kernel: Kernel,
         generator: torch.Generator | None,
+        weights: tuple[Tensor | None, Tensor | None] = (None, None),
     ) -> Split:
+        w, w_val = weights
         idx = _subsample(X.shape[0], self.sample_size, generator, X.device)
         if X_val is not None and y_val is not None and X_val.shape[0] >= 2:
             vidx = _subsample(X_val.shape[0], max(2, self.sample_size // 4), generator, X.device)
             X_val, y_val = X_val[vidx], y_val[vidx]
+            w_val = None if w_val is None else w_val[vidx]
         else:
-            X_val = y_val = None
+            X_val = y_val = w_val = None
         config = LeafConfig.plain(n_iters=self.n_iters, reg=self.reg, diag=self.diag)
         model = LeafRFM(kernel, config)
-        model.fit(X[idx], y[idx], X_val, y_val, generator=generator)
-        v = top_eigenvector(model.agop(diag=False))
+        model.fit(
+            X[idx],
+            y[idx],
+            X_val,
+            y_val,
+            sample_weight=None if w is None else w[idx],
+            val_sample_weight=w_val,
+            generator=generator,
+        )
+        v = top_eigenvector(model.agop(diag=False))  # at the (weighted) model's support rows
         if self.threshold == "median":
             return Split(v)
-        cut = sse_cut((X @ v.to(X.dtype))[:, None], y, self.min_child_fraction)
+        cut = sse_cut((X @ v.to(X.dtype))[:, None], y, self.min_child_fraction, w)
         return Split(v, None if cut is None else cut[1])
 
 
@@ -196,9 +240,15 @@ class PCASplit:
         *,
         kernel: Kernel,
         generator: torch.Generator | None,
+        weights: tuple[Tensor | None, Tensor | None] = (None, None),
     ) -> Split:
-        Xc = X - X.mean(0)
-        return Split(top_eigenvector(Xc.mT @ Xc))
+        w = weights[0]
+        if w is None:
+            Xc = X - X.mean(0)
+            return Split(top_eigenvector(Xc.mT @ Xc))
+        w = (w / w.sum()).to(X.dtype)[:, None]  # weighted mean and covariance
+        Xc = X - (w * X).sum(0)
+        return Split(top_eigenvector(Xc.mT @ (w * Xc)))
 
 
 @dataclass
@@ -214,9 +264,10 @@ class RandomSplit:
         *,
         kernel: Kernel,
         generator: torch.Generator | None,
+        weights: tuple[Tensor | None, Tensor | None] = (None, None),
     ) -> Split:
         v = torch.randn(X.shape[1], generator=generator, dtype=X.dtype).to(X.device)
-        return Split(v / v.norm())
+        return Split(v / v.norm())  # (weights: the tree's weighted median places the cut)
 
 
 @dataclass
@@ -245,8 +296,9 @@ class CARTSplit:
         *,
         kernel: Kernel,
         generator: torch.Generator | None,
+        weights: tuple[Tensor | None, Tensor | None] = (None, None),
     ) -> Split:
-        cut = sse_cut(X, y, self.min_child_fraction)
+        cut = sse_cut(X, y, self.min_child_fraction, weights[0])
         d = X.shape[1]
         if cut is None:
             return Split(torch.eye(d, dtype=X.dtype, device=X.device)[0])  # caller falls back

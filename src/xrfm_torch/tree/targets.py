@@ -120,8 +120,12 @@ class TargetCoding(ResizableBuffers):
         return as_long
 
     @torch.no_grad()
-    def fit(self, y: Tensor) -> TargetCoding:
-        """Fit to training targets: regression (n, c) statistics, or the number of classes."""
+    def fit(self, y: Tensor, weights: Tensor | None = None) -> TargetCoding:
+        """Fit to training targets: regression (n, c) statistics, or the number of classes.
+
+        ``weights`` (n,) weight the class prior of ``"prevalence"`` codes; the regression
+        statistics only fix the units the leaves work in and stay unweighted.
+        """
         if self.task == "regression":
             self.scaler.fit(y)
             return self
@@ -130,7 +134,8 @@ class TargetCoding(ResizableBuffers):
         if k < 2:
             raise ValueError(f"classification needs at least 2 classes, got labels 0 .. {k - 1}")
         self.n_classes_ = torch.tensor(k, device=y.device)
-        prior = torch.bincount(labels, minlength=k).to(y.dtype) / len(labels)
+        counts = torch.bincount(labels, weights=weights, minlength=k).to(y.dtype)
+        prior = counts / counts.sum()
         self.prior_ = prior if self.class_coding == "prevalence" else torch.zeros_like(prior)
         return self
 
@@ -157,7 +162,7 @@ class TargetCoding(ResizableBuffers):
         return scores + self.prior_.to(scores.dtype)  # affine: commutes with mixing leaves
 
     @torch.no_grad()
-    def calibrate(self, scores: Tensor, y_val: Tensor) -> str:
+    def calibrate(self, scores: Tensor, y_val: Tensor, weights: Tensor | None = None) -> str:
         """Choose how scores become probabilities, from validation rows the leaves did not fit.
 
         ``"platt"`` fits ``softmax(a log max(s, 0.01) + b)`` by validation log-loss
@@ -169,6 +174,7 @@ class TargetCoding(ResizableBuffers):
         Args:
             scores: Decoded class scores of the validation rows (n_val, K).
             y_val: Their codes (:meth:`encode`), (n_val, K).
+            weights: The validation rows' sample weights (n_val,): a weighted log-loss.
 
         Returns:
             What was chosen, in words (for the log).
@@ -177,11 +183,11 @@ class TargetCoding(ResizableBuffers):
         if self.task == "classification" and self.calibration != "clip" and len(scores) > 0:
             labels = (y_val + self.prior_.to(y_val.dtype)).argmax(1)
             if self.calibration == "platt":
-                platt = fit_platt(scores, labels)
+                platt = fit_platt(scores, labels, weights)
             elif self.calibration == "softmax":
-                scale = fit_softmax_scale(scores, labels)
+                scale = fit_softmax_scale(scores, labels, weights=weights)
             else:
-                scale = choose_softmax_scale(scores, labels)
+                scale = choose_softmax_scale(scores, labels, weights=weights)
         self.softmax_scale_ = torch.tensor(scale, device=scores.device)
         self.platt_ = platt
         if platt.numel():

@@ -65,13 +65,19 @@ def temperature_predictions(
 
 
 def prediction_errors(
-    preds: Sequence[Tensor], y_val: Tensor, criterion: Criterion = "mse"
+    preds: Sequence[Tensor],
+    y_val: Tensor,
+    criterion: Criterion = "mse",
+    weights: Tensor | None = None,
 ) -> list[float]:
-    """The validation criterion's value of each prediction (n_val, c) against ``y_val``."""
+    """The validation criterion's value of each prediction (n_val, c) against ``y_val``.
+
+    ``weights`` (n_val,): the rows' sample weights (the weighted mean loss).
+    """
     y_val = as_float_targets(y_val, "y_val", n_rows=preds[0].shape[0], dtype=preds[0].dtype)
-    if criterion == "mse":  # over all entries at once (the same value, summed in one pass)
+    if criterion == "mse" and weights is None:  # all entries at once (same value, one pass)
         return [float(((pred - y_val) ** 2).mean()) for pred in preds]
-    return [validation_errors(pred, y_val, criterion)[0] for pred in preds]
+    return [validation_errors(pred, y_val, criterion, weights)[0] for pred in preds]
 
 
 def temperature_errors(
