@@ -71,7 +71,11 @@ class _XRFMEstimator(BaseEstimator):
     Missing cells (NaN, None, empty) are handled in every column: a numeric one's training mean,
     plus a missing indicator where the training rows had missing cells; a categorical one lights
     no level.
-    ``sample_weight`` is not supported: ``fit`` has no such argument.
+
+    ``fit(X, y, sample_weight=w)`` weights every part of the fit (the solves, the AGOP, the
+    splits and every validation-based choice; :meth:`xrfm_torch.xRFMTree.fit`), with
+    ``eval_sample_weight`` for the rows of ``eval_set``. Only the weights' ratios matter; rows of
+    weight 0 are left out.
     """
 
     _task: Task = "regression"
@@ -161,12 +165,39 @@ class _XRFMEstimator(BaseEstimator):
         return progress, bar
 
     # ---- fitting and prediction ----------------------------------------------------------------
-    def _fit(self, X: np.ndarray, y: np.ndarray, eval_set: tuple[Any, Any] | None) -> Any:
+    def _weights(self, w: Any, n: int, name: str) -> np.ndarray | None:
+        """``w`` as a float64 (n,) array (the core checks the values), or ``None``."""
+        if w is None:
+            return None
+        try:
+            a = np.asarray(w, dtype=np.float64)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{name} must be numbers, got {type(w).__name__}") from err
+        if a.ndim != 1 or a.shape[0] != n:
+            raise ValueError(f"{name} must have shape ({n},), got {a.shape}")
+        return a
+
+    def _fit(
+        self,
+        X: np.ndarray,
+        y: np.ndarray,
+        eval_set: tuple[Any, Any] | None,
+        sample_weight: np.ndarray | None = None,
+        eval_sample_weight: Any | None = None,
+    ) -> Any:
         val = None
         if eval_set is not None:
             if not (isinstance(eval_set, (tuple, list)) and len(eval_set) == 2):
                 raise ValueError("eval_set must be a pair (X_val, y_val)")
             val = (self._read(eval_set[0]), self._encode_y(eval_set[1], "eval_set y"))
+        elif eval_sample_weight is not None:
+            raise ValueError("eval_sample_weight needs eval_set")
+        w_val = (
+            None
+            if val is None
+            else self._weights(eval_sample_weight, len(val[1]), "eval_sample_weight")
+        )
+        sample_weight, w_val = self._class_weighted(y, sample_weight, val, w_val)
         self.tree_ = self._new_tree()
         progress, bar = self._progress()
         try:
@@ -175,6 +206,8 @@ class _XRFMEstimator(BaseEstimator):
                 self._tensor(y),
                 None if val is None else self._tensor(val[0]),
                 None if val is None else self._tensor(val[1]),
+                sample_weight=None if sample_weight is None else self._tensor(sample_weight),
+                val_sample_weight=None if w_val is None else self._tensor(w_val),
                 generator=self._generator(),
                 progress=progress,
             )
@@ -185,6 +218,16 @@ class _XRFMEstimator(BaseEstimator):
 
     def _encode_y(self, y: Any, name: str) -> np.ndarray:
         raise NotImplementedError
+
+    def _class_weighted(
+        self,
+        y: np.ndarray,
+        w: np.ndarray | None,
+        val: tuple[np.ndarray, np.ndarray] | None,
+        w_val: np.ndarray | None,
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The training and validation weights with the class weights applied (classifier)."""
+        return w, w_val
 
     def _read_fit(self, X: Any, y: Any, **y_checks: Any) -> tuple[np.ndarray, np.ndarray]:
         """Check ``X`` and ``y``, learn the categorical columns' levels, give the float matrix."""
@@ -287,18 +330,28 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
     def _task_args(self) -> dict[str, Any]:
         return {"uncertainty": self.uncertainty}
 
-    def fit(self, X: Any, y: Any, eval_set: tuple[Any, Any] | None = None) -> XRFMRegressor:
+    def fit(
+        self,
+        X: Any,
+        y: Any,
+        sample_weight: Any | None = None,
+        eval_set: tuple[Any, Any] | None = None,
+        eval_sample_weight: Any | None = None,
+    ) -> XRFMRegressor:
         """Fit on ``X`` (n, d) and targets ``y`` (n,) or (n, c).
 
         Args:
             X: Array or DataFrame (text categories and missing cells allowed).
             y: Targets.
+            sample_weight: Row weights (n,): finite, non-negative, not all 0.
             eval_set: ``(X_val, y_val)`` for the validation-based choices; without it a seeded
                 ``val_fraction`` of the rows is held out (and then refitted on).
+            eval_sample_weight: Weights of the ``eval_set`` rows.
         """
         X, y = self._read_fit(X, y, y_numeric=True, multi_output=True)
         self._y_ndim = np.ndim(y)
-        return self._fit(X, self._encode_y(y, "y"), eval_set)
+        w = self._weights(sample_weight, len(y), "sample_weight")
+        return self._fit(X, self._encode_y(y, "y"), eval_set, w, eval_sample_weight)
 
     def _encode_y(self, y: Any, name: str) -> np.ndarray:
         return np.asarray(y, dtype=np.float64)
@@ -351,6 +404,12 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
     fitted on the validation rows (``xRFMTree(calibration="platt")``), clipped to
     [1e-3, 1 - 1e-3] and renormalized.
 
+    ``class_weight``: ``None``, ``"balanced"`` (class ``k`` weighs ``n / (K n_k)``, ``n_k`` its
+    training rows, as scikit-learn's) or a dict ``{label: weight}`` (labels not named weigh 1).
+    The class weights multiply ``sample_weight`` and ``eval_sample_weight``, so the
+    validation-based choices (iterations, ridge, temperature, the Platt map) are made on the
+    class-weighted error too.
+
     Attributes:
         tree_: The fitted :class:`~xrfm_torch.xRFMTree` (``task="classification"``).
         classes_: The labels, sorted; column ``k`` of ``predict_proba`` is ``classes_[k]``.
@@ -359,14 +418,62 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
 
     _task: Task = "classification"
 
-    def fit(self, X: Any, y: Any, eval_set: tuple[Any, Any] | None = None) -> XRFMClassifier:
+    def __init__(
+        self,
+        kernel: str | Kernel = "laplace",
+        *,
+        max_leaf_size: int = _TREE["max_leaf_size"],
+        n_iters: int = _LEAF.n_iters,
+        reg: float = _LEAF.reg,
+        diag: bool | str = _LEAF.diag,
+        linear_mix: float = _LEAF.linear_mix,
+        input_transform: str | Sequence[str] = _TREE["input_transform"],
+        n_trees: int | None = _TREE["n_trees"],
+        temperature: float | None = _TREE["temperature"],
+        val_fraction: float = _TREE["val_fraction"],
+        categorical_features: CategoricalSpec = "auto",
+        random_state: int | np.random.RandomState | None = None,
+        verbose: bool = False,
+        device: str = "cpu",
+        dtype: str = "float32",
+        class_weight: str | dict[Any, float] | None = None,
+    ) -> None:
+        super().__init__(
+            kernel,
+            max_leaf_size=max_leaf_size,
+            n_iters=n_iters,
+            reg=reg,
+            diag=diag,
+            linear_mix=linear_mix,
+            input_transform=input_transform,
+            n_trees=n_trees,
+            temperature=temperature,
+            val_fraction=val_fraction,
+            categorical_features=categorical_features,
+            random_state=random_state,
+            verbose=verbose,
+            device=device,
+            dtype=dtype,
+        )
+        self.class_weight = class_weight
+
+    def fit(
+        self,
+        X: Any,
+        y: Any,
+        sample_weight: Any | None = None,
+        eval_set: tuple[Any, Any] | None = None,
+        eval_sample_weight: Any | None = None,
+    ) -> XRFMClassifier:
         """Fit on ``X`` (n, d) and labels ``y`` (n,).
 
         Args:
             X: Array or DataFrame (text categories and missing cells allowed).
             y: Class labels (at least two classes).
+            sample_weight: Row weights (n,): finite, non-negative, not all 0.
             eval_set: ``(X_val, y_val)`` for the validation-based choices; without it a seeded
                 ``val_fraction`` of the rows is held out (and then refitted on).
+            eval_sample_weight: Weights of the ``eval_set`` rows.
         """
         X, y = self._read_fit(X, y)
         check_classification_targets(y)
@@ -375,7 +482,45 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
             raise ValueError(
                 f"XRFMClassifier needs at least 2 classes in y, got 1 class: {self.classes_[0]!r}"
             )
-        return self._fit(X, self._encode_y(y, "y"), eval_set)
+        w = self._weights(sample_weight, len(y), "sample_weight")
+        return self._fit(X, self._encode_y(y, "y"), eval_set, w, eval_sample_weight)
+
+    def _class_weighted(
+        self,
+        y: np.ndarray,
+        w: np.ndarray | None,
+        val: tuple[np.ndarray, np.ndarray] | None,
+        w_val: np.ndarray | None,
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        per_class = self._class_weights(y)
+        if per_class is None:
+            return w, w_val
+        cw = per_class[y.astype(np.int64)]
+        w = cw if w is None else w * cw
+        if val is not None:
+            cv = per_class[val[1].astype(np.int64)]
+            w_val = cv if w_val is None else w_val * cv
+        return w, w_val
+
+    def _class_weights(self, y: np.ndarray) -> np.ndarray | None:
+        """Per class index, its weight (``class_weight``), or ``None``; ``y``: class indices."""
+        cw, k = self.class_weight, len(self.classes_)
+        if cw is None:
+            return None
+        if isinstance(cw, str):
+            if cw != "balanced":
+                raise ValueError(f"class_weight must be None, 'balanced' or a dict, got {cw!r}")
+            counts = np.bincount(y.astype(np.int64), minlength=k).astype(np.float64)
+            return len(y) / (k * np.maximum(counts, 1.0))
+        if not isinstance(cw, dict):
+            raise ValueError(f"class_weight must be None, 'balanced' or a dict, got {cw!r}")
+        unknown = [c for c in cw if c not in set(self.classes_.tolist())]
+        if unknown:
+            raise ValueError(f"class_weight names labels not in y: {unknown[:5]}")
+        out = np.ones(k)
+        for label, value in cw.items():
+            out[int(np.searchsorted(self.classes_, label))] = float(value)
+        return out
 
     def _encode_y(self, y: Any, name: str) -> np.ndarray:
         y = np.asarray(y).ravel()
