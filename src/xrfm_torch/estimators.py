@@ -23,7 +23,12 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from xrfm_torch.data.tabular import CategoricalSpec, TableEncoder, categorical_columns
+from xrfm_torch.data.tabular import (
+    CategoricalSpec,
+    TableEncoder,
+    categorical_columns,
+    plain_frame,
+)
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafConfig
 from xrfm_torch.tree import xRFMTree
@@ -231,7 +236,7 @@ class _XRFMEstimator(BaseEstimator):
 
     def _read_fit(self, X: Any, y: Any, **y_checks: Any) -> tuple[np.ndarray, np.ndarray]:
         """Check ``X`` and ``y``, learn the categorical columns' levels, give the float matrix."""
-        table = X
+        table = X = plain_frame(X)  # a DataFrame's columns as float64 or object (any dtype)
         X, y = validate_data(
             self, X, y, dtype=None, ensure_all_finite=False, ensure_min_samples=4, **y_checks
         )
@@ -246,8 +251,29 @@ class _XRFMEstimator(BaseEstimator):
 
     def _read(self, X: Any) -> np.ndarray:
         """``X`` as the float matrix of the fitted columns (codes for the categorical ones)."""
-        X = validate_data(self, X, reset=False, dtype=None, ensure_all_finite=False)
+        X = validate_data(
+            self, plain_frame(self._by_name(X)), reset=False, dtype=None, ensure_all_finite=False
+        )
         return self.encoder_.transform(X)
+
+    def _by_name(self, X: Any) -> Any:
+        """A DataFrame's columns in the order ``fit`` saw them (by name; extra ones dropped).
+
+        A column ``fit`` had and ``X`` lacks is an error naming it; a column ``fit`` never saw is
+        dropped with a warning naming it (the model has no use for it).
+        """
+        names = getattr(self, "feature_names_in_", None)
+        columns = getattr(X, "columns", None)
+        if names is None or columns is None or list(columns) == list(names):
+            return X
+        have = [str(c) for c in columns]
+        missing = [n for n in names if n not in have]
+        if missing:
+            raise ValueError(f"X lacks columns the model was fitted on: {missing[:10]}")
+        extra = [c for c in have if c not in set(names)]
+        if extra:
+            log.warning("X has columns the model was not fitted on; ignoring %s", extra[:10])
+        return X[list(names)]
 
     def _scores(self, X: Any) -> torch.Tensor:
         check_is_fitted(self, "tree_")

@@ -23,11 +23,81 @@ CategoricalSpec = str | Sequence[int | str] | None
 
 
 def is_missing(values: np.ndarray) -> np.ndarray:
-    """Missing cells of an object column: None, NaN, pandas' NA/NaT (bool (n,))."""
+    """Missing cells of a column: NaN in a float one; None, NaN, pandas' NA/NaT in an object one."""
+    if values.dtype.kind == "f":
+        return np.isnan(values)
+    if values.dtype.kind != "O":
+        return np.zeros(len(values), dtype=bool)
     out = np.zeros(len(values), dtype=bool)
     for i, v in enumerate(values):
         out[i] = v is None or (isinstance(v, float) and np.isnan(v)) or str(v) in ("<NA>", "NaT")
     return out
+
+
+def plain_frame(X: Any) -> Any:
+    """A DataFrame as columns numpy reads without surprises (other inputs are returned as given).
+
+    pandas columns of any dtype become float64 or object columns, keeping their names:
+
+    - numbers, nullable ``Int64``/``Float64`` (``pd.NA`` -> NaN): float64;
+    - ``bool`` and nullable ``boolean`` (``pd.NA`` -> None): object (``True``/``False``), so
+      ``categorical_features="auto"`` reads them as two-level categories, as before;
+    - ``category`` (ordered or not, any category dtype), ``string`` (python or pyarrow), ``str``
+      and object columns: object, missing cells None;
+    - datetimes (time zones too): float64 days since 1970-01-01 UTC (``NaT`` -> NaN), a numeric
+      column like any other (its knots are dates); timedeltas: float64 days.
+
+    A whole frame converted at once would take one common dtype (text categories next to a
+    ``bool`` column made pandas cast the categories to float and fail). A polars DataFrame is
+    read through ``to_pandas()`` (which needs pyarrow); anything else with ``__dataframe__`` is
+    refused with a message.
+    """
+    module = type(X).__module__.split(".")[0]
+    if module == "polars":
+        try:
+            X = X.to_pandas()
+        except Exception as err:  # polars raises its own ModuleNotFoundError for pyarrow
+            raise TypeError(
+                f"reading a polars DataFrame goes through pandas and pyarrow ({err}); pass "
+                "X.to_pandas() or X.to_numpy()"
+            ) from err
+    if not (hasattr(X, "dtypes") and hasattr(X, "columns") and hasattr(X, "iloc")):
+        if hasattr(X, "__dataframe__"):
+            raise TypeError(
+                f"{type(X).__name__} is a dataframe this package does not read; pass a pandas "
+                "DataFrame or a numpy array"
+            )
+        return X
+    import pandas as pd
+
+    cols: dict[Any, np.ndarray] = {}
+    for j, name in enumerate(X.columns):
+        cols[name] = _plain_column(X.iloc[:, j], pd)
+    out = pd.DataFrame(cols, index=X.index)
+    out.columns = X.columns
+    return out
+
+
+def _plain_column(col: Any, pd: Any) -> np.ndarray:
+    """One pandas column as float64 or object values (see :func:`plain_frame`)."""
+    dt = col.dtype
+    types = pd.api.types
+    if isinstance(dt, pd.CategoricalDtype):
+        values = col.astype(object)
+        return values.where(values.notna(), None).to_numpy(dtype=object)
+    if types.is_datetime64_any_dtype(dt):
+        utc = col.dt.tz_convert("UTC").dt.tz_localize(None) if col.dt.tz is not None else col
+        days = (utc - pd.Timestamp(0)) / pd.Timedelta(days=1)
+        return days.to_numpy(dtype=np.float64, na_value=np.nan)
+    if types.is_timedelta64_dtype(dt):
+        return (col / pd.Timedelta(days=1)).to_numpy(dtype=np.float64, na_value=np.nan)
+    if types.is_bool_dtype(dt):
+        return col.astype(object).where(col.notna(), None).to_numpy(dtype=object)
+    if types.is_numeric_dtype(dt) and not types.is_complex_dtype(dt):
+        return col.to_numpy(dtype=np.float64, na_value=np.nan)
+    if types.is_string_dtype(dt) or types.is_object_dtype(dt):
+        return col.astype(object).where(col.notna(), None).to_numpy(dtype=object)
+    raise TypeError(f"column {col.name!r} has dtype {dt}, which this package cannot read")
 
 
 def categorical_columns(
@@ -85,7 +155,7 @@ class TableEncoder:
         levels = []
         for j in categorical:
             col = X[:, j]
-            present = col[~is_missing(col)] if col.dtype.kind == "O" else col
+            present = col[~is_missing(col)]
             values = dict.fromkeys(present.tolist())  # distinct, in order of appearance
             levels.append(np.array(sorted(values, key=str), dtype=object))
         return cls(list(categorical), levels, list(names))
@@ -100,7 +170,7 @@ class TableEncoder:
         for j, levels in zip(self.categorical, self.levels):
             col = X[:, j]
             index = {v: k for k, v in enumerate(levels.tolist())}
-            missing = is_missing(col) if col.dtype.kind == "O" else np.zeros(len(col), dtype=bool)
+            missing = is_missing(col)
             codes = [-1.0 if v not in index else float(index[v]) for v in col.tolist()]
             out[:, j] = np.where(missing, np.nan, codes)
         return out
@@ -177,8 +247,9 @@ def read_table(path: Any, target: str | int | None = None, task: str | None = No
         raise ValueError(f"{path}: the target column {columns[j]!r} is missing at row {i}")
     if task is None:
         task = "regression" if y_raw.dtype.kind in "fiu" else "classification"
-    X_obj = features.to_numpy(dtype=object)
-    categorical = categorical_columns(X_obj, "auto", names, list(features.dtypes))
+    plain = plain_frame(features)
+    X_obj = plain.to_numpy(dtype=object)
+    categorical = categorical_columns(X_obj, "auto", names, list(plain.dtypes))
     X = TableEncoder.fit(X_obj, categorical, names).transform(X_obj)
     if task == "classification":
         classes, y = np.unique(y_raw.to_numpy(), return_inverse=True)

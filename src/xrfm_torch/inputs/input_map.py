@@ -119,7 +119,7 @@ class InputMap(ResizableBuffers):
         numeric[self.categories.columns_] = False
         self.numeric_ = numeric.nonzero().flatten()
         self.missing_ = torch.isnan(X).any(0) & numeric
-        if knots:  # on the imputed rows: a missing cell sits at the column's mean
+        if knots and self.numeric_.numel() > 0:  # imputed rows: a missing cell at the mean
             self.quantile.fit(self.standardize(X)[:, self.numeric_].nan_to_num(0.0))
         return self
 

@@ -463,8 +463,10 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             categorical=self.categorical_features or (),
         )
         data = self.targets.fit(data.y, data.w).encode_data(data)
+        # only categorical columns: nothing for a quantile map to map
+        spec = "identity" if self.input_map.numeric_.numel() == 0 else self.input_transform
         maps = choose_maps(
-            self.input_transform,
+            spec,
             self.input_map,
             data,
             kernel=self.kernel,
