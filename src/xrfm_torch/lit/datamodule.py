@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from xrfm_torch.data.protocol import ProtocolData, Task, prepare
+from xrfm_torch.data.protocol import ProtocolData, Task, prepare, protocol_split
 from xrfm_torch.data.registry import DATASETS
 from xrfm_torch.data.sources import download_openml, load_openml, make_synthetic
 from xrfm_torch.data.tabular import read_any
@@ -41,6 +41,10 @@ class TabularDataModule(pl.LightningDataModule):
         seed: Split (and synthetic data) seed.
         batch_size: Batch size of the evaluation loaders.
         num_workers: DataLoader workers.
+        weight: A column of sample weights (``csv`` and ``openml`` sources): taken out of the
+            features, split with the rows, and carried as each batch's 4th element; the system
+            (``weighted=True``, from :meth:`system_kwargs`) fits the tree with them and weights
+            its metrics.
     """
 
     def __init__(
@@ -58,8 +62,11 @@ class TabularDataModule(pl.LightningDataModule):
         seed: int = 0,
         batch_size: int = 4096,
         num_workers: int = 0,
+        weight: str | None = None,
     ) -> None:
         super().__init__()
+        if weight is not None and name not in ("csv", "openml"):
+            raise ValueError(f"a weight column needs a csv or openml table, not dataset {name!r}")
         sources = sorted([*DATASETS, "csv", "openml", "synthetic"])
         if name not in sources:
             raise ValueError(f"unknown dataset {name!r}; choose one of {sources}")
@@ -82,6 +89,7 @@ class TabularDataModule(pl.LightningDataModule):
         self.datasets: dict[str, TensorDataset] = {}
         self.categorical_features: list[int] = []  # columns of category codes (CSV tables)
         self.has_missing = False  # whether any feature cell is missing (NaN)
+        self.sample_weight: np.ndarray | None = None  # the weight column (all rows), if any
 
     def prepare_data(self) -> None:
         if self.name == "openml":
@@ -100,9 +108,30 @@ class TabularDataModule(pl.LightningDataModule):
                 table = load_openml(int(hp["openml_id"]), hp["cache_dir"], hp["target"], task)
             if table.classes is not None:  # a text target
                 self.task = "classification"
-            self.categorical_features = table.categorical
-            return table.X, table.y, table.names
+            X, names, categorical = table.X, table.names, table.categorical
+            if hp.get("weight") is not None:
+                X, names, categorical = self._take_weights(X, names, categorical, hp["weight"])
+            self.categorical_features = categorical
+            return X, table.y, names
         return make_synthetic(hp["n_samples"], hp["n_features"], hp["noise"], hp["seed"])
+
+    def _take_weights(
+        self, X: np.ndarray, names: list[str], categorical: list[int], column: str
+    ) -> tuple[np.ndarray, list[str], list[int]]:
+        """Move the weight column out of the features into :attr:`sample_weight`."""
+        if column not in names:
+            raise ValueError(f"weight column {column!r} is not a column of the table: {names[:20]}")
+        j = names.index(column)
+        if j in categorical:
+            raise ValueError(f"weight column {column!r} holds text; weights must be numbers")
+        w = X[:, j].astype(np.float64)
+        if not np.isfinite(w).all() or (w < 0).any():
+            i = int(np.flatnonzero(~np.isfinite(w) | (w < 0))[0])
+            raise ValueError(f"weight column {column!r} has {w[i]!r} at row {i}; need finite >= 0")
+        self.sample_weight = w
+        keep = [k for k in range(X.shape[1]) if k != j]
+        shifted = [c - (c > j) for c in categorical]
+        return X[:, keep], [names[k] for k in keep], shifted
 
     def setup(self, stage: str | None = None) -> None:
         if self.data is not None:
@@ -121,14 +150,21 @@ class TabularDataModule(pl.LightningDataModule):
             categorical=self.categorical_features,
         )
         d = self.data
+        # the protocol's rows of each split (prepare draws the same), for the weight column
+        rows = dict(
+            zip(("train", "val", "test"), protocol_split(len(X), int(self.hparams["seed"])))
+        )
         for split, (Xs, ys) in {
             "train": (d.X_train, d.y_train),
             "val": (d.X_val, d.y_val),
             "test": (d.X_test, d.y_test),
         }.items():
-            # (x, y, row index): the index lets head training tell support rows apart
+            # (x, y, row index[, weight]): the index lets head training tell support rows apart
             idx = torch.arange(len(Xs))
-            self.datasets[split] = TensorDataset(torch.from_numpy(Xs), torch.from_numpy(ys), idx)
+            parts = [torch.from_numpy(Xs), torch.from_numpy(ys), idx]
+            if self.sample_weight is not None:
+                parts.append(torch.from_numpy(self.sample_weight[rows[split]]).float())
+            self.datasets[split] = TensorDataset(*parts)
         log.info(
             "dataset %s: %d train / %d val / %d test rows, %d features",
             self.name,
@@ -171,6 +207,8 @@ class TabularDataModule(pl.LightningDataModule):
         """Keyword arguments for :class:`~xrfm_torch.lit.XRFMLitModule` that depend on the data."""
         d = self._loaded()
         kw: dict[str, Any] = {"task": self.task, "feature_names": self.feature_names}
+        if self.sample_weight is not None:
+            kw["weighted"] = True
         if self.task == "classification":
             kw["num_classes"] = self.num_classes
         elif d.y_scaler is not None:

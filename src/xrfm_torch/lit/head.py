@@ -127,6 +127,8 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
             on all training rows when training ends, replaces it.
         task, num_classes, target_mean, target_std, seed, feature_names: As in
             :class:`~xrfm_torch.lit.XRFMLitModule`.
+        weighted: Must be ``False``: the head does not take sample weights yet (a clear error
+            instead of a silently unweighted fit).
     """
 
     #: Which training rows the leaves fit; sized by the training rows, so a fresh module takes
@@ -152,7 +154,13 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
         target_std: float | Sequence[float] = 1.0,
         seed: int = 0,
         feature_names: Sequence[str] | None = None,
+        weighted: bool = False,
     ) -> None:
+        if weighted:
+            raise ValueError(
+                "XRFMHeadModule does not take sample weights yet (a dataset weight column); "
+                "use XRFMLitModule, or drop dataset.weight"
+            )
         # Quantile knots fitted on the first features would not follow the encoder, and the batch
         # KRR loss sees the features themselves: a head's tree maps nothing. The caller's tree is
         # used as given, so it must say so itself.

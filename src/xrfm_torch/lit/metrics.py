@@ -11,6 +11,7 @@ from torchmetrics.classification import AUROC, Accuracy
 from torchmetrics.regression import MeanAbsoluteError, MeanSquaredError, R2Score
 
 from xrfm_torch.data.protocol import Task
+from xrfm_torch.lit.weighted_metrics import IgnoreWeight, WeightedMean, WeightedR2
 
 
 class LogLoss(Metric):
@@ -91,8 +92,16 @@ class _ClassProbs(Metric):
         self.inner.reset()
 
 
-def make_metrics(task: Task, num_classes: int | None = None, prefix: str = "") -> MetricCollection:
-    """Metrics of a task: regression MSE, RMSE, MAE, R²; classification accuracy, AUROC, log-loss."""
+def make_metrics(
+    task: Task, num_classes: int | None = None, prefix: str = "", weighted: bool = False
+) -> MetricCollection:
+    """Metrics of a task: regression MSE, RMSE, MAE, R²; classification accuracy, AUROC, log-loss.
+
+    ``weighted``: sample-weighted versions (:mod:`xrfm_torch.lit.weighted_metrics`) whose
+    ``update`` takes ``(prediction, target, weight)``; AUROC stays unweighted.
+    """
+    if weighted:
+        return _weighted_metrics(task, num_classes, prefix)
     if task == "regression":
         return MetricCollection(
             {
@@ -116,3 +125,24 @@ def make_metrics(task: Task, num_classes: int | None = None, prefix: str = "") -
         prefix=prefix,
         compute_groups=False,
     )
+
+
+def _weighted_metrics(task: Task, num_classes: int | None, prefix: str) -> MetricCollection:
+    if task == "regression":
+        metrics: dict[str, Metric | MetricCollection] = {
+            "mse": WeightedMean("se"),
+            "rmse": WeightedMean("se", root=True),
+            "mae": WeightedMean("ae"),
+            "r2": WeightedR2(),
+        }
+        return MetricCollection(metrics, prefix=prefix, compute_groups=False)
+    if num_classes is None or num_classes < 2:
+        raise ValueError(f"classification metrics need num_classes >= 2, got {num_classes!r}")
+    binary = num_classes == 2
+    kind: Literal["binary", "multiclass"] = "binary" if binary else "multiclass"
+    metrics = {
+        "accuracy": WeightedMean("correct"),
+        "auroc": IgnoreWeight(_ClassProbs(AUROC(task=kind, num_classes=num_classes), binary)),
+        "logloss": WeightedMean("logloss"),
+    }
+    return MetricCollection(metrics, prefix=prefix, compute_groups=False)

@@ -27,18 +27,33 @@ def collect(loader: Any, device: torch.device) -> tuple[Tensor, Tensor]:
 
 def collect_indexed(loader: Any, device: torch.device) -> tuple[Tensor, Tensor, Tensor | None]:
     """Like :func:`collect`, plus the batches' row indices (third element) when they carry one."""
+    X, y, rows, _ = collect_all(loader, device)
+    return X, y, rows
+
+
+def collect_all(
+    loader: Any, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """``(X, y, row indices or None, sample weights or None)`` of every batch.
+
+    Batches are ``(x, y)``, ``(x, y, row index)`` or ``(x, y, row index, weight)``
+    (:class:`~xrfm_torch.lit.datamodule.TabularDataModule` with a ``weight`` column).
+    """
     loaders = loader if isinstance(loader, (list, tuple)) else [loader]
-    xs, ys, idx = [], [], []
+    xs, ys, idx, ws = [], [], [], []
     for dl in loaders:
         for batch in dl:
             xs.append(batch[0])
             ys.append(batch[1])
             if len(batch) > 2:
                 idx.append(batch[2])
+            if len(batch) > 3:
+                ws.append(batch[3])
     if not xs:
         raise ValueError("the dataloader yielded no batches; cannot fit the tree")
     rows = torch.cat(idx).to(device) if len(idx) == len(xs) else None
-    return torch.cat(xs).to(device), torch.cat(ys).to(device), rows
+    w = torch.cat(ws).to(device) if len(ws) == len(xs) else None
+    return torch.cat(xs).to(device), torch.cat(ys).to(device), rows, w
 
 
 def _floats(value: float | Sequence[float]) -> float | list[float]:
@@ -70,6 +85,9 @@ class XRFMLitModule(pl.LightningModule):
         target_std: Std(s) of the original regression target.
         seed: Seed of the tree's random generator.
         feature_names: Names of the input columns (for reports).
+        weighted: The batches carry sample weights (4th element; the datamodule's ``weight``
+            column): the tree is fitted with them and the metrics are weighted
+            (:mod:`xrfm_torch.lit.weighted_metrics`; AUROC stays unweighted).
     """
 
     target_mean: Tensor
@@ -85,6 +103,7 @@ class XRFMLitModule(pl.LightningModule):
         target_std: float | Sequence[float] = 1.0,
         seed: int = 0,
         feature_names: Sequence[str] | None = None,
+        weighted: bool = False,
     ) -> None:
         super().__init__()
         if task not in ("regression", "classification"):
@@ -108,9 +127,9 @@ class XRFMLitModule(pl.LightningModule):
         self.register_buffer("target_mean", torch.as_tensor(target_mean, dtype=torch.float32))
         self.register_buffer("target_std", torch.as_tensor(target_std, dtype=torch.float32))
         # ("train" cannot be a ModuleDict key: it would shadow nn.Module.train)
-        self.train_metrics = make_metrics(task, num_classes, prefix="train/")
-        self.val_metrics = make_metrics(task, num_classes, prefix="val/")
-        self.test_metrics = make_metrics(task, num_classes, prefix="test/")
+        self.train_metrics = make_metrics(task, num_classes, "train/", weighted)
+        self.val_metrics = make_metrics(task, num_classes, "val/", weighted)
+        self.test_metrics = make_metrics(task, num_classes, "test/", weighted)
         # a tree with predictive variances: Gaussian NLL on rows it did not fit
         self.val_nll = GaussianNLL() if tree.uncertainty != "none" else None
         self.test_nll = GaussianNLL() if tree.uncertainty != "none" else None
@@ -148,18 +167,27 @@ class XRFMLitModule(pl.LightningModule):
             # sharded ones), grows the same tree top and fits its share of the leaves
             self.tree.distributed = True
         train_loader, val_loader = self._fit_sources()
-        X, y = collect(train_loader, self.device)
+        X, y, _, w = collect_all(train_loader, self.device)
         data = {"train": (X, self.encode_targets(y))}
+        weights = {} if w is None else {"train": w}
         if val_loader is not None and not (isinstance(val_loader, list) and not val_loader):
-            Xv, yv = collect(val_loader, self.device)
+            Xv, yv, _, wv = collect_all(val_loader, self.device)
             data["val"] = (Xv, self.encode_targets(yv))
-        self.fit_tree(data)
+            if wv is not None:
+                weights["val"] = wv
+        self.fit_tree(data, weights)
 
     @torch.no_grad()
-    def fit_tree(self, data: dict[str, tuple[Tensor, Tensor]]) -> None:
-        """Fit the tree on model-space ``data['train']`` (and ``data['val']`` if present)."""
+    def fit_tree(
+        self, data: dict[str, tuple[Tensor, Tensor]], weights: dict[str, Tensor] | None = None
+    ) -> None:
+        """Fit the tree on model-space ``data['train']`` (and ``data['val']`` if present).
+
+        ``weights``: sample weights of those rows (same keys), if any.
+        """
         X, y = data["train"]
         Xv, yv = data.get("val", (None, None))
+        weights = weights or {}
         generator = torch.Generator().manual_seed(int(self.hparams["seed"]))
 
         def progress(tree: int, done: int, total: int) -> None:
@@ -172,7 +200,16 @@ class XRFMLitModule(pl.LightningModule):
             0 if Xv is None else len(Xv),
             self.device,
         )
-        self.tree.fit(X, y, Xv, yv, generator=generator, progress=progress)
+        self.tree.fit(
+            X,
+            y,
+            Xv,
+            yv,
+            sample_weight=weights.get("train"),
+            val_sample_weight=weights.get("val") if Xv is not None else None,
+            generator=generator,
+            progress=progress,
+        )
         self.fit_data = data
         k = self.hparams["num_classes"]
         if self.hparams["task"] == "classification" and int(self.tree.targets.n_classes_) != k:
@@ -225,7 +262,12 @@ class XRFMLitModule(pl.LightningModule):
         else:
             out["pred"] = pred = self.to_output(self(x))
         metrics = cast(MetricCollection, getattr(self, f"{stage}_metrics"))
-        metrics.update(pred, y)
+        if self.hparams.get("weighted", False):
+            if len(batch) < 4:
+                raise ValueError("weighted=True needs batches (x, y, row index, weight)")
+            metrics.update(pred, y, batch[3])
+        else:
+            metrics.update(pred, y)
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(x))
         return out
 
