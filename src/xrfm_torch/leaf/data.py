@@ -82,7 +82,7 @@ def fit_data(
     """
     X = as_float_matrix(X, "X", n_features=n_features, allow_nan=allow_nan)
     y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
-    X, y, w = _weighted_rows(X, y, sample_weight, "sample_weight", relative_weights)
+    X, y, w = weighted_rows(X, y, sample_weight, "sample_weight", relative_weights)
     if X.shape[0] < min_rows:
         what = " of positive weight" if sample_weight is not None else ""
         raise ValueError(f"need at least {min_rows} training rows{what}, got {X.shape[0]}")
@@ -99,16 +99,20 @@ def fit_data(
     y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X.dtype)
     if y_val.shape[1] != y.shape[1]:
         raise ValueError(f"y_val has {y_val.shape[1]} outputs but y has {y.shape[1]}")
-    X_val, y_val, w_val = _weighted_rows(
+    X_val, y_val, w_val = weighted_rows(
         X_val, y_val, val_sample_weight, "val_sample_weight", relative_weights
     )
     return FitData(X, y, X_val, y_val, None, w, w_val)
 
 
-def _weighted_rows(
-    X: Tensor, y: Tensor, w: Any | None, name: str, relative: bool
+def weighted_rows(
+    X: Tensor, y: Tensor, w: Any | None, name: str, relative: bool = False
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """``(X, y, w)`` without the rows of weight 0; ``w`` relative (mean 1) if asked, else raw."""
+    """``(X, y, w)`` without the rows of weight 0; ``w`` relative (mean 1) if asked, else raw.
+
+    ``w`` is checked by :func:`~xrfm_torch.numerics.checks.as_weights` (``name`` in messages);
+    ``None`` passes through.
+    """
     if w is None:
         return X, y, None
     w = as_weights(w, name, n_rows=X.shape[0], dtype=X.dtype, device=X.device)

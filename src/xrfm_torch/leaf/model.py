@@ -28,12 +28,12 @@ from xrfm_torch.leaf.approx import (
 from xrfm_torch.leaf.approx_iteration import run_approx_iterations
 from xrfm_torch.leaf.config import APPROXES, LeafConfig
 from xrfm_torch.leaf.criteria import validation_errors
-from xrfm_torch.leaf.data import fit_data
+from xrfm_torch.leaf.data import fit_data, weighted_rows
 from xrfm_torch.leaf.gp_view import LeafGPView
 from xrfm_torch.leaf.iteration import run_iterations
 from xrfm_torch.leaf.selection import Candidate, paired_win
 from xrfm_torch.numerics.agop import agop_from_grads
-from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets, as_weights
+from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.numerics.solvers import krr_workspace, solve_bordered, solve_krr
 
@@ -293,18 +293,7 @@ class LeafRFM(LeafGPView):
         if extra is not None and extra[0].shape[0] > 0:
             X_b = as_float_matrix(extra[0], "extra X", n_features=X.shape[1]).to(X)
             y_b = as_float_targets(extra[1], "extra y", n_rows=X_b.shape[0], dtype=X.dtype)
-            w_b = None
-            if extra_weight is not None and w is not None:
-                w_b = as_weights(
-                    extra_weight,
-                    "extra_weight",
-                    n_rows=X_b.shape[0],
-                    dtype=X.dtype,
-                    device=X.device,
-                )
-                keep_b = w_b > 0
-                X_b, y_b, w_b = X_b[keep_b], y_b[keep_b], w_b[keep_b]
-            y_b = y_b.reshape(X_b.shape[0], -1)
+            X_b, y_b, w_b = weighted_rows(X_b, y_b, extra_weight, "extra_weight")
             self._extend(X, y, X_b, y_b, factored, w, w_b)
         elif final_solve and X.shape[0] < X_all.shape[0]:
             self.refit(X_all, y_all, w_all)
@@ -453,14 +442,9 @@ class LeafRFM(LeafGPView):
         self._check_fitted()
         X = as_float_matrix(X, "X", n_features=self.support_.shape[1])
         y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
-        w = None
-        if sample_weight is not None:
-            w = as_weights(
-                sample_weight, "sample_weight", n_rows=X.shape[0], dtype=X.dtype, device=X.device
-            )
-            X, y, w = X[w > 0], y[w > 0], w[w > 0]
-            if self.keep_factor:
-                raise ValueError("sample weights and a kept posterior factor cannot be combined")
+        X, y, w = weighted_rows(X, y, sample_weight, "sample_weight")
+        if w is not None and self.keep_factor:
+            raise ValueError("sample weights and a kept posterior factor cannot be combined")
         if self.is_constant:
             self._set_constant(X, y, w)
             return self

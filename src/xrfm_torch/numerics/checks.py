@@ -12,6 +12,16 @@ import torch
 from torch import Tensor
 
 
+def as_tensor(x: Any, name: str) -> Tensor:
+    """``x`` as a tensor (no copy when it is one); ``TypeError`` naming ``name`` if it cannot be."""
+    if isinstance(x, Tensor):
+        return x
+    try:
+        return torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(f"{name} must be a tensor or array-like, got {type(x).__name__}") from err
+
+
 def as_float_matrix(
     x: Any, name: str, *, n_features: int | None = None, allow_nan: bool = False
 ) -> Tensor:
@@ -26,13 +36,7 @@ def as_float_matrix(
     Returns:
         The input as a tensor (no copy when it already is a floating tensor).
     """
-    if not isinstance(x, Tensor):
-        try:
-            x = torch.as_tensor(x)
-        except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(
-                f"{name} must be a tensor or array-like, got {type(x).__name__}"
-            ) from err
+    x = as_tensor(x, name)
     if not x.is_floating_point():
         raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
     if x.ndim != 2:
@@ -54,13 +58,7 @@ def as_float_targets(y: Any, name: str, *, n_rows: int, dtype: torch.dtype) -> T
         n_rows: Required number of rows (the matching inputs' row count).
         dtype: Floating dtype to cast to (the inputs' dtype).
     """
-    if not isinstance(y, Tensor):
-        try:
-            y = torch.as_tensor(y)
-        except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(
-                f"{name} must be a tensor or array-like, got {type(y).__name__}"
-            ) from err
+    y = as_tensor(y, name)
     if y.ndim == 1:
         y = y[:, None]
     if y.ndim != 2:
@@ -122,13 +120,7 @@ def as_weights(w: Any, name: str, *, n_rows: int, dtype: torch.dtype, device: An
         dtype: Floating dtype to cast to (the inputs').
         device: Device to move to (the inputs').
     """
-    if not isinstance(w, Tensor):
-        try:
-            w = torch.as_tensor(w)
-        except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(
-                f"{name} must be a tensor or array-like, got {type(w).__name__}"
-            ) from err
+    w = as_tensor(w, name)
     if w.is_complex() or w.dtype == torch.bool:
         raise TypeError(f"{name} must hold real numbers, got dtype {w.dtype}")
     if w.ndim != 1 or w.shape[0] != n_rows:

@@ -11,6 +11,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -316,25 +317,19 @@ def fit_leaves(
             g = torch.Generator().manual_seed(seeds[k])
             if Xv.shape[0] == 0:
                 leaf.fit(X[tr], y[tr], sample_weight=wt, generator=g, final_solve=False)
-            elif holdout is None and leaf.config.iter_rows is None:
-                # the final solve's rows are known now and the temperature is tuned on the
-                # user's validation data either way, so the leaf adds them while its factor is
-                # at hand
-                joins = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
-                joins[tr] = False
-                more = final[joins[final]]
-                leaf.fit(
-                    X[tr],
-                    y[tr],
-                    Xv,
-                    yv,
-                    sample_weight=wt,
-                    val_sample_weight=wv,
-                    generator=g,
-                    extra=(X[more], y[more]),
-                    extra_weight=None if w is None else w[more],
-                )
             else:
+                final_rows: dict[str, Any] = {"final_solve": False}
+                if holdout is None and leaf.config.iter_rows is None:
+                    # the final solve's rows are known now and the temperature is tuned on the
+                    # user's validation data either way, so the leaf adds them while its factor
+                    # is at hand
+                    joins = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
+                    joins[tr] = False
+                    more = final[joins[final]]
+                    final_rows = {
+                        "extra": (X[more], y[more]),
+                        "extra_weight": None if w is None else w[more],
+                    }
                 leaf.fit(
                     X[tr],
                     y[tr],
@@ -343,7 +338,7 @@ def fit_leaves(
                     sample_weight=wt,
                     val_sample_weight=wv,
                     generator=g,
-                    final_solve=False,
+                    **final_rows,
                 )
             done[0] += 1
             if progress is not None:
