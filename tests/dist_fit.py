@@ -1,13 +1,15 @@
 """Worker for tests/test_parallel.py: one rank of a distributed (gloo) fit, or a plain fit.
 
     python tests/dist_fit.py RANK WORLD_SIZE OUT_DIR [--differ] [--uncertainty] [--fail] [--budget]
+        [--bagged]
 
 With ``WORLD_SIZE`` 1 no process group is created (the single-process reference). Each rank saves
 its state dict and its predictions on fixed query rows to ``OUT_DIR/rank{RANK}.pt``; with
 ``--differ`` rank 1 is given one changed target (the fit must refuse); with ``--fail`` rank 1's
 leaf posteriors raise (every rank's fit must fail, none hang); with ``--budget`` the last rank
 (the only one, in a plain fit) has a memory budget its exact leaves exceed and the others none
-(every rank must plan against it). A refused or failed fit saves its error message instead.
+(every rank must plan against it); with ``--bagged`` the model is a ``BaggedTree`` of 3 bags spread
+over the ranks (its trees not distributed themselves). A refused or failed fit saves its error message instead.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from xrfm_torch import LeafConfig, LeafRFM, xRFMTree
+from xrfm_torch import BaggedTree, LeafConfig, LeafRFM, xRFMTree
 from xrfm_torch.tree.memory import LEAF_OVERHEAD
 
 FITS = [0]  # leaf fits run in this process
@@ -59,12 +61,14 @@ def main() -> None:
         large_fit_rows=1000,  # iterations on subsamples: each leaf draws from its generator
         large_fit_iter_rows=150,
         input_transform="identity",  # no input-map choice: every leaf fit is a tree leaf
-        distributed=True,
+        distributed="--bagged" not in sys.argv,
         # exact leaves of ~300 rows need ~1.5 MB beyond the overhead, approximate ones < 1 MB
         memory_budget=LEAF_OVERHEAD + 1_200_000
         if "--budget" in sys.argv and rank == size - 1
         else None,
     )
+    if "--bagged" in sys.argv:
+        model = BaggedTree(model, n_bags=3, distributed=True)  # type: ignore[assignment]
     try:
         model.fit(X, y, generator=torch.Generator().manual_seed(1))
     except (ValueError, RuntimeError) as err:
@@ -80,7 +84,11 @@ def main() -> None:
             "pred": pred,
             "n_leaves": model.n_leaves,
             "fits": FITS[0],
-            "approximate": sum(leaf.approximation is not None for leaf in model.leaves()),
+            "approximate": sum(
+                leaf.approximation is not None
+                for tree in getattr(model, "bags", [model])
+                for leaf in tree.leaves()
+            ),
         },
         out / f"rank{rank}.pt",
     )

@@ -19,6 +19,7 @@ from xrfm_torch import KERNELS, LeafConfig, load_model, save_model, xRFMTree
 from xrfm_torch.lit import TabularDataModule, XRFMLitModule
 from xrfm_torch.lit.head import XRFMHeadModule
 from xrfm_torch.numerics.config import CONFIG_TARGETS, from_config
+from xrfm_torch.tree.bagging import BaggedTree, model_from_config
 from xrfm_torch.tree.splits import AGOPSplit, CARTSplit, PCASplit, RandomSplit
 
 
@@ -96,7 +97,19 @@ def test_the_allow_list_is_exactly_what_configs_emit():
             cfg = xRFMTree(name, split_rule=rule).get_config()
             collect(cfg)
             assert xRFMTree.from_config(cfg).get_config() == cfg
+    bagged = BaggedTree(xRFMTree(), n_bags=3).get_config()
+    collect(bagged)
+    assert model_from_config(bagged).get_config() == bagged
     assert emitted == set(CONFIG_TARGETS)
+
+
+def test_a_crafted_target_inside_a_bagged_config_is_refused(tmp_path):
+    victim = tmp_path / "victim"
+    cfg = BaggedTree(xRFMTree(), n_bags=2).get_config()
+    cfg["tree"]["kernel"] = {"_target_": "builtins.open", "file": str(victim), "mode": "w"}
+    with pytest.raises(ValueError, match="builtins.open"):
+        model_from_config(cfg)
+    assert not victim.exists()
 
 
 def _crafted_checkpoint(path, place, victim):

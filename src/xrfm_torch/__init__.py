@@ -22,6 +22,7 @@ from xrfm_torch.kernels import (
 )
 from xrfm_torch.leaf import LeafConfig, LeafRFM
 from xrfm_torch.tree import (
+    BaggedTree,
     ExportableTree,
     export_onnx,
     export_program,
@@ -34,6 +35,7 @@ from xrfm_torch.tree.splits import AGOPSplit, CARTSplit, PCASplit, RandomSplit, 
 __all__ = [
     "KERNELS",
     "AGOPSplit",
+    "BaggedTree",
     "CARTSplit",
     "ExportableTree",
     "GaussianKernel",

@@ -31,7 +31,7 @@ from xrfm_torch.data.tabular import (
 )
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafConfig
-from xrfm_torch.tree import xRFMTree
+from xrfm_torch.tree import BaggedTree, xRFMTree
 from xrfm_torch.tree.targets import Task
 from xrfm_torch.tree.uncertainty import Uncertainty
 
@@ -62,6 +62,11 @@ class _XRFMEstimator(BaseEstimator):
         temperature: Soft-routing temperature; ``None`` tunes it on validation data.
         val_fraction: Share of the training rows held out for the validation-based choices when
             ``fit`` gets no ``eval_set``.
+        n_bags: ``1``: one model. ``K >= 2``: ``K`` cross-fitted bags
+            (:class:`~xrfm_torch.tree.bagging.BaggedTree`): the training and ``eval_set`` rows are
+            pooled and cut into ``K`` folds, bag ``k`` validating on fold ``k``, predictions
+            averaged; ``tree_.oof_`` holds the out-of-fold predictions (about ``K`` times the
+            fit time).
         categorical_features: ``"auto"`` (a DataFrame's text, category and bool columns; the
             text columns of an object array), a list of column indices or names, or ``None``.
             Their levels are learned in ``fit`` (:class:`~xrfm_torch.data.tabular.TableEncoder`);
@@ -98,6 +103,7 @@ class _XRFMEstimator(BaseEstimator):
         n_trees: int | None = _TREE["n_trees"],
         temperature: float | None = _TREE["temperature"],
         val_fraction: float = _TREE["val_fraction"],
+        n_bags: int = 1,
         categorical_features: CategoricalSpec = "auto",
         random_state: int | np.random.RandomState | None = None,
         verbose: bool = False,
@@ -114,6 +120,7 @@ class _XRFMEstimator(BaseEstimator):
         self.n_trees = n_trees
         self.temperature = temperature
         self.val_fraction = val_fraction
+        self.n_bags = n_bags
         self.categorical_features = categorical_features
         self.random_state = random_state
         self.verbose = verbose
@@ -130,11 +137,15 @@ class _XRFMEstimator(BaseEstimator):
         # a copy: the input may be read-only (memory-mapped), and torch wants writable memory
         return torch.tensor(np.asarray(a), dtype=self._torch_dtype(), device=self.device)
 
-    def _new_tree(self) -> xRFMTree:
+    def _new_tree(self) -> xRFMTree | BaggedTree:
+        if isinstance(self.n_bags, bool) or not isinstance(self.n_bags, (int, np.integer)):
+            raise ValueError(f"n_bags must be an int >= 1, got {self.n_bags!r}")
+        if self.n_bags < 1:
+            raise ValueError(f"n_bags must be an int >= 1, got {self.n_bags!r}")
         leaf = LeafConfig(**{k: getattr(self, k) for k in LEAF_PARAMS})
         tree_args = {k: getattr(self, k) for k in TREE_PARAMS}
         categorical = self.encoder_.categorical or None
-        return xRFMTree(
+        tree = xRFMTree(
             self.kernel,
             task=self._task,
             leaf=leaf,
@@ -143,6 +154,7 @@ class _XRFMEstimator(BaseEstimator):
             **tree_args,
             **self._task_args(),
         )
+        return tree if self.n_bags == 1 else BaggedTree(tree, n_bags=int(self.n_bags))
 
     def _task_args(self) -> dict[str, Any]:
         """Tree arguments only one task has."""
@@ -296,7 +308,7 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
     :meth:`predict_interval`, standard deviations in the target's units.
 
     Attributes:
-        tree_: The fitted :class:`~xrfm_torch.xRFMTree`.
+        tree_: The fitted :class:`~xrfm_torch.xRFMTree` (a ``BaggedTree`` when ``n_bags > 1``).
         n_features_in_: Columns seen in ``fit``; ``feature_names_in_`` for named columns.
 
     Example:
@@ -327,6 +339,7 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
         n_trees: int | None = _TREE["n_trees"],
         temperature: float | None = _TREE["temperature"],
         val_fraction: float = _TREE["val_fraction"],
+        n_bags: int = 1,
         categorical_features: CategoricalSpec = "auto",
         random_state: int | np.random.RandomState | None = None,
         verbose: bool = False,
@@ -345,6 +358,7 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
             n_trees=n_trees,
             temperature=temperature,
             val_fraction=val_fraction,
+            n_bags=n_bags,
             categorical_features=categorical_features,
             random_state=random_state,
             verbose=verbose,
@@ -437,7 +451,8 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
     class-weighted error too.
 
     Attributes:
-        tree_: The fitted :class:`~xrfm_torch.xRFMTree` (``task="classification"``).
+        tree_: The fitted :class:`~xrfm_torch.xRFMTree` (``task="classification"``; a
+            ``BaggedTree`` when ``n_bags > 1``).
         classes_: The labels, sorted; column ``k`` of ``predict_proba`` is ``classes_[k]``.
         n_features_in_: Columns seen in ``fit``; ``feature_names_in_`` for named columns.
     """
@@ -457,6 +472,7 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
         n_trees: int | None = _TREE["n_trees"],
         temperature: float | None = _TREE["temperature"],
         val_fraction: float = _TREE["val_fraction"],
+        n_bags: int = 1,
         categorical_features: CategoricalSpec = "auto",
         random_state: int | np.random.RandomState | None = None,
         verbose: bool = False,
@@ -475,6 +491,7 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
             n_trees=n_trees,
             temperature=temperature,
             val_fraction=val_fraction,
+            n_bags=n_bags,
             categorical_features=categorical_features,
             random_state=random_state,
             verbose=verbose,
@@ -561,8 +578,10 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities (n, K), rows summing to 1, columns in the order of ``classes_``."""
-        scores = self._scores(X)
-        return self.tree_.targets.probabilities(scores).double().cpu().numpy()
+        check_is_fitted(self, "tree_")
+        x = self._tensor(self._read(X))
+        with torch.no_grad():
+            return self.tree_.predict_proba(x).double().cpu().numpy()
 
     def predict(self, X: Any) -> np.ndarray:
         """The most probable label of each row."""

@@ -66,6 +66,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         trainer.test(system, datamodule=dm, verbose=False)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     metrics["time/fit_seconds"] = fit_seconds
+    metrics.update(system.oof_metrics)
     if system.tree.fit_seconds_ is not None:
         metrics["time/tree_fit_seconds"] = system.tree.fit_seconds_
     if trainer.is_global_zero:  # one writer when several processes share the run directory

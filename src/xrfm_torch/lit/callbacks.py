@@ -21,6 +21,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from xrfm_torch.lit.module import XRFMLitModule
+from xrfm_torch.tree import BaggedTree, xRFMTree
+from xrfm_torch.tree.bagging import bag_list
 from xrfm_torch.tree.interpret import ImportanceSource
 
 log = logging.getLogger(__name__)
@@ -56,8 +58,22 @@ class _FileCallback(Callback):
 
 
 def tree_summary(module: XRFMLitModule) -> dict[str, Any]:
-    """Trees and their input maps, depth, leaves, fit seconds, t*, bandwidth and sizes per leaf."""
-    tree = module.tree
+    """Trees and their input maps, depth, leaves, fit seconds, t*, bandwidth and sizes per leaf.
+
+    Cross-fitted bags (``n_bags > 1``): ``{"n_bags", "n_leaves", "fit_seconds", "bags": [one
+    such summary per bag]}``.
+    """
+    if isinstance(module.tree, BaggedTree):
+        return {
+            "n_bags": module.tree.n_bags,
+            "n_leaves": module.tree.n_leaves,
+            "fit_seconds": module.tree.fit_seconds_,
+            "bags": [_one_tree(b) for b in bag_list(module.tree)],
+        }
+    return _one_tree(module.tree)
+
+
+def _one_tree(tree: xRFMTree) -> dict[str, Any]:
     trees = tree.partition_trees()
     return {
         "n_trees": len(trees),
@@ -88,20 +104,22 @@ class TreeSummary(_FileCallback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         summary = tree_summary(_module(pl_module))
         (self.out_dir(trainer) / "tree_summary.json").write_text(json.dumps(summary, indent=1))
-        sizes = [leaf["n_support"] for leaf in summary["leaves"]]
-        log.info(
-            "xRFM tree: %d tree(s) on %s, %d leaves, depth %s, leaf sizes %d..%d, t* %s, "
-            "temperature %.3g, fit %.2fs",
-            summary["n_trees"],
-            " & ".join(summary["input_maps"]),
-            summary["n_leaves"],
-            summary["depth"],
-            min(sizes),
-            max(sizes),
-            [leaf["best_iter"] for leaf in summary["leaves"]],
-            summary["temperature"],
-            summary["fit_seconds"] or 0.0,
-        )
+        for k, one in enumerate(summary.get("bags", [summary])):
+            sizes = [leaf["n_support"] for leaf in one["leaves"]]
+            log.info(
+                "xRFM tree%s: %d tree(s) on %s, %d leaves, depth %s, leaf sizes %d..%d, t* %s, "
+                "temperature %.3g, fit %.2fs",
+                f" (bag {k + 1} of {summary['n_bags']})" if "bags" in summary else "",
+                one["n_trees"],
+                " & ".join(one["input_maps"]),
+                one["n_leaves"],
+                one["depth"],
+                min(sizes),
+                max(sizes),
+                [leaf["best_iter"] for leaf in one["leaves"]],
+                one["temperature"],
+                one["fit_seconds"] or 0.0,
+            )
 
 
 class LeafMetrics(_FileCallback):
@@ -110,11 +128,13 @@ class LeafMetrics(_FileCallback):
     Writes ``leaf_metrics_{val,test}.csv`` with columns ``tree, leaf, n_support, n_rows`` and
     ``rmse`` (regression, original units) or ``accuracy`` (classification) of the model's
     predictions on the rows that tree routes to that leaf: each tree's rows add up to the split.
+    Cross-fitted bags add a first column ``bag`` (each bag's trees and leaves, scored by the
+    averaged model's predictions).
     """
 
     def __init__(self, dirpath: str | None = None) -> None:
         super().__init__(dirpath)
-        self._sums: dict[tuple[int, int], list[float]] = {}
+        self._sums: dict[tuple[int, int, int], list[float]] = {}
 
     def _reset(self) -> None:
         self._sums = {}
@@ -128,30 +148,33 @@ class LeafMetrics(_FileCallback):
         else:
             err = ((pred - y) ** 2).double().reshape(len(x), -1).mean(1)
         xt = module.tree_inputs(x)
-        for tree in range(len(module.tree.partition_trees())):
-            ids = module.tree.leaf_ids(xt, tree)
-            for leaf in ids.unique().tolist():
-                mask = ids == leaf
-                acc = self._sums.setdefault((tree, int(leaf)), [0.0, 0])
-                acc[0] += float(err[mask].sum())
-                acc[1] += int(mask.sum())
+        for b, bag in enumerate(bag_list(module.tree)):
+            for tree in range(len(bag.partition_trees())):
+                ids = bag.leaf_ids(xt, tree)
+                for leaf in ids.unique().tolist():
+                    mask = ids == leaf
+                    acc = self._sums.setdefault((b, tree, int(leaf)), [0.0, 0])
+                    acc[0] += float(err[mask].sum())
+                    acc[1] += int(mask.sum())
 
     def _write(self, trainer: pl.Trainer, module: XRFMLitModule, stage: str) -> None:
         name = "accuracy" if module.hparams["task"] == "classification" else "rmse"
         path = self.out_dir(trainer) / f"leaf_metrics_{stage}.csv"
         with path.open("w", newline="") as fh:
             w = csv.writer(fh)
-            w.writerow(["tree", "leaf", "n_support", "n_rows", name])
-            for tree_id, tree in enumerate(module.tree.partition_trees()):
-                for leaf_id, leaf in enumerate(tree.leaf_list()):
-                    total, count = self._sums.get((tree_id, leaf_id), [0.0, 0])
-                    value = (
-                        (total / count if name == "accuracy" else math.sqrt(total / count))
-                        if count
-                        else ""
-                    )
-                    row = [tree_id, leaf_id, int(leaf.support_.shape[0]), count, value]
-                    w.writerow(row)
+            bagged = isinstance(module.tree, BaggedTree)
+            w.writerow(["bag"] * bagged + ["tree", "leaf", "n_support", "n_rows", name])
+            for b, bag in enumerate(bag_list(module.tree)):
+                for tree_id, tree in enumerate(bag.partition_trees()):
+                    for leaf_id, leaf in enumerate(tree.leaf_list()):
+                        total, count = self._sums.get((b, tree_id, leaf_id), [0.0, 0])
+                        value = (
+                            (total / count if name == "accuracy" else math.sqrt(total / count))
+                            if count
+                            else ""
+                        )
+                        row = [tree_id, leaf_id, int(leaf.support_.shape[0]), count, value]
+                        w.writerow([b] * bagged + row)
 
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
@@ -255,6 +278,13 @@ class TemperatureSweep(_FileCallback):
         module = _module(pl_module)
         if "val" not in module.fit_data:
             log.warning("TemperatureSweep: the fit had no validation data; nothing to sweep")
+            return
+        if not isinstance(module.tree, xRFMTree):
+            log.info(
+                "TemperatureSweep: cross-fitted bags each tuned their temperature on their own "
+                "fold (tree_summary.json); the validation rows are training rows of the other "
+                "bags, so no sweep is written"
+            )
             return
         if module.tree.n_leaves == len(module.tree.trees):
             log.info(

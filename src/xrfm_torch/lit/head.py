@@ -134,6 +134,8 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
     #: Which training rows the leaves fit; sized by the training rows, so a fresh module takes
     #: a checkpoint's mask through ``ResizableBuffers``.
     support_mask: Tensor
+    #: One tree (a head refits its leaves on new features; no cross-fitted bags).
+    tree: xRFMTree
 
     def __init__(
         self,
@@ -310,7 +312,10 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
         raw = self(x)
         loss = torch.nn.functional.mse_loss(raw, self.sgd_targets(y).to(raw.dtype))
         self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(x), prog_bar=True)
-        self.train_metrics.update(self.to_output(raw.detach()), self.original_targets(y))
+        pred = raw.detach()
+        if self.hparams["task"] == "classification":
+            pred = self.tree.targets.probabilities(pred)
+        self.train_metrics.update(self.to_output(pred), self.original_targets(y))
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True, batch_size=len(x))
         return loss
 

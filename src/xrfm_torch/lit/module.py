@@ -13,7 +13,8 @@ from torchmetrics import MetricCollection
 
 from xrfm_torch.data.protocol import Task
 from xrfm_torch.lit.metrics import GaussianNLL, make_metrics
-from xrfm_torch.tree import xRFMTree
+from xrfm_torch.tree import BaggedTree, xRFMTree
+from xrfm_torch.tree.bagging import model_from_config
 from xrfm_torch.tree.grow import Progress
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,11 @@ class XRFMLitModule(pl.LightningModule):
         weighted: The batches carry sample weights (4th element; the datamodule's ``weight``
             column): the tree is fitted with them and the metrics are weighted
             (:mod:`xrfm_torch.lit.weighted_metrics`; AUROC stays unweighted).
+        n_bags: ``K >= 2`` wraps the tree in a :class:`~xrfm_torch.tree.bagging.BaggedTree`:
+            ``K`` cross-fitted copies on the pooled training and validation rows, averaged
+            (``system.n_bags=5``; ``experiment=bagged``). The ``val/*`` metrics are then those of
+            rows every bag but one trained on; ``val/oof_*`` (regression RMSE, classification
+            log-loss and accuracy) score each row by the bag that did not.
     """
 
     target_mean: Tensor
@@ -104,6 +110,7 @@ class XRFMLitModule(pl.LightningModule):
         seed: int = 0,
         feature_names: Sequence[str] | None = None,
         weighted: bool = False,
+        n_bags: int = 1,
     ) -> None:
         super().__init__()
         if task not in ("regression", "classification"):
@@ -117,12 +124,17 @@ class XRFMLitModule(pl.LightningModule):
         target_std = _floats(target_std)
         self.save_hyperparameters(ignore=["tree", "encoder"])
         tree = tree if tree is not None else xRFMTree(task=task)
+        if isinstance(n_bags, bool) or not isinstance(n_bags, int) or n_bags < 1:
+            raise ValueError(f"n_bags must be an int >= 1, got {n_bags!r}")
+        model: xRFMTree | BaggedTree = tree
+        if n_bags > 1:
+            model = BaggedTree(tree, n_bags=n_bags, distributed=tree.distributed)
         if tree.task != task:
             raise ValueError(
                 f"the tree's task is {tree.task!r} but the system's is {task!r}: pass "
                 f"xRFMTree(task={task!r}) (the pipeline takes it from the dataset)"
             )
-        self.tree = tree
+        self.tree = model
         self.automatic_optimization = False
         self.register_buffer("target_mean", torch.as_tensor(target_mean, dtype=torch.float32))
         self.register_buffer("target_std", torch.as_tensor(target_std, dtype=torch.float32))
@@ -135,6 +147,7 @@ class XRFMLitModule(pl.LightningModule):
         self.test_nll = GaussianNLL() if tree.uncertainty != "none" else None
         self.fit_progress: list[Progress] = []  # filled by callbacks (e.g. FitProgressBar)
         self.fit_data: dict[str, tuple[Tensor, Tensor]] = {}  # model-space data of the last fit
+        self.oof_metrics: dict[str, float] = {}  # bags' out-of-fold scores (n_bags > 1)
 
     # ---- fitting -------------------------------------------------------------------------------
     def encode_targets(self, y: Tensor) -> Tensor:
@@ -212,11 +225,29 @@ class XRFMLitModule(pl.LightningModule):
         )
         self.fit_data = data
         k = self.hparams["num_classes"]
-        if self.hparams["task"] == "classification" and int(self.tree.targets.n_classes_) != k:
+        if self.hparams["task"] == "classification" and self.tree.n_outputs_ != k:
             raise ValueError(
-                f"the training rows hold labels 0 .. {int(self.tree.targets.n_classes_) - 1}, "
+                f"the training rows hold labels 0 .. {self.tree.n_outputs_ - 1}, "
                 f"but num_classes={k}: every class needs training rows"
             )
+        if isinstance(self.tree, BaggedTree):
+            self.log_oof(y if yv is None else torch.cat([y, yv.to(y.dtype)]))
+
+    def log_oof(self, y: Tensor) -> None:
+        """Log the bags' out-of-fold scores of the pooled rows (``y``: their model-space targets)."""
+        assert isinstance(self.tree, BaggedTree)
+        oof = self.tree.oof_
+        if self.hparams["task"] == "classification":
+            labels = y.long().reshape(-1)
+            p = oof.clamp_min(1e-15)
+            self.oof_metrics = {
+                "val/oof_logloss": float(-p.gather(1, labels[:, None]).log().mean()),
+                "val/oof_accuracy": float((oof.argmax(1) == labels).double().mean()),
+            }
+        else:
+            pred, yt = self.to_output(oof), self.original_targets(y)
+            self.oof_metrics = {"val/oof_rmse": float((pred - yt).double().square().mean().sqrt())}
+        log.info("out-of-fold scores of the bags: %s", self.oof_metrics)
 
     def configure_optimizers(self) -> None:
         """No optimizer: the tree is fitted in closed form."""
@@ -232,11 +263,21 @@ class XRFMLitModule(pl.LightningModule):
         return self.tree(x)
 
     def to_output(self, raw: Tensor) -> Tensor:
-        """Original-unit predictions (regression, (n,) for one target) or probabilities (n, K)."""
+        """Original-unit predictions (regression, (n,) for one target) or probabilities (n, K).
+
+        ``raw``: the tree's output (regression), or its class probabilities (classification;
+        :meth:`predict_output` computes them).
+        """
         if self.hparams["task"] == "classification":
-            return self.tree.targets.probabilities(raw)
+            return raw
         out = raw * self.target_std + self.target_mean
         return out[:, 0] if out.shape[1] == 1 else out
+
+    def predict_output(self, x: Tensor) -> Tensor:
+        """Predictions in original units, or class probabilities (bags: their mean), for ``x``."""
+        if self.hparams["task"] == "classification":
+            return self.tree.predict_proba(self.tree_inputs(x))
+        return self.to_output(self(x))
 
     def to_output_std(self, std: Tensor) -> Tensor:
         """Predictive standard deviations (n, c) in original units, shaped like :meth:`to_output`."""
@@ -260,7 +301,7 @@ class XRFMLitModule(pl.LightningModule):
             nll.update(pred, std, y)
             self.log(f"{stage}/nll", nll, on_step=False, on_epoch=True, batch_size=len(x))
         else:
-            out["pred"] = pred = self.to_output(self(x))
+            out["pred"] = pred = self.predict_output(x)
         metrics = cast(MetricCollection, getattr(self, f"{stage}_metrics"))
         if self.hparams.get("weighted", False):
             if len(batch) < 4:
@@ -282,7 +323,7 @@ class XRFMLitModule(pl.LightningModule):
 
     def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Tensor:
         x = batch[0] if isinstance(batch, (list, tuple)) else batch
-        return self.to_output(self(x))
+        return self.predict_output(x)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -291,4 +332,4 @@ class XRFMLitModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Runs before load_state_dict: rebuild an empty tree with the saved constructor arguments.
         if "xrfm_tree_config" in checkpoint:
-            self.tree = xRFMTree.from_config(checkpoint["xrfm_tree_config"]).to(self.device)
+            self.tree = model_from_config(checkpoint["xrfm_tree_config"]).to(self.device)

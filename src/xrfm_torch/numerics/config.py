@@ -29,6 +29,7 @@ PLAIN = (str, int, float, bool, type(None))
 CONFIG_TARGETS: frozenset[str] = frozenset(
     {
         "xrfm_torch.tree.model.xRFMTree",
+        "xrfm_torch.tree.bagging.BaggedTree",
         "xrfm_torch.leaf.config.LeafConfig",
         "xrfm_torch.kernels.lpq.LpqLaplaceKernel",
         "xrfm_torch.kernels.lpq.LaplaceKernel",

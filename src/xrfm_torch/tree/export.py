@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +34,7 @@ from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.routing import hard_weights, soft_weights
 
 if TYPE_CHECKING:
+    from xrfm_torch.tree.bagging import BaggedTree
     from xrfm_torch.tree.model import xRFMTree
 
 #: What an exported model returns: predictions (class scores for classification) or probabilities.
@@ -129,12 +130,51 @@ class ExportableTree(nn.Module):
         return out
 
 
+class ExportableBags(nn.Module):
+    """A fitted :class:`~xrfm_torch.tree.bagging.BaggedTree` for export.
+
+    The mean of one :class:`ExportableTree` per bag: scores, or probabilities with
+    ``output="proba"``, as the eager ``forward`` / ``predict_proba``.
+    """
+
+    def __init__(
+        self, model: BaggedTree, *, output: Output = "predict", temperature: float | None = None
+    ) -> None:
+        from xrfm_torch.tree.bagging import bag_list
+
+        super().__init__()
+        if not model.is_fitted:
+            raise RuntimeError("ExportableBags needs a fitted BaggedTree; call .fit(X, y) first")
+        self.bags = nn.ModuleList(
+            ExportableTree(b, output=output, temperature=temperature) for b in bag_list(model)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Mean of the bags' exported outputs (n, c)."""
+        return torch.stack([b(x) for b in self.bags]).mean(0)
+
+
+def exportable(
+    model: xRFMTree | BaggedTree | nn.Module,
+    output: Output = "predict",
+    temperature: float | None = None,
+) -> nn.Module:
+    """The exportable form of ``model`` (an exportable module is returned as it is)."""
+    from xrfm_torch.tree.bagging import BaggedTree
+
+    if isinstance(model, (ExportableTree, ExportableBags)):
+        return model
+    if isinstance(model, BaggedTree):
+        return ExportableBags(model, output=output, temperature=temperature)
+    return ExportableTree(cast("xRFMTree", model), output=output, temperature=temperature)
+
+
 def _batch_dim() -> dict[str, dict[int, torch.export.Dim]]:
     return {"x": {0: torch.export.Dim("n", min=1)}}
 
 
 def export_program(
-    model: xRFMTree | ExportableTree,
+    model: xRFMTree | BaggedTree | nn.Module,
     example: Tensor,
     *,
     output: Output = "predict",
@@ -143,8 +183,8 @@ def export_program(
     """``torch.export`` a fitted model for any number of rows.
 
     Args:
-        model: A fitted ``xRFMTree``, or an :class:`ExportableTree` (e.g. inside a larger module:
-            export that module directly instead).
+        model: A fitted ``xRFMTree`` or ``BaggedTree``, or an :class:`ExportableTree` /
+            :class:`ExportableBags` (inside a larger module: export that module directly).
         example: Example inputs (n, d) with ``n >= 2`` (their values do not matter).
         output: ``"predict"`` or ``"proba"`` (ignored for an ``ExportableTree``).
         temperature: Routing temperature (ignored for an ``ExportableTree``).
@@ -152,11 +192,7 @@ def export_program(
     Returns:
         The exported program; ``program.module()(x)`` predicts.
     """
-    module = (
-        model
-        if isinstance(model, ExportableTree)
-        else ExportableTree(model, output=output, temperature=temperature)
-    )
+    module = exportable(model, output, temperature)
     if example.ndim != 2 or example.shape[0] < 2:
         raise ValueError(
             f"example must be (n, d) with n >= 2 rows, got shape {tuple(example.shape)}"
@@ -165,7 +201,7 @@ def export_program(
 
 
 def export_onnx(
-    model: xRFMTree | ExportableTree,
+    model: xRFMTree | BaggedTree | nn.Module,
     path: str | Path,
     example: Tensor,
     *,

@@ -1,6 +1,7 @@
 """Model files: ``save_model`` / ``load_model``, and the state-dict format version.
 
-A model file is ``torch.save`` of plain data only::
+A model file (an ``xRFMTree`` or a :class:`~xrfm_torch.tree.bagging.BaggedTree`; the ``format``
+string names the file layout, the config the class) is ``torch.save`` of plain data only::
 
     {"format": "xrfm_torch.xRFMTree", "format_version": int, "config": model.get_config(),
      "state_dict": model.state_dict()}
@@ -28,12 +29,13 @@ from typing import Any
 
 import torch
 
+from xrfm_torch.tree.bagging import BaggedTree, model_from_config
 from xrfm_torch.tree.model import STATE_FORMAT_VERSION, xRFMTree
 
 FILE_FORMAT = "xrfm_torch.xRFMTree"
 
 
-def save_model(model: xRFMTree, path: str | os.PathLike[str]) -> None:
+def save_model(model: xRFMTree | BaggedTree, path: str | os.PathLike[str]) -> None:
     """Write a fitted model to ``path`` (plain data; see the module docstring).
 
     Raises:
@@ -54,7 +56,7 @@ def save_model(model: xRFMTree, path: str | os.PathLike[str]) -> None:
 
 def load_model(
     path: str | os.PathLike[str], map_location: str | torch.device | None = None
-) -> xRFMTree:
+) -> xRFMTree | BaggedTree:
     """Read a model written by :func:`save_model` (``torch.load(weights_only=True)``).
 
     Args:
@@ -92,6 +94,6 @@ def load_model(
             f"{os.fspath(path)!r} has format version {version!r}; this xrfm_torch reads versions "
             f"up to {STATE_FORMAT_VERSION}: upgrade the package"
         )
-    model = xRFMTree.from_config(obj["config"])
+    model = model_from_config(obj["config"])
     model.load_state_dict(obj["state_dict"])
     return model.to(map_location) if map_location is not None else model

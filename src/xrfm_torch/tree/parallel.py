@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 
 #: Work done on one leaf in place (fit, final solve, posterior).
 LeafJob = Callable[[LeafRFM], object]
+
+#: A module whose state a job computes (a leaf, or a whole tree for bagging).
+M = TypeVar("M", bound=torch.nn.Module)
 
 
 def world(distributed: bool = True) -> tuple[int, int]:
@@ -86,8 +90,8 @@ def leaf_cost(
 
 
 def run_leaf_jobs(
-    leaves: Sequence[LeafRFM],
-    jobs: Sequence[LeafJob | None],
+    leaves: Sequence[M],
+    jobs: Sequence[Callable[[M], object] | None],
     owners: Sequence[int],
     *,
     distributed: bool,

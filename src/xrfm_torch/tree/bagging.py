@@ -1,0 +1,388 @@
+"""Cross-fitted bagging: ``n_bags`` xRFMTrees, bag ``k`` validating on fold ``k`` of the rows.
+
+The training and validation rows are pooled and cut into ``K = n_bags`` seeded folds (stratified
+by class for classification). Bag ``k`` is an :class:`~xrfm_torch.xRFMTree` fitted on the other
+``K - 1`` folds with fold ``k`` as its validation rows, so every choice a tree makes on
+validation rows (leaf iterations, exponent, ridge, input maps, temperature, probability
+calibration) is made on rows that bag never trained on, and every row is validation for exactly
+one bag. Predictions average the bags (probabilities for classification); each row's
+prediction by the bag that did not train on it is kept (``oof_``) for stacking and honest scores.
+
+Compared with one tree with a fixed hold-out, each bag trains on ``(K-1)/K`` of all rows
+(validation rows included) and the average lowers the variance of the validation-driven choices;
+the cost is ``K`` fits (spread over ``torch.distributed`` ranks with ``distributed=True``).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Literal, cast, overload
+
+import torch
+from torch import Tensor, nn
+
+from xrfm_torch.numerics.agop import agop_from_grads
+from xrfm_torch.numerics.checks import check_int
+from xrfm_torch.numerics.config import from_config
+from xrfm_torch.numerics.rng import own_generator
+from xrfm_torch.tree.grow import Progress
+from xrfm_torch.tree.interpret import ImportanceSource, input_grads
+from xrfm_torch.tree.model import xRFMTree
+from xrfm_torch.tree.parallel import assign_by_cost, leaf_seeds, run_leaf_jobs, world
+
+log = logging.getLogger(__name__)
+
+
+def cross_folds(n: int, k: int, generator: torch.Generator, labels: Tensor | None = None) -> Tensor:
+    """Seeded fold index in ``[0, k)`` for each of ``n`` rows, fold sizes within one row.
+
+    With ``labels`` (n,) the folds are stratified: rows are shuffled, ordered by label (stably)
+    and dealt out in turn, so each class spreads over the folds as evenly as its count allows
+    (a class of ``c >= 2`` rows reaches at least two folds, hence every bag's training rows).
+
+    Returns:
+        Long tensor (n,) on the CPU.
+    """
+    order = torch.randperm(n, generator=generator)
+    if labels is not None:
+        by_label = torch.sort(labels.detach().cpu()[order], stable=True).indices
+        order = order[by_label]
+    folds = torch.empty(n, dtype=torch.long)
+    folds[order] = torch.arange(n) % k
+    return folds
+
+
+class BaggedTree(nn.Module):
+    """``n_bags`` cross-fitted :class:`~xrfm_torch.xRFMTree` s, averaged (see the module docstring).
+
+    Args:
+        tree: The settings of every bag (an unfitted ``xRFMTree``; only its constructor
+            arguments are used: each bag is a fresh tree built from them). Default ``xRFMTree()``.
+        n_bags: Bags = folds, ``>= 2``.
+        distributed: Spread the bags over the ranks of the default ``torch.distributed`` process
+            group (each bag fitted whole on one rank, then shared). Without it, a tree built
+            with ``distributed=True`` spreads each bag's leaves instead.
+
+    Attributes:
+        bags: The fitted trees.
+        oof_: Out-of-fold predictions of the pooled rows (training rows, then validation rows):
+            each row's prediction by the bag it validated, in the targets' units (regression) or
+            probabilities (classification). Not saved in ``state_dict``.
+        folds_: Each pooled row's fold (not saved).
+    """
+
+    oof_: Tensor
+    folds_: Tensor
+
+    def __init__(
+        self, tree: xRFMTree | None = None, *, n_bags: int = 5, distributed: bool = False
+    ) -> None:
+        super().__init__()
+        proto = xRFMTree() if tree is None else tree
+        if not isinstance(proto, xRFMTree):
+            raise TypeError(f"tree must be an xRFMTree, got {type(proto).__name__}")
+        self.n_bags = check_int(n_bags, "n_bags", 2)
+        if not isinstance(distributed, bool):
+            raise TypeError(f"distributed must be a bool, got {distributed!r}")
+        self.distributed = distributed
+        self._tree_config = proto.get_config()
+        self.bags = nn.ModuleList()
+        self.register_buffer("oof_", torch.zeros(0), persistent=False)
+        self.register_buffer("folds_", torch.zeros(0, dtype=torch.long), persistent=False)
+        self.fit_seconds_: float | None = None
+
+    # ---- settings ------------------------------------------------------------------------------
+    @property
+    def tree(self) -> xRFMTree:
+        """A new unfitted tree with the bags' settings."""
+        return xRFMTree.from_config(self._tree_config)
+
+    def get_config(self) -> dict[str, Any]:
+        """Constructor arguments as plain data (the tree's as a nested config)."""
+        return {
+            "_target_": f"{type(self).__module__}.{type(self).__qualname__}",
+            "tree": copy.deepcopy(self._tree_config),
+            "n_bags": self.n_bags,
+            "distributed": self.distributed,
+        }
+
+    @property
+    def task(self) -> str:
+        """``"regression"`` or ``"classification"`` (the bags' task)."""
+        return str(self._tree_config.get("task", "regression"))
+
+    @property
+    def uncertainty(self) -> str:
+        """The bags' predictive-variance model (``"none"``, ``"gp"``, ``"calibrated"``)."""
+        return str(self._tree_config.get("uncertainty", "none"))
+
+    @property
+    def is_fitted(self) -> bool:
+        """Whether every bag is fitted."""
+        return len(self.bags) == self.n_bags and all(b.is_fitted for b in self._bags())
+
+    def _bags(self) -> list[xRFMTree]:
+        return [b for b in self.bags if isinstance(b, xRFMTree)]
+
+    def _check_fitted(self) -> None:
+        if not self.is_fitted:
+            raise RuntimeError("this BaggedTree is not fitted yet; call .fit(X, y) first")
+
+    @property
+    def n_leaves(self) -> int:
+        """Leaves over all bags."""
+        return sum(b.n_leaves for b in self._bags())
+
+    @property
+    def n_features_in_(self) -> int:
+        """Input columns."""
+        self._check_fitted()
+        return self._bags()[0].n_features_in_
+
+    @property
+    def n_outputs_(self) -> int:
+        """Output columns (targets, or classes)."""
+        self._check_fitted()
+        return self._bags()[0].n_outputs_
+
+    # ---- fitting -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def fit(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None = None,
+        y_val: Tensor | None = None,
+        *,
+        sample_weight: Tensor | None = None,
+        val_sample_weight: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        progress: Progress | None = None,
+    ) -> BaggedTree:
+        """Fit the bags on the pooled training (+ validation) rows, bag ``k`` validating on fold ``k``.
+
+        Args:
+            X: Training inputs (n, d).
+            y: Targets (n,) or (n, c), or class labels ``0 .. K-1``.
+            X_val: Validation inputs (n_val, d), pooled with ``X`` (optional).
+            y_val: Validation targets.
+            sample_weight: Training row weights (n,) (as in :meth:`xRFMTree.fit`).
+            val_sample_weight: Validation row weights (n_val,).
+            generator: CPU generator: draws the folds and each bag's seed (same seed, same model).
+            progress: Passed to every bag's fit.
+
+        Raises:
+            ValueError: Fewer rows than bags, a class with a single row, or mismatched arguments.
+        """
+        start = time.perf_counter()
+        generator = own_generator(generator)
+        if (X_val is None) != (y_val is None):
+            raise ValueError("pass both X_val and y_val, or neither")
+        if val_sample_weight is not None and X_val is None:
+            raise ValueError("val_sample_weight needs X_val")
+        Xs, ys = [X], [y]
+        if X_val is not None and y_val is not None:
+            if y_val.ndim != y.ndim:
+                raise ValueError(f"y_val has {y_val.ndim} dims but y has {y.ndim}")
+            Xs.append(X_val)
+            ys.append(y_val.to(y.dtype))
+        Xp, yp = torch.cat(Xs), torch.cat(ys)
+        n = Xp.shape[0]
+        w = None
+        if sample_weight is not None or val_sample_weight is not None:
+            parts = [
+                torch.ones(len(a), dtype=Xp.dtype, device=Xp.device) if wa is None else wa
+                for a, wa in zip(Xs, (sample_weight, val_sample_weight))
+            ]
+            w = torch.cat([p.to(Xp.dtype) for p in parts])
+        if n < 2 * self.n_bags:
+            raise ValueError(f"{n} rows are too few for n_bags={self.n_bags} folds")
+        labels = None
+        if self.task == "classification":
+            labels = yp.detach().reshape(-1).round().long().cpu()
+            counts = torch.bincount(labels.clamp(min=0))
+            single = [c for c, m in enumerate(counts.tolist()) if m == 1]
+            if single:
+                raise ValueError(
+                    f"class {single[0]} has a single row: cross-fitted bags need at least 2 rows "
+                    "per class (every bag must train on every class)"
+                )
+        folds = cross_folds(n, self.n_bags, generator, labels).to(Xp.device)
+        seeds = leaf_seeds(generator, self.n_bags)
+        size = world(self.distributed)[1]
+        bags = [self._new_bag(size > 1) for _ in range(self.n_bags)]
+
+        def job(k: int) -> Any:
+            def fit_bag(bag: xRFMTree) -> None:
+                tr, va = folds != k, folds == k
+                bag.fit(
+                    Xp[tr],
+                    yp[tr],
+                    Xp[va],
+                    yp[va],
+                    sample_weight=None if w is None else w[tr],
+                    val_sample_weight=None if w is None else w[va],
+                    generator=torch.Generator().manual_seed(seeds[k]),
+                    progress=progress,
+                )
+                log.info("bag %d/%d: %d leaves", k + 1, self.n_bags, bag.n_leaves)
+
+            return fit_bag
+
+        owners = assign_by_cost([1.0] * self.n_bags, size)
+        run_leaf_jobs(
+            bags, [job(k) for k in range(self.n_bags)], owners, distributed=self.distributed
+        )
+        widths = {b.n_outputs_ for b in bags}
+        if len(widths) > 1:  # cannot happen with >= 2 rows a class; a guard for the average
+            raise RuntimeError(f"bags fitted different output widths {sorted(widths)}")
+        self.bags = nn.ModuleList(bags)
+        self.folds_ = folds
+        self.oof_ = self._out_of_fold(Xp, folds)
+        self.fit_seconds_ = time.perf_counter() - start
+        log.info(
+            "fitted %d cross-fitted bags (%d leaves) in %.2fs", self.n_bags, self.n_leaves,
+            self.fit_seconds_,
+        )  # fmt: skip
+        return self
+
+    def _new_bag(self, spread_bags: bool) -> xRFMTree:
+        bag = xRFMTree.from_config(self._tree_config)
+        if spread_bags:  # a bag is fitted whole on its rank
+            bag.distributed = False
+        return bag
+
+    def _out_of_fold(self, X: Tensor, folds: Tensor) -> Tensor:
+        out: Tensor | None = None
+        for k, bag in enumerate(self._bags()):
+            rows = (folds == k).nonzero().squeeze(1)
+            pred = self._bag_output(bag, X[rows], None)
+            if out is None:
+                out = pred.new_zeros(X.shape[0], pred.shape[1])
+            out[rows] = pred
+        return cast(Tensor, out)
+
+    # ---- prediction ----------------------------------------------------------------------------
+    def _bag_output(self, bag: xRFMTree, x: Tensor, temperature: float | Tensor | None) -> Tensor:
+        if self.task == "classification":
+            return bag.predict_proba(x, temperature)
+        return bag(x, temperature)
+
+    @overload
+    def forward(
+        self,
+        x: Tensor,
+        temperature: float | Tensor | None = None,
+        *,
+        return_std: Literal[False] = False,
+    ) -> Tensor: ...
+    @overload
+    def forward(
+        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: Literal[True]
+    ) -> tuple[Tensor, Tensor]: ...
+    def forward(
+        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Mean of the bags' predictions (class scores for classification), differentiable.
+
+        Args:
+            x: Inputs (n, d).
+            temperature: Routing temperature for every bag (default: each bag's fitted one).
+            return_std: Also the standard deviation of the equal-weight mixture of the bags'
+                predictive distributions: ``sqrt(mean_k(s_k^2 + m_k^2) - m^2)``.
+
+        Returns:
+            (n, c), or ``(mean, std)``.
+        """
+        self._check_fitted()
+        bags = self._bags()
+        if not return_std:
+            return torch.stack([b(x, temperature) for b in bags]).mean(0)
+        pairs = [b(x, temperature, return_std=True) for b in bags]
+        means = torch.stack([m for m, _ in pairs])
+        second = torch.stack([s.square() + m.square() for m, s in pairs]).mean(0)
+        mean = means.mean(0)
+        return mean, (second - mean.square()).clamp_min(0.0).sqrt()
+
+    def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """Mean of the bags' class probabilities (n, K)."""
+        self._check_fitted()
+        if self.task != "classification":
+            raise ValueError("predict_proba needs task='classification'")
+        return torch.stack([b.predict_proba(x, temperature) for b in self._bags()]).mean(0)
+
+    def predict_interval(
+        self, x: Tensor, coverage: float = 0.9, temperature: float | Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``mean -/+ z std`` of the mixture (normal quantile ``z``), each (n, c)."""
+        if not 0.0 < float(coverage) < 1.0:
+            raise ValueError(f"coverage must be in (0, 1), got {coverage!r}")
+        mean, std = self(x, temperature, return_std=True)
+        z = float(torch.special.ndtri(torch.tensor(0.5 + float(coverage) / 2, dtype=torch.float64)))
+        return mean - z * std, mean + z * std
+
+    # ---- interpretation ------------------------------------------------------------------------
+    def get_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """Input gradients of the averaged model, shape (n, c, d)."""
+        self._check_fitted()
+        return input_grads(lambda xg: self(xg, temperature), x)
+
+    def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
+        """AGOP of the averaged model at ``x``, or (default) the mean of the bags' leaf AGOPs."""
+        self._check_fitted()
+        if x is not None:
+            return agop_from_grads(self.get_grads(x), diag=diag)
+        return torch.stack([b.agop(diag=diag) for b in self._bags()]).mean(0)
+
+    def feature_importance(self, source: ImportanceSource = "M") -> Tensor:
+        """Mean of the bags' :meth:`xRFMTree.feature_importance` (sums to 1), shape (d,)."""
+        self._check_fitted()
+        return torch.stack([b.feature_importance(source) for b in self._bags()]).mean(0)
+
+    # ---- loading into a fresh module -----------------------------------------------------------
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # one empty tree per saved bag; each then rebuilds its own structure from its keys
+        found = {
+            int(key[len(prefix) + 5 :].split(".")[0])
+            for key in state_dict
+            if key.startswith(prefix + "bags.")
+        }
+        if found and len(self.bags) != len(found):
+            self.bags = nn.ModuleList(self._new_bag(False) for _ in range(max(found) + 1))
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+
+def model_from_config(cfg: dict[str, Any]) -> xRFMTree | BaggedTree:
+    """Build an unfitted ``xRFMTree`` or ``BaggedTree`` from ``get_config`` output (allow-listed).
+
+    Raises:
+        ValueError: ``cfg`` names a ``_target_`` outside the package's allow-list.
+        TypeError: ``cfg`` builds something else.
+    """
+    model = from_config(cfg)
+    if not isinstance(model, (xRFMTree, BaggedTree)):
+        raise TypeError(f"the config builds a {type(model).__name__}, not an xrfm_torch model")
+    return model
+
+
+def bag_list(model: nn.Module) -> Sequence[xRFMTree]:
+    """The single trees of ``model``: its bags, or the tree itself."""
+    if isinstance(model, BaggedTree):
+        return model._bags()
+    if isinstance(model, xRFMTree):
+        return [model]
+    raise TypeError(f"expected an xRFMTree or BaggedTree, got {type(model).__name__}")

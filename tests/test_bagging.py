@@ -1,0 +1,241 @@
+"""Cross-fitted bagging (xrfm_torch.tree.bagging): folds, bags by definition, averages, OOF rows,
+mixture standard deviation, files, export, gradients and bags spread over gloo ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from test_parallel import _assert_same, _run
+from xrfm_torch import BaggedTree, LeafConfig, XRFMClassifier, XRFMRegressor, xRFMTree
+from xrfm_torch.tree import export_program, load_model, save_model
+from xrfm_torch.tree.bagging import bag_list, cross_folds, model_from_config
+from xrfm_torch.tree.parallel import leaf_seeds
+
+
+def _proto(**kw) -> xRFMTree:
+    kw.setdefault("leaf", LeafConfig(n_iters=2))
+    kw.setdefault("max_leaf_size", 150)
+    kw.setdefault("input_transform", "identity")
+    return xRFMTree(**kw)
+
+
+@pytest.fixture(scope="module")
+def regression():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(700, 4, generator=g, dtype=torch.float64)
+    y = torch.sin(2 * X[:, 0]) + X[:, 1] * X[:, 2] + 0.1 * torch.randn(700, generator=g)
+    return X, y.double()
+
+
+@pytest.fixture(scope="module")
+def bagged(regression):
+    X, y = regression
+    model = BaggedTree(_proto(), n_bags=3)
+    return model.fit(
+        X[:450], y[:450], X[450:500], y[450:500], generator=torch.Generator().manual_seed(7)
+    )
+
+
+@pytest.fixture(scope="module")
+def classifier():
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(600, 3, generator=g, dtype=torch.float64)
+    y = (X[:, 0] + 0.5 * X[:, 1] > 0).long() + (X[:, 2] > 0.8).long()
+    model = BaggedTree(_proto(task="classification", n_trees=1), n_bags=4)
+    model.fit(X[:500], y[:500], generator=torch.Generator().manual_seed(3))
+    return model, X, y
+
+
+def test_folds_are_balanced_stratified_and_seeded():
+    g = lambda: torch.Generator().manual_seed(5)  # noqa: E731
+    labels = torch.tensor([0] * 50 + [1] * 23 + [2] * 7)
+    folds = cross_folds(80, 4, g(), labels)
+    assert torch.bincount(folds).tolist() == [20, 20, 20, 20]
+    for c in range(3):  # each class spread as evenly as its count allows
+        per_fold = torch.bincount(folds[labels == c], minlength=4)
+        assert int(per_fold.max() - per_fold.min()) <= 1
+    assert torch.equal(folds, cross_folds(80, 4, g(), labels))
+    assert not torch.equal(folds, cross_folds(80, 4, torch.Generator().manual_seed(6), labels))
+    plain = torch.bincount(cross_folds(83, 5, g()))
+    assert int(plain.max() - plain.min()) <= 1
+
+
+def test_bag_k_is_the_tree_fitted_on_the_other_folds_validating_on_fold_k(regression, bagged):
+    X, y = regression
+    Xp, yp = X[:500], y[:500]
+    g = torch.Generator().manual_seed(7)
+    folds = cross_folds(500, 3, g)
+    seeds = leaf_seeds(g, 3)
+    assert torch.equal(bagged.folds_, folds)
+    for k in (0, 2):
+        tr, va = folds != k, folds == k
+        ref = _proto().fit(
+            Xp[tr], yp[tr], Xp[va], yp[va], generator=torch.Generator().manual_seed(seeds[k])
+        )
+        assert torch.equal(ref(X[500:]), bagged.bags[k](X[500:]))
+
+
+def test_prediction_is_the_mean_and_oof_rows_come_from_the_bag_that_left_them_out(
+    regression, bagged
+):
+    X, y = regression
+    Xq = X[500:]
+    mean = sum(b(Xq) for b in bagged.bags) / 3
+    torch.testing.assert_close(bagged(Xq), mean, rtol=1e-12, atol=1e-12)
+    Xp = X[:500]
+    for k, bag in enumerate(bagged.bags):
+        rows = bagged.folds_ == k
+        torch.testing.assert_close(bagged.oof_[rows], bag(Xp[rows]), rtol=0, atol=0)
+    # out of fold = an honest score: near the test error, unlike the in-sample fit
+    oof = float(((bagged.oof_[:, 0] - y[:500]) ** 2).mean())
+    test = float(((bagged(Xq)[:, 0] - y[500:]) ** 2).mean())
+    fitted = float(((bagged(Xp)[:, 0] - y[:500]) ** 2).mean())
+    assert fitted < 0.8 * oof
+    assert 0.5 < oof / test < 2.0
+
+
+def test_classification_averages_probabilities(classifier):
+    model, X, y = classifier
+    Xq = X[500:]
+    p = model.predict_proba(Xq)
+    mean = sum(b.predict_proba(Xq) for b in model.bags) / 4
+    torch.testing.assert_close(p, mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(p.sum(1), torch.ones(100, dtype=p.dtype))
+    assert float((p.argmax(1) == y[500:]).double().mean()) > 0.8
+    for k, bag in enumerate(model.bags):  # every bag validated on its own stratified fold
+        rows = model.folds_ == k
+        torch.testing.assert_close(model.oof_[rows], bag.predict_proba(X[:500][rows]))
+
+
+def test_return_std_is_the_mixture_of_the_bags(regression):
+    X, y = regression
+    model = BaggedTree(_proto(uncertainty="calibrated"), n_bags=2)
+    model.fit(X[:500], y[:500], generator=torch.Generator().manual_seed(0))
+    Xq = X[500:520]
+    mean, std = model(Xq, return_std=True)
+    pairs = [b(Xq, return_std=True) for b in model.bags]
+    m = (pairs[0][0] + pairs[1][0]) / 2
+    var = sum(s**2 + mk**2 for mk, s in pairs) / 2 - m**2
+    torch.testing.assert_close(mean, m)
+    torch.testing.assert_close(std, var.sqrt())
+    assert bool((std >= torch.maximum(pairs[0][1], pairs[1][1]) * 0.5).all())
+    lo, hi = model.predict_interval(Xq, coverage=0.9)
+    torch.testing.assert_close((hi - lo) / 2, 1.6448536269514722 * std)
+
+
+def test_file_and_state_dict_round_trip_bit_identical(tmp_path, bagged, regression):
+    X, _ = regression
+    path = tmp_path / "bags.pt"
+    save_model(bagged, path)
+    back = load_model(path)
+    assert isinstance(back, BaggedTree) and back.n_bags == 3
+    assert torch.equal(back(X[500:]), bagged(X[500:]))
+    fresh = model_from_config(bagged.get_config())
+    fresh.load_state_dict(bagged.state_dict())
+    assert torch.equal(fresh(X[500:]), bagged(X[500:]))
+    assert "oof_" not in bagged.state_dict()  # predictions of training rows stay out of files
+
+
+def test_export_matches_eager(bagged, regression, classifier):
+    X, _ = regression
+    program = export_program(bagged, X[:4])
+    torch.testing.assert_close(program.module()(X[500:]), bagged(X[500:]), rtol=1e-9, atol=1e-9)
+    model, Xc, _ = classifier
+    program = export_program(model, Xc[:4], output="proba")
+    torch.testing.assert_close(program.module()(Xc[500:]), model.predict_proba(Xc[500:]))
+
+
+def test_soft_routing_is_differentiable_through_every_bag(bagged, regression):
+    X, _ = regression
+    x = X[500:505].clone()
+    grads = bagged.get_grads(x, temperature=0.5)
+    jac = torch.func.jacrev(lambda z: bagged(z, 0.5))(x)  # (n, c, n, d)
+    torch.testing.assert_close(grads, torch.einsum("icid->icd", jac))
+    mean_grads = sum(b.get_grads(x, 0.5) for b in bagged.bags) / 3
+    torch.testing.assert_close(grads, mean_grads)
+    imp = bagged.feature_importance()
+    torch.testing.assert_close(imp, sum(b.feature_importance() for b in bagged.bags) / 3)
+    assert int(imp.argmax()) in (0, 1, 2) and float(imp[3]) < float(imp.max())
+
+
+def test_bad_arguments_are_named(regression):
+    X, y = regression
+    with pytest.raises(ValueError, match="n_bags"):
+        BaggedTree(_proto(), n_bags=1)
+    with pytest.raises(TypeError, match="xRFMTree"):
+        BaggedTree("laplace", n_bags=3)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="not fitted"):
+        BaggedTree(_proto(), n_bags=2)(X[:3])
+    with pytest.raises(ValueError, match="too few"):
+        BaggedTree(_proto(), n_bags=5).fit(X[:9], y[:9])
+    labels = torch.cat([torch.zeros(60), torch.ones(59), torch.full((1,), 2.0)]).long()
+    with pytest.raises(ValueError, match="class 2 has a single row"):
+        BaggedTree(_proto(task="classification"), n_bags=3).fit(X[:120], labels)
+
+
+def test_two_gloo_ranks_share_the_bags_and_fit_the_single_process_model(tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    (single,) = _run(1, tmp_path / "one", "--bagged")
+    ranks = _run(2, tmp_path / "two", "--bagged")
+    # each bag is fitted whole by one rank: rank 0 two bags, rank 1 one
+    assert sum(r["fits"] for r in ranks) == single["fits"]
+    assert ranks[0]["fits"] > ranks[1]["fits"] > 0
+    _assert_same(ranks[1], ranks[0])
+    _assert_same(ranks[0], single)
+
+
+def test_estimators_take_n_bags():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 3))
+    y = np.sin(X[:, 0]) * 10 + X[:, 1]
+    reg = XRFMRegressor(n_iters=2, n_bags=3, input_transform="identity", random_state=0)
+    reg.fit(X, y)
+    assert isinstance(reg.tree_, BaggedTree) and len(bag_list(reg.tree_)) == 3
+    assert reg.score(X, y) > 0.9
+    labels = np.where(X[:, 0] > 0, "a", "b")
+    clf = XRFMClassifier(n_iters=2, n_bags=2, input_transform="identity", random_state=0)
+    p = clf.fit(X, labels).predict_proba(X[:50])
+    x = torch.tensor(clf.encoder_.transform(X[:50]), dtype=torch.float32)
+    bags = bag_list(clf.tree_)
+    torch.testing.assert_close(
+        torch.from_numpy(p).float(), (bags[0].predict_proba(x) + bags[1].predict_proba(x)) / 2
+    )
+    assert (clf.predict(X) == labels).mean() > 0.9
+    with pytest.raises(ValueError, match="n_bags"):
+        XRFMRegressor(n_bags=0).fit(X, y)
+
+
+def test_lightning_experiment_bagged_logs_out_of_fold_scores(tmp_path):
+    from test_configs import compose_with
+    from xrfm_torch.lit import XRFMLitModule
+    from xrfm_torch.pipeline import run
+
+    cfg = compose_with(
+        [
+            "experiment=bagged",
+            "debug=fast",
+            "system.n_bags=3",
+            "logger=none",
+            "trainer.enable_progress_bar=false",
+        ],
+        tmp_path,
+    )
+    result = run(cfg)
+    system, dm = result["objects"]["system"], result["objects"]["datamodule"]
+    tree = system.tree
+    assert isinstance(tree, BaggedTree) and tree.n_bags == 3
+    # the OOF rows are the training rows, then the validation rows; RMSE in original units
+    y = torch.cat([torch.from_numpy(dm.data.y_train), torch.from_numpy(dm.data.y_val)])
+    pred = system.to_output(tree.oof_)
+    rmse = float((pred - system.original_targets(y.float())).double().square().mean().sqrt())
+    assert result["metrics"]["val/oof_rmse"] == pytest.approx(rmse, rel=1e-6)
+    x = torch.from_numpy(dm.data.X_test)
+    expected = sum(b(x) for b in tree.bags) / 3
+    torch.testing.assert_close(system(x), expected)
+    summary = (tmp_path / "tree_summary.json").read_text()
+    assert '"n_bags": 3' in summary
+    loaded = XRFMLitModule.load_from_checkpoint(result["checkpoint"], weights_only=True)
+    assert torch.equal(loaded.predict_step((x,), 0), system.predict_step((x,), 0))
