@@ -141,6 +141,7 @@ def test_the_model_config_and_the_code_have_one_set_of_defaults(tmp_path):
         "n_iters",
         "diag",
         "reg",
+        "linear_mix",
     }
 
 
@@ -148,6 +149,6 @@ def test_leaf_settings_from_the_command_line_are_validated(tmp_path):
     cfg = compose_with(["model.leaf.n_iters=-2"], tmp_path)
     with pytest.raises(Exception, match="n_iters must be an integer >= 0, got -2"):
         hydra.utils.instantiate(cfg.model)
-    cfg = compose_with(["+model.leaf.linear_mix=0.25", "+model.n_trees=2"], tmp_path)
+    cfg = compose_with(["model.leaf.linear_mix=0.25", "+model.n_trees=2"], tmp_path)
     tree = hydra.utils.instantiate(cfg.model)
     assert tree.leaf.linear_mix == 0.25 and tree.n_trees == 2
