@@ -69,14 +69,20 @@ def fit_predict(
         from xrfm_torch import LeafConfig, xRFMTree
 
         t = torch.from_numpy
+        from xrfm_torch.tree.bagging import BaggedTree
+
         if isinstance(options.get("leaf"), dict):  # JSON: {"leaf": {"iter_rows": 3000}}
             options = {**options, "leaf": LeafConfig(**options["leaf"])}
+        n_bags = int(options.pop("n_bags", 1))  # {"n_bags": 5}: cross-fitted bags
         m = xRFMTree(**options)
+        if n_bags > 1:
+            m = BaggedTree(m, n_bags=n_bags)
         fit_s = fit_on_split(m, d, seed)
         s = time.perf_counter()
         with torch.no_grad():
             pred = m(t(d.X_test)).numpy()[:, 0]
-        return inv(pred), fit_s, time.perf_counter() - s, leaf_summary(m)
+        summary = leaf_summary(m) if n_bags == 1 else {"n_bags": n_bags, "leaves": m.n_leaves}
+        return inv(pred), fit_s, time.perf_counter() - s, summary
     if model in ("xrfm_default", "xrfm_d"):
         from xrfm import xRFM
 

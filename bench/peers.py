@@ -7,8 +7,8 @@ One run, one protocol (``design`` notes: seeded 70/10/20 split, numeric columns 
 training statistics, log-loss objective, early stopping on the validation rows). Each model gets
 the tables as its authors intend:
 
-- ``ours``: ``XRFMClassifier`` / ``XRFMRegressor`` on the raw DataFrame (text columns, missing
-  cells), validation rows as ``eval_set``;
+- ``ours``: ``XRFMClassifier`` / ``XRFMRegressor`` (defaults) on the raw DataFrame (text columns,
+  missing cells), validation rows as ``eval_set``; ``ours_single``: the same with ``n_bags=1``;
 - ``xgboost`` / ``lightgbm``: pandas ``category`` columns (training categories; unseen → missing);
   ``catboost``: ``cat_features`` with a missing cell as its own text value. 2000 trees (CatBoost
   3000), learning rate 0.05, early stopping 100;
@@ -36,7 +36,7 @@ import numpy as np
 
 from bench.common import ROOT, XRFM_D_PARAMS, run_module_child, write_table
 
-MODELS = ["ours", "xgboost", "lightgbm", "catboost", "realmlp", "xrfm_default", "xrfm_d"]
+MODELS = ["ours", "ours_single", "xgboost", "lightgbm", "catboost", "realmlp", "xrfm_default", "xrfm_d"]
 TABLES = [
     "clf_num/pol",
     "clf_num/house_16H",
@@ -104,10 +104,11 @@ def fit_peer(model: str, parts: list, ys: tuple, text: list[str], classify: bool
 
     ytr, yva, _ = ys
     start = time.perf_counter()
-    if model == "ours":
+    if model in ("ours", "ours_single"):
         from xrfm_torch import XRFMClassifier, XRFMRegressor
 
-        m = (XRFMClassifier if classify else XRFMRegressor)(random_state=seed)
+        kw = {"n_bags": 1} if model == "ours_single" else {}
+        m = (XRFMClassifier if classify else XRFMRegressor)(random_state=seed, **kw)
         m.fit(parts[0], ytr, eval_set=(parts[1], yva))
     elif model in ("xgboost", "lightgbm"):
         cat = as_categories(parts, text)

@@ -239,3 +239,21 @@ def test_lightning_experiment_bagged_logs_out_of_fold_scores(tmp_path):
     assert '"n_bags": 3' in summary
     loaded = XRFMLitModule.load_from_checkpoint(result["checkpoint"], weights_only=True)
     assert torch.equal(loaded.predict_step((x,), 0), system.predict_step((x,), 0))
+
+
+def test_classifier_bags_small_fits_by_default_and_not_large_ones():
+    from xrfm_torch.estimators import AUTO_BAG_ROWS, AUTO_BAGS
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(300, 2))
+    labels = (X[:, 0] > 0).astype(int)
+    clf = XRFMClassifier(n_iters=1, input_transform="identity", random_state=0)
+    assert clf.n_bags == "auto"
+    clf.fit(X[:200], labels[:200], eval_set=(X[200:], labels[200:]))
+    assert isinstance(clf.tree_, BaggedTree) and clf.tree_.n_bags == AUTO_BAGS
+    assert clf.tree_.oof_.shape == (300, 2)  # training and eval_set rows pooled
+
+    assert clf._bags(np.arange(AUTO_BAG_ROWS + 1) % 2) == 1  # above the threshold: one model
+    assert clf._bags(np.r_[np.zeros(50), 1.0]) == 1  # a class of one row cannot be in every bag
+    assert clf._bags(np.arange(3 * AUTO_BAGS) % 2) == 1  # folds of fewer than 4 rows
+    assert XRFMRegressor().n_bags == 1

@@ -41,6 +41,9 @@ _LEAF = LeafConfig()
 _TREE = {k: p.default for k, p in inspect.signature(xRFMTree).parameters.items()}
 #: The leaf settings the estimators expose; the others keep LeafConfig's defaults.
 LEAF_PARAMS = ("n_iters", "reg", "diag", "linear_mix")
+#: ``n_bags="auto"``: this many cross-fitted bags for a fit of at most ``AUTO_BAG_ROWS`` rows.
+AUTO_BAGS = 5
+AUTO_BAG_ROWS = 5000
 #: The tree arguments the estimators expose.
 TREE_PARAMS = ("max_leaf_size", "input_transform", "n_trees", "temperature", "val_fraction")
 
@@ -66,7 +69,10 @@ class _XRFMEstimator(BaseEstimator):
             (:class:`~xrfm_torch.tree.bagging.BaggedTree`): the training and ``eval_set`` rows are
             pooled and cut into ``K`` folds, bag ``k`` validating on fold ``k``, predictions
             averaged; ``tree_.oof_`` holds the out-of-fold predictions (about ``K`` times the
-            fit time).
+            fit time). ``"auto"``: ``AUTO_BAGS`` bags when the fit has at most
+            ``AUTO_BAG_ROWS`` rows (training plus ``eval_set``), else one model (the
+            classifier's default: on small tables a single model's validation rows are too few
+            to calibrate its probabilities; docs/benchmarks.md).
         categorical_features: ``"auto"`` (a DataFrame's text, category and bool columns; the
             text columns of an object array), a list of column indices or names, or ``None``.
             Their levels are learned in ``fit`` (:class:`~xrfm_torch.data.tabular.TableEncoder`);
@@ -103,7 +109,7 @@ class _XRFMEstimator(BaseEstimator):
         n_trees: int | None = _TREE["n_trees"],
         temperature: float | None = _TREE["temperature"],
         val_fraction: float = _TREE["val_fraction"],
-        n_bags: int = 1,
+        n_bags: int | str = 1,
         categorical_features: CategoricalSpec = "auto",
         random_state: int | np.random.RandomState | None = None,
         verbose: bool = False,
@@ -137,11 +143,25 @@ class _XRFMEstimator(BaseEstimator):
         # a copy: the input may be read-only (memory-mapped), and torch wants writable memory
         return torch.tensor(np.asarray(a), dtype=self._torch_dtype(), device=self.device)
 
-    def _new_tree(self) -> xRFMTree | BaggedTree:
-        if isinstance(self.n_bags, bool) or not isinstance(self.n_bags, (int, np.integer)):
-            raise ValueError(f"n_bags must be an int >= 1, got {self.n_bags!r}")
-        if self.n_bags < 1:
-            raise ValueError(f"n_bags must be an int >= 1, got {self.n_bags!r}")
+    def _bags(self, y: np.ndarray) -> int:
+        """The number of bags for a fit on the (pooled) targets ``y`` (``"auto"`` resolved).
+
+        ``"auto"`` keeps one model where bags could not all train on every class (a class of a
+        single row) or folds would hold fewer than 4 rows.
+        """
+        n = self.n_bags
+        if isinstance(n, str) and n == "auto":
+            if not 4 * AUTO_BAGS <= len(y) <= AUTO_BAG_ROWS:
+                return 1
+            if self._task == "classification" and np.unique(y, return_counts=True)[1].min() < 2:
+                return 1
+            return AUTO_BAGS
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"n_bags must be an int >= 1 or 'auto', got {n!r}")
+        return int(n)
+
+    def _new_tree(self, y: np.ndarray) -> xRFMTree | BaggedTree:
+        n_bags = self._bags(y)
         leaf = LeafConfig(**{k: getattr(self, k) for k in LEAF_PARAMS})
         tree_args = {k: getattr(self, k) for k in TREE_PARAMS}
         categorical = self.encoder_.categorical or None
@@ -154,7 +174,7 @@ class _XRFMEstimator(BaseEstimator):
             **tree_args,
             **self._task_args(),
         )
-        return tree if self.n_bags == 1 else BaggedTree(tree, n_bags=int(self.n_bags))
+        return tree if n_bags == 1 else BaggedTree(tree, n_bags=n_bags)
 
     def _task_args(self) -> dict[str, Any]:
         """Tree arguments only one task has."""
@@ -215,7 +235,7 @@ class _XRFMEstimator(BaseEstimator):
             else self._weights(eval_sample_weight, len(val[1]), "eval_sample_weight")
         )
         sample_weight, w_val = self._class_weighted(y, sample_weight, val, w_val)
-        self.tree_ = self._new_tree()
+        self.tree_ = self._new_tree(y if val is None else np.concatenate([y, val[1]]))
         progress, bar = self._progress()
         try:
             self.tree_.fit(
@@ -339,7 +359,7 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
         n_trees: int | None = _TREE["n_trees"],
         temperature: float | None = _TREE["temperature"],
         val_fraction: float = _TREE["val_fraction"],
-        n_bags: int = 1,
+        n_bags: int | str = 1,
         categorical_features: CategoricalSpec = "auto",
         random_state: int | np.random.RandomState | None = None,
         verbose: bool = False,
@@ -472,7 +492,7 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
         n_trees: int | None = _TREE["n_trees"],
         temperature: float | None = _TREE["temperature"],
         val_fraction: float = _TREE["val_fraction"],
-        n_bags: int = 1,
+        n_bags: int | str = "auto",
         categorical_features: CategoricalSpec = "auto",
         random_state: int | np.random.RandomState | None = None,
         verbose: bool = False,

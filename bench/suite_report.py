@@ -1,0 +1,107 @@
+"""The classification suite's verdicts from ``bench.peers`` results (means over seeds).
+
+    python -m bench.suite_report RESULTS.jsonl [MORE.jsonl ...] [--model ours] [--out FILE.md]
+
+Rows of later files replace those of earlier ones for the same (table, seed, model). Per table:
+mean test log-loss (accuracy, fit seconds) of ``--model``, of ``ours_single`` where present, of
+the best GBDT (lowest mean log-loss of XGBoost, LightGBM, CatBoost) and of the reference
+``xrfm_default``; the ratio to the best GBDT; whether the model is above the reference by more
+than seed noise (mean paired difference over seeds > 2 standard errors of that mean); the
+accuracy gap to the best GBDT in points. Then the counts the issue asks for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+GBDTS = ("xgboost", "lightgbm", "catboost")
+
+
+def load(paths: list[Path]) -> dict[tuple[str, int, str], dict]:
+    rows: dict[tuple[str, int, str], dict] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            if "error" not in r and "logloss" in r:
+                rows[(r["table"], r["seed"], r["model"])] = r
+    return rows
+
+
+def report(rows: dict[tuple[str, int, str], dict], model: str) -> list[str]:
+    tables = list(dict.fromkeys(t for t, _, _ in rows))
+    lines = [
+        f"| table | {model} | ours_single | best GBDT | xrfm 0.4.5 | {model} / GBDT | "
+        "acc. gap (pts) | above ref.? |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    wins = within10 = noisy_ref = acc_ok = n = 0
+    for tab in tables:
+        seeds = sorted({s for t, s, m in rows if t == tab and m == model})
+        if not seeds:
+            continue
+
+        def cell(m: str, tab: str = tab, seeds: list[int] = seeds) -> tuple[float, float, float]:
+            rs = [rows[(tab, s, m)] for s in seeds if (tab, s, m) in rows]
+            if len(rs) < len(seeds):
+                return math.nan, math.nan, math.nan
+            return (
+                statistics.mean(r["logloss"] for r in rs),
+                100 * statistics.mean(r["accuracy"] for r in rs),
+                statistics.mean(r["fit_s"] for r in rs),
+            )
+
+        ours, single, ref = cell(model), cell("ours_single"), cell("xrfm_default")
+        gb = {g: cell(g) for g in GBDTS}
+        best = min(gb, key=lambda g: gb[g][0])
+        ratio = ours[0] / gb[best][0]
+        gap = ours[1] - max(v[1] for v in gb.values())
+        diffs = [
+            rows[(tab, s, model)]["logloss"] - rows[(tab, s, "xrfm_default")]["logloss"]
+            for s in seeds
+            if (tab, s, "xrfm_default") in rows
+        ]
+        above_ref = False
+        if len(diffs) >= 2:
+            se = statistics.stdev(diffs) / math.sqrt(len(diffs))
+            above_ref = statistics.mean(diffs) > 2 * se
+        n += 1
+        wins += ratio <= 1.0
+        within10 += ratio <= 1.10
+        noisy_ref += above_ref
+        acc_ok += gap >= -0.5
+
+        def fmt(v: tuple[float, float, float]) -> str:
+            return "—" if math.isnan(v[0]) else f"{v[0]:.4f} ({v[1]:.1f} %, {v[2]:.1f} s)"
+
+        lines.append(
+            f"| {tab.split('/')[-1]} (n={len(seeds)}) | {fmt(ours)} | {fmt(single)} | "
+            f"{best} {fmt(gb[best])} | {fmt(ref)} | {ratio:.3f} | {gap:+.1f} | "
+            f"{'yes' if above_ref else 'no'} |"
+        )
+    lines += [
+        "",
+        f"{model} at or below the best GBDT's log-loss on {wins} of {n} tables; within 10 % on "
+        f"{within10} of {n}; above the reference by more than seed noise on {noisy_ref}; "
+        f"accuracy within 0.5 points of the best GBDT's (or above) on {acc_ok} of {n}.",
+    ]
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", nargs="+", type=Path)
+    ap.add_argument("--model", default="ours")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    text = "\n".join(report(load(a.results), a.model)) + "\n"
+    print(text)
+    if a.out:
+        a.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
