@@ -36,7 +36,16 @@ import numpy as np
 
 from bench.common import ROOT, XRFM_D_PARAMS, run_module_child, write_table
 
-MODELS = ["ours", "ours_single", "xgboost", "lightgbm", "catboost", "realmlp", "xrfm_default", "xrfm_d"]
+MODELS = [
+    "ours",
+    "ours_single",
+    "xgboost",
+    "lightgbm",
+    "catboost",
+    "realmlp",
+    "xrfm_default",
+    "xrfm_d",
+]
 TABLES = [
     "clf_num/pol",
     "clf_num/house_16H",

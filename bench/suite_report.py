@@ -31,7 +31,9 @@ def load(paths: list[Path]) -> dict[tuple[str, int, str], dict]:
     return rows
 
 
-def report(rows: dict[tuple[str, int, str], dict], model: str) -> list[str]:
+def report(
+    rows: dict[tuple[str, int, str], dict], model: str, only: list[int] | None = None
+) -> list[str]:
     tables = list(dict.fromkeys(t for t, _, _ in rows))
     lines = [
         f"| table | {model} | ours_single | best GBDT | xrfm 0.4.5 | {model} / GBDT | "
@@ -40,7 +42,9 @@ def report(rows: dict[tuple[str, int, str], dict], model: str) -> list[str]:
     ]
     wins = within10 = noisy_ref = acc_ok = n = 0
     for tab in tables:
-        seeds = sorted({s for t, s, m in rows if t == tab and m == model})
+        seeds = sorted(
+            {s for t, s, m in rows if t == tab and m == model and (only is None or s in only)}
+        )
         if not seeds:
             continue
 
@@ -95,9 +99,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="+", type=Path)
     ap.add_argument("--model", default="ours")
+    ap.add_argument("--seeds", nargs="*", type=int, help="only these seeds")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
-    text = "\n".join(report(load(a.results), a.model)) + "\n"
+    text = "\n".join(report(load(a.results), a.model, a.seeds)) + "\n"
     print(text)
     if a.out:
         a.out.write_text(text)
