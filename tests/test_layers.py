@@ -10,7 +10,18 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "xrfm_torch"
 
 #: Lowest first. A module may import its own layer (without cycles) and the layers before it.
-LAYERS = ["numerics", "kernels", "leaf", "inputs", "tree", "data", "estimators", "lit", "pipeline"]
+LAYERS = [
+    "numerics",
+    "kernels",
+    "leaf",
+    "inputs",
+    "tree",
+    "data",
+    "estimators",
+    "search",
+    "lit",
+    "pipeline",
+]
 #: The package's top level (the public re-exports) sits above everything it re-exports.
 TOP = {"xrfm_torch", "xrfm_torch.__about__"}
 
