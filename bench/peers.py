@@ -8,7 +8,8 @@ training statistics, log-loss objective, early stopping on the validation rows).
 the tables as its authors intend:
 
 - ``ours``: ``XRFMClassifier`` / ``XRFMRegressor`` (defaults) on the raw DataFrame (text columns,
-  missing cells), validation rows as ``eval_set``; ``ours_single``: the same with ``n_bags=1``;
+  missing cells), validation rows as ``eval_set``; ``ours_single`` / ``ours_bag5``: the same with
+  ``n_bags=1`` / ``5``;
 - ``xgboost`` / ``lightgbm``: pandas ``category`` columns (training categories; unseen → missing);
   ``catboost``: ``cat_features`` with a missing cell as its own text value. 2000 trees (CatBoost
   3000), learning rate 0.05, early stopping 100;
@@ -39,6 +40,7 @@ from bench.common import ROOT, XRFM_D_PARAMS, run_module_child, write_table
 MODELS = [
     "ours",
     "ours_single",
+    "ours_bag5",
     "xgboost",
     "lightgbm",
     "catboost",
@@ -113,10 +115,10 @@ def fit_peer(model: str, parts: list, ys: tuple, text: list[str], classify: bool
 
     ytr, yva, _ = ys
     start = time.perf_counter()
-    if model in ("ours", "ours_single"):
+    if model in ("ours", "ours_single", "ours_bag5"):
         from xrfm_torch import XRFMClassifier, XRFMRegressor
 
-        kw = {"n_bags": 1} if model == "ours_single" else {}
+        kw = {"ours_single": {"n_bags": 1}, "ours_bag5": {"n_bags": 5}}.get(model, {})
         m = (XRFMClassifier if classify else XRFMRegressor)(random_state=seed, **kw)
         m.fit(parts[0], ytr, eval_set=(parts[1], yva))
     elif model in ("xgboost", "lightgbm"):
