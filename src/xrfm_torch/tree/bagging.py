@@ -32,6 +32,7 @@ from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.interpret import ImportanceSource, input_grads
 from xrfm_torch.tree.model import xRFMTree
 from xrfm_torch.tree.parallel import assign_by_cost, leaf_seeds, run_leaf_jobs, world
+from xrfm_torch.tree.uncertainty import normal_quantile
 
 log = logging.getLogger(__name__)
 
@@ -318,10 +319,8 @@ class BaggedTree(nn.Module):
         self, x: Tensor, coverage: float = 0.9, temperature: float | Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """``mean -/+ z std`` of the mixture (normal quantile ``z``), each (n, c)."""
-        if not 0.0 < float(coverage) < 1.0:
-            raise ValueError(f"coverage must be in (0, 1), got {coverage!r}")
+        z = normal_quantile(coverage)  # checks coverage before the prediction
         mean, std = self(x, temperature, return_std=True)
-        z = float(torch.special.ndtri(torch.tensor(0.5 + float(coverage) / 2, dtype=torch.float64)))
         return mean - z * std, mean + z * std
 
     # ---- interpretation ------------------------------------------------------------------------

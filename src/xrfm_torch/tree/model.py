@@ -48,7 +48,13 @@ from xrfm_torch.tree.partition import PartitionTree, empty_trees
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
 from xrfm_torch.tree.targets import Calibration, ClassCoding, TargetCoding, Task
 from xrfm_torch.tree.temperature import DEFAULT_TEMPERATURE_GRID, temperature_errors
-from xrfm_torch.tree.uncertainty import Uncertainty, VarianceModel, check_uncertainty, model_moments
+from xrfm_torch.tree.uncertainty import (
+    Uncertainty,
+    VarianceModel,
+    check_uncertainty,
+    model_moments,
+    normal_quantile,
+)
 
 log = logging.getLogger(__name__)
 
@@ -741,10 +747,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         Returns:
             ``(lower, upper)``, each (n, c), in the targets' units.
         """
-        if not 0.0 < float(coverage) < 1.0:
-            raise ValueError(f"coverage must be in (0, 1), got {coverage!r}")
+        z = normal_quantile(coverage)  # checks coverage before the prediction
         mean, std = self(x, temperature, return_std=True)
-        z = float(torch.special.ndtri(torch.tensor(0.5 + float(coverage) / 2, dtype=torch.float64)))
         return mean - z * std, mean + z * std
 
     def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:

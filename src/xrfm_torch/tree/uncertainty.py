@@ -228,6 +228,17 @@ class VarianceModel(ResizableBuffers):
         return torch.exp((F * self.coef_).sum(-1))
 
 
+def normal_quantile(coverage: float) -> float:
+    """``z`` such that ``mean -/+ z std`` holds ``coverage`` of a normal's mass.
+
+    Raises:
+        ValueError: ``coverage`` outside (0, 1).
+    """
+    if not 0.0 < float(coverage) < 1.0:
+        raise ValueError(f"coverage must be in (0, 1), got {coverage!r}")
+    return float(torch.special.ndtri(torch.tensor(0.5 + float(coverage) / 2, dtype=torch.float64)))
+
+
 def check_uncertainty(value: object) -> Uncertainty:
     """``value`` if it names an :data:`Uncertainty` mode, else ``ValueError``."""
     if value not in UNCERTAINTIES:
