@@ -59,6 +59,18 @@ TABLES = [
 REGRESSION = {"mixed/ames"}
 
 
+def clipped(p: np.ndarray) -> np.ndarray:
+    """Probabilities clipped to [1e-15, 1] and renormalized (every model scored alike)."""
+    p = np.clip(p, 1e-15, 1)
+    return p / p.sum(1, keepdims=True)
+
+
+def logloss(p: np.ndarray, y: np.ndarray) -> float:
+    """Mean negative log-probability of labels ``y`` under :func:`clipped` ``p``."""
+    p = clipped(p)
+    return float(-np.log(p[np.arange(len(y)), y]).mean())
+
+
 def split_table(path: Path, seed: int):
     """Protocol split of ``path``: (X_train, y_train, X_val, y_val, X_test, y_test), text columns."""
     import pandas as pd
@@ -218,9 +230,8 @@ def measure(path: Path, seed: int, model: str, threads: int) -> dict:
     yt = ys[2]
     row: dict = {"fit_s": fit_s}
     if classify:
-        p = np.clip(out, 1e-15, 1)
-        p = p / p.sum(1, keepdims=True)
-        row["logloss"] = float(-np.log(p[np.arange(len(yt)), yt]).mean())
+        p = clipped(out)
+        row["logloss"] = logloss(out, yt)
         row["accuracy"] = float((p.argmax(1) == yt).mean())
         if p.shape[1] == 2:
             from sklearn.metrics import roc_auc_score
