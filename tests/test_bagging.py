@@ -257,3 +257,38 @@ def test_classifier_bags_small_fits_by_default_and_not_large_ones():
     assert clf._bags(np.r_[np.zeros(50), 1.0]) == 1  # a class of one row cannot be in every bag
     assert clf._bags(np.arange(3 * AUTO_BAGS) % 2) == 1  # folds of fewer than 4 rows
     assert XRFMRegressor().n_bags == 1
+
+
+def test_lightning_bagged_classification_scores_out_of_fold_probabilities(tmp_path):
+    from test_configs import compose_with
+    from xrfm_torch.pipeline import run
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((600, 3))
+    label = (X[:, 0] + 0.5 * X[:, 1] > 0).astype(int)
+    np.savetxt(
+        tmp_path / "data.csv", np.column_stack([X, label]), delimiter=",",
+        header="a,b,c,label", comments="",
+    )  # fmt: skip
+    cfg = compose_with(
+        [
+            "dataset=csv",
+            "dataset.task=classification",
+            "dataset.target=label",
+            "model.leaf.n_iters=1",
+            "system.n_bags=2",
+            "callbacks=none",
+            "logger=none",
+            "trainer.enable_progress_bar=false",
+        ],
+        tmp_path,
+    )
+    result = run(cfg)
+    tree, dm = result["objects"]["system"].tree, result["objects"]["datamodule"]
+    y = torch.from_numpy(np.concatenate([dm.data.y_train, dm.data.y_val])).long()
+    p = tree.oof_.double()
+    logloss = float(-p.gather(1, y[:, None]).clamp_min(1e-15).log().mean())
+    assert result["metrics"]["val/oof_logloss"] == pytest.approx(logloss, rel=1e-5)
+    accuracy = float((p.argmax(1) == y).double().mean())
+    assert result["metrics"]["val/oof_accuracy"] == pytest.approx(accuracy, rel=1e-6)
+    assert accuracy > 0.85

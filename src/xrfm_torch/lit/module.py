@@ -92,8 +92,8 @@ class XRFMLitModule(pl.LightningModule):
         n_bags: ``K >= 2`` wraps the tree in a :class:`~xrfm_torch.tree.bagging.BaggedTree`:
             ``K`` cross-fitted copies on the pooled training and validation rows, averaged
             (``system.n_bags=5``; ``experiment=bagged``). The ``val/*`` metrics are then those of
-            rows every bag but one trained on; ``val/oof_*`` (regression RMSE, classification
-            log-loss and accuracy) score each row by the bag that did not.
+            rows every bag but one trained on; ``val/oof_*`` (the same metrics) score each row by
+            the bag that did not.
     """
 
     target_mean: Tensor
@@ -231,22 +231,21 @@ class XRFMLitModule(pl.LightningModule):
                 f"but num_classes={k}: every class needs training rows"
             )
         if isinstance(self.tree, BaggedTree):
-            self.log_oof(y if yv is None else torch.cat([y, yv.to(y.dtype)]))
+            self.log_oof(self.tree.oof_, y if yv is None else torch.cat([y, yv.to(y.dtype)]))
 
-    def log_oof(self, y: Tensor) -> None:
-        """Log the bags' out-of-fold scores of the pooled rows (``y``: their model-space targets)."""
-        assert isinstance(self.tree, BaggedTree)
-        oof = self.tree.oof_
-        if self.hparams["task"] == "classification":
-            labels = y.long().reshape(-1)
-            p = oof.clamp_min(1e-15)
-            self.oof_metrics = {
-                "val/oof_logloss": float(-p.gather(1, labels[:, None]).log().mean()),
-                "val/oof_accuracy": float((oof.argmax(1) == labels).double().mean()),
-            }
-        else:
-            pred, yt = self.to_output(oof), self.original_targets(y)
-            self.oof_metrics = {"val/oof_rmse": float((pred - yt).double().square().mean().sqrt())}
+    @torch.no_grad()
+    def log_oof(self, oof: Tensor, y: Tensor) -> None:
+        """Score the bags' out-of-fold predictions as ``val/oof_*`` with this system's metrics.
+
+        Args:
+            oof: Out-of-fold outputs of the pooled rows (``BaggedTree.oof_``).
+            y: Their model-space targets. Unweighted, even in a weighted fit.
+        """
+        task = self.hparams["task"]
+        metrics = make_metrics(task, self.hparams["num_classes"], "val/oof_").to(oof.device)
+        target = y.long().reshape(-1) if task == "classification" else self.original_targets(y)
+        metrics.update(self.to_output(oof), target)
+        self.oof_metrics = {k: float(v) for k, v in metrics.compute().items()}
         log.info("out-of-fold scores of the bags: %s", self.oof_metrics)
 
     def configure_optimizers(self) -> None:
