@@ -353,10 +353,9 @@ class BaggedTree(nn.Module):
         error_msgs: list[str],
     ) -> None:
         # one empty tree per saved bag; each then rebuilds its own structure from its keys
+        head = prefix + "bags."
         found = {
-            int(key[len(prefix) + 5 :].split(".")[0])
-            for key in state_dict
-            if key.startswith(prefix + "bags.")
+            int(key.removeprefix(head).split(".")[0]) for key in state_dict if key.startswith(head)
         }
         if found and len(self.bags) != len(found):
             self.bags = nn.ModuleList(self._new_bag(False) for _ in range(max(found) + 1))
