@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bench.common import ROOT, fit_on_split, run_module_child, write_table
+from bench.common import DATASETS, fit_on_split, run_module_child, write_table
 
 CALIBRATIONS = ("clip", "softmax", "auto", "platt")
 
@@ -70,9 +70,7 @@ def measure(path: Path, seed: int, threads: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets" / "clf_num"
-    )
+    ap.add_argument("--data-dir", type=Path, default=DATASETS / "clf_num")
     ap.add_argument("--datasets", nargs="*")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--threads", type=int, default=2)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import ROOT, write_table
+from bench.common import DATASETS, write_table
 
 
 def imbalanced(X: np.ndarray, y: np.ndarray, minority: float, seed: int):
@@ -73,9 +73,7 @@ def measure(name: str, path: Path, seed: int, minority: float, threads: int) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets" / "clf_num"
-    )
+    ap.add_argument("--data-dir", type=Path, default=DATASETS / "clf_num")
     ap.add_argument("--datasets", nargs="*", default=["pol", "house_16H", "california"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--minority", type=float, default=0.1)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import ROOT, fit_on_split, run_module_child, write_table
+from bench.common import DATASETS, fit_on_split, run_module_child, write_table
 
 
 def measure(path: Path, seed: int, criterion: str, threads: int, options: dict) -> dict:
@@ -57,9 +57,7 @@ def measure(path: Path, seed: int, criterion: str, threads: int, options: dict) 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets" / "clf_num"
-    )
+    ap.add_argument("--data-dir", type=Path, default=DATASETS / "clf_num")
     ap.add_argument("--datasets", nargs="*", help="names (default: every *.csv.gz in --data-dir)")
     ap.add_argument("--criteria", nargs="+", default=["mse", "logloss", "error"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])

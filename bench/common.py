@@ -15,7 +15,11 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = ROOT.parent / "shared" / "datasets" / "reg_num"
+#: The folder of benchmark tables (``reg_num/``, ``clf_num/``, ``mixed/``): the environment
+#: variable ``XRFM_TORCH_DATASETS``, else a ``shared/datasets`` folder beside the repository.
+#: Every script also takes ``--data-dir``.
+DATASETS = Path(os.environ.get("XRFM_TORCH_DATASETS") or ROOT.parent / "shared" / "datasets")
+DEFAULT_DATA = DATASETS / "reg_num"
 
 XRFM_D_PARAMS = {  # pytabkit XRFM_D (the authors' recommended single configuration)
     "model": {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import ROOT, run_module_child, write_table
+from bench.common import DATASETS, run_module_child, write_table
 
 CLASSIFICATION = {"adult"}
 
@@ -60,7 +60,7 @@ def measure(path: Path, seed: int, threads: int, options: dict | None = None) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets" / "mixed")
+    ap.add_argument("--data-dir", type=Path, default=DATASETS / "mixed")
     ap.add_argument("--datasets", nargs="+", default=["adult", "ames"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--threads", type=int, default=2)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import ROOT, XRFM_D_PARAMS, run_module_child, write_table
+from bench.common import DATASETS, XRFM_D_PARAMS, run_module_child, write_table
 
 MODELS = [
     "ours",
@@ -266,7 +266,7 @@ def summary(rows: list[dict], tables: list[str], models: list[str]) -> list[str]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=DATASETS)
     ap.add_argument("--tables", nargs="+", default=TABLES)
     ap.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])

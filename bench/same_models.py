@@ -1,20 +1,25 @@
 """Do the same seeds give the same fitted models as another commit? (bit for bit)
 
-Fits ``xRFMTree()`` with its default settings on the protocol split of each dataset, once with the
+Fits ``xRFMTree()`` with its default settings on the protocol split of each table, once with the
 source tree of ``--against`` (exported with ``git archive``) and once with this checkout's, each in
 its own process with the same thread count, and compares every ``state_dict`` tensor and the test
 predictions exactly (``torch.equal``)::
 
     python -m bench.same_models --against HEAD~3 --datasets cpu_act houses house_16H \
-        --data-dir PATH/TO/reg_num
+        --classification california --uncertainty cpu_act --data-dir DIR
 
-Both sides run ``xrfm_torch.xRFMTree().fit(X, y, X_val, y_val, generator=...)``: the call that
-every version of the package accepts. Exits 1 when any model differs.
+Regression tables come from ``DIR/reg_num`` (cpu_act also ships with the package), the
+``--classification`` tables from ``DIR/clf_num`` (``xRFMTree(task="classification")``; the
+class scores and probabilities are compared), the ``--uncertainty`` ones from ``DIR/reg_num``
+(``xRFMTree(uncertainty="calibrated")``; means and standard deviations compared). Both sides run
+``xrfm_torch.xRFMTree(**options).fit(X, y, X_val, y_val, generator=...)``: a call every version of
+the package since those options exist accepts. Exits 1 when any model differs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -23,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import DEFAULT_DATA, ROOT
+from bench.common import DATASETS, ROOT
 from xrfm_torch.data import load_dataset, prepare, read_csv
 
 # Run in a child process whose PYTHONPATH points at one source tree.
@@ -31,22 +36,36 @@ CHILD = """
 import sys, numpy as np, torch
 import xrfm_torch
 from xrfm_torch import xRFMTree
+import json
 data, out, seed, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+options = json.loads(sys.argv[5])
 torch.set_num_threads(threads)
 d = {k: torch.from_numpy(v) for k, v in np.load(data).items()}
-model = xRFMTree().fit(d["X_train"], d["y_train"], d["X_val"], d["y_val"],
-                       generator=torch.Generator().manual_seed(seed))
+model = xRFMTree(**options).fit(d["X_train"], d["y_train"], d["X_val"], d["y_val"],
+                                generator=torch.Generator().manual_seed(seed))
 with torch.no_grad():
-    pred = model(d["X_test"])
+    if options.get("uncertainty", "none") != "none":
+        pred = torch.cat(model(d["X_test"], return_std=True), 1)
+    elif options.get("task") == "classification":
+        pred = torch.cat([model(d["X_test"]), model.predict_proba(d["X_test"])], 1)
+    else:
+        pred = model(d["X_test"])
 torch.save({"state": model.state_dict(), "pred": pred, "source": xrfm_torch.__file__}, out)
 """
 
+#: What each kind of fit passes to ``xRFMTree`` and which folder of DIR its tables come from.
+KINDS = {
+    "regression": ({}, "reg_num"),
+    "classification": ({"task": "classification"}, "clf_num"),
+    "uncertainty": ({"uncertainty": "calibrated"}, "reg_num"),
+}
 
-def load(name: str, data_dir: Path, seed: int) -> dict[str, np.ndarray]:
-    """The protocol split of ``name`` (packaged cpu_act, else ``data_dir/name.csv.gz``)."""
+
+def load(name: str, data_dir: Path, seed: int, regression: bool) -> dict[str, np.ndarray]:
+    """The protocol split of ``name`` (``data_dir/name.csv.gz``, else the packaged table)."""
     path = data_dir / f"{name}.csv.gz"
     X, y, names = read_csv(path, "target") if path.exists() else load_dataset(name)
-    d = prepare(X, y, seed, feature_names=names)
+    d = prepare(X, y, seed, regression=regression, feature_names=names)
     return {
         "X_train": d.X_train,
         "y_train": d.y_train,
@@ -57,10 +76,11 @@ def load(name: str, data_dir: Path, seed: int) -> dict[str, np.ndarray]:
     }
 
 
-def fit_in(src: Path, data: Path, out: Path, seed: int, threads: int) -> dict:
+def fit_in(src: Path, data: Path, out: Path, seed: int, threads: int, options: dict) -> dict:
     """Fit in a child process importing ``xrfm_torch`` from ``src``; return what it saved."""
     env = {"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"}
     cmd = [sys.executable, "-c", CHILD, str(data), str(out), str(seed), str(threads)]
+    cmd.append(json.dumps(options))
     subprocess.run(cmd, check=True, env=env)
     saved = torch.load(out, weights_only=False)
     if not str(saved["source"]).startswith(str(src)):
@@ -111,11 +131,21 @@ def compare(a: dict, b: dict, new_keys: bool = False) -> tuple[int, int, float]:
     return len(sa), differ, worst
 
 
+def test_score(kind: str, pred: np.ndarray, y: np.ndarray) -> float:
+    """Test RMSE of the mean (standardized target), or log-loss of the probabilities."""
+    if kind == "classification":
+        proba = pred[:, pred.shape[1] // 2 :]
+        return float(-np.mean(np.log(proba[np.arange(len(y)), y.astype(int)])))
+    return float(np.sqrt(np.mean((pred[:, 0] - y) ** 2)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", required=True, help="git commit to compare with")
-    ap.add_argument("--datasets", nargs="+", default=["cpu_act", "houses", "house_16H"])
-    ap.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--datasets", nargs="*", default=["cpu_act", "houses", "house_16H"])
+    ap.add_argument("--classification", nargs="*", default=["california"], help="clf_num tables")
+    ap.add_argument("--uncertainty", nargs="*", default=["cpu_act"], help="reg_num tables")
+    ap.add_argument("--data-dir", type=Path, default=DATASETS, help="holds reg_num/, clf_num/")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
@@ -131,29 +161,32 @@ def main() -> None:
             ["git", "-C", str(ROOT), "archive", a.against, "src"], check=True, capture_output=True
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
-        for name in a.datasets:
-            split = load(name, a.data_dir, a.seed)
+        fits = [("regression", n) for n in a.datasets]
+        fits += [("classification", n) for n in a.classification]
+        fits += [("uncertainty", n) for n in a.uncertainty]
+        for kind, name in fits:
+            options, folder = KINDS[kind]
+            split = load(name, a.data_dir / folder, a.seed, kind != "classification")
             np.savez(tmp / "data.npz", **{k: v for k, v in split.items() if k != "y_test"})
-            before = fit_in(old / "src", tmp / "data.npz", tmp / "a.pt", a.seed, a.threads)
-            after = fit_in(ROOT / "src", tmp / "data.npz", tmp / "b.pt", a.seed, a.threads)
+            args = (a.seed, a.threads, options)
+            before = fit_in(old / "src", tmp / "data.npz", tmp / "a.pt", *args)
+            after = fit_in(ROOT / "src", tmp / "data.npz", tmp / "b.pt", *args)
             n, differ, worst = compare(before, after, a.new_keys)
             same_pred = torch.equal(before["pred"], after["pred"])
             failed |= differ > 0 or not same_pred
-            y = split["y_test"]
-            rmse = [
-                float(np.sqrt(np.mean((s["pred"].numpy()[:, 0] - y) ** 2))) for s in (before, after)
-            ]
-            rows.append((name, n, differ, worst, same_pred, *rmse))
-    print(f"against {a.against}, seed {a.seed}, default xRFMTree(), {a.threads} threads")
+            scores = [test_score(kind, s["pred"].numpy(), split["y_test"]) for s in (before, after)]
+            rows.append((f"{name} ({kind})", n, differ, worst, same_pred, *scores))
+    print(f"against {a.against}, seed {a.seed}, default xRFMTree(**options), {a.threads} threads")
     print(
-        "| dataset | state_dict entries | differing | max abs diff | test predictions identical | "
-        "test RMSE (std. target) before | after |"
+        "| table (fit) | state_dict entries | differing | max abs diff | test predictions "
+        "identical | test score before | after |"
     )
     print("|---|---|---|---|---|---|---|")
     for name, n, differ, worst, same, r0, r1 in rows:
         print(
             f"| {name} | {n} | {differ} | {worst:.3g} | {'yes' if same else 'NO'} | {r0:.6g} | {r1:.6g} |"
         )
+    print("test score: RMSE of the standardized target, or log-loss of the probabilities")
     sys.exit(1 if failed else 0)
 
 

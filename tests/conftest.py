@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -7,7 +8,12 @@ import torch
 
 from xrfm_torch import LeafConfig, LeafRFM
 
-SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+# The benchmark tables: $XRFM_TORCH_DATASETS, else a shared/datasets folder beside the repository
+# (as bench.common.DATASETS); tests that need them skip when neither exists.
+SHARED_DATASETS = Path(
+    os.environ.get("XRFM_TORCH_DATASETS")
+    or Path(__file__).resolve().parents[2] / "shared" / "datasets"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +42,8 @@ def planted(n: int, d: int = 10, seed: int = 0, dtype=torch.float32, noise: floa
 
 def needs_shared_datasets():
     return pytest.mark.skipif(
-        not SHARED_DATASETS.is_dir(), reason=f"../shared/datasets not found at {SHARED_DATASETS}"
+        not SHARED_DATASETS.is_dir(),
+        reason=f"benchmark tables not found at {SHARED_DATASETS} (set XRFM_TORCH_DATASETS)",
     )
 
 

@@ -152,3 +152,83 @@ def test_leaf_settings_from_the_command_line_are_validated(tmp_path):
     cfg = compose_with(["model.leaf.linear_mix=0.25", "+model.n_trees=2"], tmp_path)
     tree = hydra.utils.instantiate(cfg.model)
     assert tree.leaf.linear_mix == 0.25 and tree.n_trees == 2
+
+
+def default_choices(path: Path) -> dict[str, str]:
+    """``{group: option}`` of a config's defaults list (``- group: option`` entries with a file)."""
+    out = {}
+    data = OmegaConf.to_container(OmegaConf.load(path))
+    assert isinstance(data, dict)
+    for entry in data.get("defaults", []):
+        if not isinstance(entry, dict):
+            continue
+        ((group, option),) = entry.items()
+        if isinstance(option, str) and (path.parent / group / f"{option}.yaml").exists():
+            out[(path.parent / group).relative_to(CONF).as_posix()] = option
+    return out
+
+
+# The groups whose objects are ours (the trainer, logger and paths groups configure other
+# libraries and deliberately differ from their defaults).
+DEFAULT_OPTIONS = {
+    g: o
+    for g, o in {
+        **default_choices(CONF / "train.yaml"),
+        **default_choices(CONF / "model" / "xrfm.yaml"),
+    }.items()
+    if g.split("/")[0] in ("model", "system")
+}
+
+
+def signature_defaults(target: str) -> dict[str, object]:
+    module, _, name = target.rpartition(".")
+    obj = getattr(importlib.import_module(module), name)
+    params = inspect.signature(obj).parameters.items()
+    return {k: p.default for k, p in params if p.default is not inspect.Parameter.empty}
+
+
+def target_nodes(node) -> list[tuple[str, dict]]:
+    """(target, mapping) for every mapping with a _target_, at any depth."""
+    found = []
+    if isinstance(node, dict):
+        if "_target_" in node:
+            found.append((node["_target_"], node))
+        for k, v in node.items():
+            if k != "defaults":
+                found.extend(target_nodes(v))
+    return found
+
+
+@pytest.mark.parametrize(("group", "option"), sorted(DEFAULT_OPTIONS.items()), ids=str)
+def test_default_options_repeat_the_code_defaults(group, option):
+    """A group's default option sets nothing but the code's own defaults (one set of defaults).
+
+    Keys that come from the rest of the config (``${...}``) or that the code leaves to the caller
+    (no default) are skipped; other options exist to change defaults and are not checked here.
+    """
+    assert set(DEFAULT_OPTIONS) == {
+        "model",
+        "model/kernel",
+        "model/split_rule",
+        "model/routing",
+        "system",
+    }
+    path = CONF / group / f"{option}.yaml"
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    nodes = [(t, node) for t, node in target_nodes(data)]
+    if "# @package model" in path.read_text():  # routing: arguments of the tree itself
+        nodes.append(("xrfm_torch.xRFMTree", {k: v for k, v in data.items() if k != "defaults"}))
+    assert nodes, f"{path} sets no arguments"
+    for target, values in nodes:
+        defaults = signature_defaults(target)
+        for key, value in values.items():
+            if (
+                key.startswith("_")
+                or isinstance(value, (dict, list))
+                or str(value).startswith("${")
+            ):
+                continue
+            if key in defaults:
+                assert value == defaults[key], (
+                    f"{path.name}: {key}={value!r}, code {defaults[key]!r}"
+                )

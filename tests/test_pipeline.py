@@ -258,7 +258,7 @@ def test_a_csv_table_with_text_missing_cells_and_text_labels(tmp_path):
     dm, system = result["objects"]["datamodule"], result["objects"]["system"]
     assert dm.task == "classification" and dm.categorical_features == [0] and dm.has_missing
     tree = system.tree
-    assert tree.categorical_features == [0] and tree.missing_values == "any"
+    assert tree.config.categorical_features == (0,) and tree.missing_values == "any"
     assert tree.input_map.missing_columns == [2]  # z: missing numbers get an indicator
     assert result["metrics"]["test/accuracy"] > 0.9
 

@@ -11,7 +11,6 @@ Needs scikit-learn (``pip install 'xrfm-torch[sklearn]'``).
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -32,13 +31,15 @@ from xrfm_torch.data.tabular import (
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafConfig
 from xrfm_torch.tree import BaggedTree, xRFMTree
+from xrfm_torch.tree.config import DEFAULTS
 from xrfm_torch.tree.targets import Task
 from xrfm_torch.tree.uncertainty import Uncertainty
 
 log = logging.getLogger(__name__)
 
-_LEAF = LeafConfig()
-_TREE = {k: p.default for k, p in inspect.signature(xRFMTree).parameters.items()}
+# the defaults come from the configs' own (tree.config.DEFAULTS), never repeated here
+_TREE = DEFAULTS
+_LEAF = DEFAULTS.leaf
 #: The leaf settings the estimators expose; the others keep LeafConfig's defaults.
 LEAF_PARAMS = ("n_iters", "reg", "diag", "linear_mix")
 #: ``n_bags="auto"``: this many cross-fitted bags for a fit of at most ``AUTO_BAG_ROWS`` rows.
@@ -100,15 +101,15 @@ class _XRFMEstimator(BaseEstimator):
         self,
         kernel: str | Kernel = "laplace",
         *,
-        max_leaf_size: int = _TREE["max_leaf_size"],
+        max_leaf_size: int = _TREE.max_leaf_size,
         n_iters: int = _LEAF.n_iters,
         reg: float = _LEAF.reg,
         diag: bool | str = _LEAF.diag,
         linear_mix: float = _LEAF.linear_mix,
-        input_transform: str | Sequence[str] = _TREE["input_transform"],
-        n_trees: int | None = _TREE["n_trees"],
-        temperature: float | None = _TREE["temperature"],
-        val_fraction: float = _TREE["val_fraction"],
+        input_transform: str | Sequence[str] = _TREE.input_transform,
+        n_trees: int | None = _TREE.n_trees,
+        temperature: float | None = _TREE.temperature,
+        val_fraction: float = _TREE.val_fraction,
         n_bags: int | str = 1,
         categorical_features: CategoricalSpec = "auto",
         random_state: int | np.random.RandomState | None = None,
@@ -350,22 +351,22 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
         self,
         kernel: str | Kernel = "laplace",
         *,
-        max_leaf_size: int = _TREE["max_leaf_size"],
+        max_leaf_size: int = _TREE.max_leaf_size,
         n_iters: int = _LEAF.n_iters,
         reg: float = _LEAF.reg,
         diag: bool | str = _LEAF.diag,
         linear_mix: float = _LEAF.linear_mix,
-        input_transform: str | Sequence[str] = _TREE["input_transform"],
-        n_trees: int | None = _TREE["n_trees"],
-        temperature: float | None = _TREE["temperature"],
-        val_fraction: float = _TREE["val_fraction"],
+        input_transform: str | Sequence[str] = _TREE.input_transform,
+        n_trees: int | None = _TREE.n_trees,
+        temperature: float | None = _TREE.temperature,
+        val_fraction: float = _TREE.val_fraction,
         n_bags: int | str = 1,
         categorical_features: CategoricalSpec = "auto",
         random_state: int | np.random.RandomState | None = None,
         verbose: bool = False,
         device: str = "cpu",
         dtype: str = "float32",
-        uncertainty: Uncertainty = _TREE["uncertainty"],
+        uncertainty: Uncertainty = "none",
     ) -> None:
         super().__init__(
             kernel,
@@ -483,15 +484,15 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
         self,
         kernel: str | Kernel = "laplace",
         *,
-        max_leaf_size: int = _TREE["max_leaf_size"],
+        max_leaf_size: int = _TREE.max_leaf_size,
         n_iters: int = _LEAF.n_iters,
         reg: float = _LEAF.reg,
         diag: bool | str = _LEAF.diag,
         linear_mix: float = _LEAF.linear_mix,
-        input_transform: str | Sequence[str] = _TREE["input_transform"],
-        n_trees: int | None = _TREE["n_trees"],
-        temperature: float | None = _TREE["temperature"],
-        val_fraction: float = _TREE["val_fraction"],
+        input_transform: str | Sequence[str] = _TREE.input_transform,
+        n_trees: int | None = _TREE.n_trees,
+        temperature: float | None = _TREE.temperature,
+        val_fraction: float = _TREE.val_fraction,
         n_bags: int | str = "auto",
         categorical_features: CategoricalSpec = "auto",
         random_state: int | np.random.RandomState | None = None,

@@ -8,12 +8,13 @@ regression target is standardized the same way for fitting and errors are report
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
-#: What a dataset's target is (and so which metrics and model outputs apply).
-Task = Literal["regression", "classification"]
+# What a dataset's target is: the model's own Literal, re-exported for the data modules.
+from xrfm_torch.tree.targets import Task
+
+__all__ = ["ProtocolData", "Standardizer", "Task", "prepare", "protocol_split"]
 
 
 def protocol_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -43,6 +43,11 @@ from xrfm_torch.kernels.distance import (
 )
 from xrfm_torch.numerics.checks import check_positive
 
+#: The default bandwidth ``L`` of every kernel here (the reference xrfm's and the paper's).
+BANDWIDTH = 10.0
+#: Pairs closer than this contribute no gradient (the sample's own centre, duplicates).
+DISTANCE_EPS = 1e-10
+
 
 class Kernel(nn.Module):
     """Base class of the Lpq-Laplace family ``exp(-||x - z||_p^q / L^q)``.
@@ -65,11 +70,11 @@ class Kernel(nn.Module):
 
     def __init__(
         self,
-        bandwidth: float = 10.0,
+        bandwidth: float = BANDWIDTH,
         *,
         p: float = 2.0,
         q: float = 1.0,
-        eps: float = 1e-10,
+        eps: float = DISTANCE_EPS,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
         super().__init__()
@@ -274,11 +279,11 @@ class LpqLaplaceKernel(Kernel):
 
     def __init__(
         self,
-        bandwidth: float = 10.0,
+        bandwidth: float = BANDWIDTH,
         p: float = 2.0,
         q: float = 1.0,
         *,
-        eps: float = 1e-10,
+        eps: float = DISTANCE_EPS,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
         super().__init__(bandwidth, p=p, q=q, eps=eps, chunk_bytes=chunk_bytes)
@@ -288,7 +293,11 @@ class LaplaceKernel(Kernel):
     """Laplace kernel ``exp(-||x - z||_2 / L)`` (p=2, q=1)."""
 
     def __init__(
-        self, bandwidth: float = 10.0, *, eps: float = 1e-10, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+        self,
+        bandwidth: float = BANDWIDTH,
+        *,
+        eps: float = DISTANCE_EPS,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
         super().__init__(bandwidth, p=2.0, q=1.0, eps=eps, chunk_bytes=chunk_bytes)
 
@@ -297,7 +306,11 @@ class ProductLaplaceKernel(Kernel):
     """Product Laplace kernel ``exp(-||x - z||_1 / L) = prod_i exp(-|x_i - z_i| / L)`` (p=q=1)."""
 
     def __init__(
-        self, bandwidth: float = 10.0, *, eps: float = 1e-10, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+        self,
+        bandwidth: float = BANDWIDTH,
+        *,
+        eps: float = DISTANCE_EPS,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
         super().__init__(bandwidth, p=1.0, q=1.0, eps=eps, chunk_bytes=chunk_bytes)
 
@@ -306,7 +319,11 @@ class GaussianKernel(Kernel):
     """Gaussian kernel ``exp(-||x - z||_2^2 / L^2)`` (p=q=2)."""
 
     def __init__(
-        self, bandwidth: float = 10.0, *, eps: float = 1e-10, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+        self,
+        bandwidth: float = BANDWIDTH,
+        *,
+        eps: float = DISTANCE_EPS,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
         super().__init__(bandwidth, p=2.0, q=2.0, eps=eps, chunk_bytes=chunk_bytes)
 

@@ -293,7 +293,7 @@ class TemperatureSweep(_FileCallback):
             )
             return
         Xv, yv = module.fit_data["val"]
-        grid = list(self.grid or module.tree.temperature_grid)
+        grid = list(self.grid or module.tree.config.temperature_grid)
         errs = module.tree.temperature_errors(Xv, yv, grid)
         out = self.out_dir(trainer)
         with (out / "temperature_sweep.csv").open("w", newline="") as fh:

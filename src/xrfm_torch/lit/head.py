@@ -167,10 +167,10 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
         # KRR loss sees the features themselves: a head's tree maps nothing. The caller's tree is
         # used as given, so it must say so itself.
         tree = tree if tree is not None else xRFMTree(input_transform="identity")
-        if tree.input_transform != "identity":
+        if tree.config.input_transform != "identity":
             raise ValueError(
                 "a head's tree must see the encoder features as they are: pass "
-                f"xRFMTree(input_transform='identity'), got input_transform={tree.input_transform!r}"
+                f"xRFMTree(input_transform='identity'), got input_transform={tree.config.input_transform!r}"
             )
         super().__init__(
             tree,
@@ -252,7 +252,7 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
 
     def on_train_end(self) -> None:
         # the encoder is trained: the final closed-form fit may use every training row
-        self.refit_tree(full=not self.tree.trainable_routing, rows="all")
+        self.refit_tree(full=not self.tree.config.trainable_routing, rows="all")
 
     @torch.no_grad()
     def refit_tree(
@@ -271,7 +271,7 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
         if "val" in self.raw_data:
             Xv, yv = self.raw_data["val"]
             data["val"] = (self.features(Xv), yv)
-        if full or not self.tree.trainable_routing:
+        if full or not self.tree.config.trainable_routing:
             self.fit_tree(data)
         else:
             g = torch.Generator().manual_seed(int(self.hparams["seed"]))
@@ -301,7 +301,7 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
             if len(x) < 4:
                 return None
             t = self.sgd_targets(y).to(x.dtype)
-            loss = batch_krr_loss(self.encoder(x), t, self.tree.kernel, self.tree.leaf.reg)
+            loss = batch_krr_loss(self.encoder(x), t, self.tree.kernel, self.tree.config.leaf.reg)
             self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(x))
             return loss
         if len(batch) > 2 and self.support_mask.numel():  # drop support rows (see module doc)

@@ -128,7 +128,7 @@ class XRFMLitModule(pl.LightningModule):
             raise ValueError(f"n_bags must be an int >= 1, got {n_bags!r}")
         model: xRFMTree | BaggedTree = tree
         if n_bags > 1:
-            model = BaggedTree(tree, n_bags=n_bags, distributed=tree.distributed)
+            model = BaggedTree(tree, n_bags=n_bags, distributed=tree.config.distributed)
         if tree.task != task:
             raise ValueError(
                 f"the tree's task is {tree.task!r} but the system's is {task!r}: pass "

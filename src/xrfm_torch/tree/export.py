@@ -119,8 +119,8 @@ class ExportableTree(nn.Module):
                 tree.path_sign_,
                 tree.children_,
                 self.temperature,
-                keep_mass=self.model.keep_mass,
-                max_leaves=self.model.max_soft_leaves,
+                keep_mass=self.model.config.keep_mass,
+                max_leaves=self.model.config.max_soft_leaves,
             )
         out = x.new_zeros(x.shape[0], self.n_outputs)
         for leaf_id, leaf in enumerate(leaves):

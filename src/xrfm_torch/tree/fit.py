@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -18,13 +19,11 @@ from xrfm_torch.inputs.choice import encode_fit_data
 from xrfm_torch.inputs.input_map import InputMap, InputMapName
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
-from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import FitData
+from xrfm_torch.tree.config import TreeConfig
 from xrfm_torch.tree.grow import Progress, TreeLayout, fit_leaves, grow_tree
-from xrfm_torch.tree.memory import MemoryBudget
 from xrfm_torch.tree.parallel import LeafJob, run_leaf_jobs, world
 from xrfm_torch.tree.partition import PartitionTree
-from xrfm_torch.tree.splits import SplitRule
 from xrfm_torch.tree.temperature import prediction_errors, temperature_predictions
 from xrfm_torch.tree.uncertainty import Moments, model_moments
 
@@ -32,33 +31,24 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class LeafFitting:
-    """How each leaf of a grown tree is fitted (see :func:`~xrfm_torch.tree.grow.fit_leaves`).
+class FitPlan:
+    """What one fit of a set of trees uses: the kernel, the settings, the leaves' factors.
 
     Attributes:
         kernel: Kernel prototype (each leaf copies it).
-        leaf: The leaves' settings.
-        min_leaf_val: A leaf with fewer validation rows borrows training rows.
-        max_borrow_fraction: At most this share of a leaf's training rows is borrowed.
-        refit_borrowed: The final solve adds the borrowed (or held-out) rows back.
+        config: The tree's settings with this fit's sizes resolved: ``max_leaf_size`` (smaller
+            for the trees of a set of maps), ``n_trees`` (never ``None``) and ``leaf`` (with the
+            ``iter_rows`` of a large fit).
         keep_factor: Leaves keep their final solve's Cholesky factor for their posterior.
-        distributed: Spread the leaves over the ranks of the default ``torch.distributed``
-            process group (:mod:`xrfm_torch.tree.parallel`); every rank must fit the same data.
-        memory_budget: Refuse a tree whose largest leaf would need more (:mod:`xrfm_torch.tree.memory`).
     """
 
     kernel: Kernel
-    leaf: LeafConfig
-    min_leaf_val: int
-    max_borrow_fraction: float
-    refit_borrowed: bool
+    config: TreeConfig
     keep_factor: bool = False
-    distributed: bool = False
-    memory_budget: MemoryBudget = None
 
     def new_leaf(self) -> LeafRFM:
         """A fresh, unfitted leaf."""
-        leaf = LeafRFM(self.kernel, self.leaf)
+        leaf = LeafRFM(self.kernel, self.config.leaf)
         leaf.keep_factor = self.keep_factor
         return leaf
 
@@ -75,14 +65,10 @@ class LeafFitting:
             layout,
             data,
             new_leaf=self.new_leaf,
-            min_leaf_val=self.min_leaf_val,
-            max_borrow_fraction=self.max_borrow_fraction,
-            refit_borrowed=self.refit_borrowed,
+            config=self.config,
             generator=generator,
             progress=progress,
             tree_index=tree_index,
-            distributed=self.distributed,
-            memory_budget=self.memory_budget,
         )
 
 
@@ -138,17 +124,8 @@ def fit_trees(
     data: FitData,
     maps: Sequence[InputMapName],
     imap: InputMap,
-    fitting: LeafFitting,
+    plan: FitPlan,
     *,
-    split_rule: SplitRule,
-    max_leaf_size: int,
-    n_trees: int,
-    overlap_fraction: float,
-    trainable: bool,
-    temperature: float | None,
-    grid: Sequence[float],
-    keep_mass: float,
-    max_soft_leaves: int,
     generator: torch.Generator,
     progress: Progress | None = None,
     val_scores: bool = False,
@@ -165,17 +142,11 @@ def fit_trees(
         data: Validated training data (raw inputs).
         maps: Input maps to grow trees on.
         imap: Encodes the inputs for a map (knots fitted).
-        fitting: How leaves are fitted.
-        split_rule: Strategy choosing each node's split.
-        max_leaf_size: Largest leaf (training rows).
-        n_trees: Trees per map (they differ through the split-model subsamples).
-        overlap_fraction: Rows from across the last cut that join each leaf's final solve.
-        trainable: Routing arrays as ``nn.Parameter`` (head use).
-        temperature: A fixed temperature, or ``None`` to tune one over ``grid`` by validation MSE
-            (ties go to the earlier entry) where some tree has a split.
-        grid: Candidate temperatures (0 = hard routing).
-        keep_mass: Soft routing keeps each row's top leaves covering this weight mass.
-        max_soft_leaves: Soft routing evaluates at most this many leaves per row.
+        plan: Kernel and settings: the split rule, ``max_leaf_size``, ``n_trees`` per map (they
+            differ through the split-model subsamples), ``overlap_fraction``,
+            ``trainable_routing``, and the routing: a fixed ``temperature``, or ``None`` to tune
+            one over ``temperature_grid`` by the validation criterion (ties go to the earlier
+            entry) where some tree has a split, with ``keep_mass`` and ``max_soft_leaves``.
         generator: CPU random generator; each map's trees start from its state at the call.
         progress: Called as ``progress(tree, leaves_done, leaves_total)`` after each leaf fit.
         val_scores: Keep the model's validation outputs (``GrownTrees.val_scores``).
@@ -186,7 +157,11 @@ def fit_trees(
     Returns:
         The fitted trees, and the temperature (``None``: not given, and nothing to tune).
     """
-    grown = GrownTrees([], [], [], [], [], distributed=fitting.distributed)
+    cfg = plan.config
+    temperature, grid = cfg.temperature, cfg.temperature_grid
+    keep_mass, max_soft_leaves = cfg.keep_mass, cfg.max_soft_leaves
+    n_trees = cast(int, cfg.n_trees)
+    grown = GrownTrees([], [], [], [], [], distributed=cfg.distributed)
     start = generator.get_state()
     for i, name in enumerate(maps):
         if i > 0:
@@ -201,17 +176,17 @@ def fit_trees(
                 mapped.y,
                 mapped.X_val[:0] if held else mapped.X_val,
                 mapped.y_val[:0] if held else mapped.y_val,
-                max_leaf_size=max_leaf_size,
-                split_rule=split_rule,
-                kernel=fitting.kernel,
+                max_leaf_size=cfg.max_leaf_size,
+                split_rule=cfg.split_rule,
+                kernel=plan.kernel,
                 generator=generator,
-                overlap_fraction=overlap_fraction,
+                overlap_fraction=cfg.overlap_fraction,
                 weights=(mapped.w, None if held else mapped.w_val),
             )
-            leaves, pending, owners = fitting.fit(
+            leaves, pending, owners = plan.fit(
                 layout, mapped, generator, progress, len(grown.trees)
             )
-            tree = PartitionTree(leaves, trainable=trainable)
+            tree = PartitionTree(leaves, trainable=cfg.trainable_routing)
             tree.set_structure(layout.vectors, layout.thresholds, layout.scales, layout.children)
             grown.trees.append(tree)
             grown.maps.append(name)
@@ -229,13 +204,13 @@ def fit_trees(
         preds = temperature_predictions(
             grown.trees, xs, grid, keep_mass=keep_mass, max_leaves=max_soft_leaves
         )
-        errs = prediction_errors(preds, data.y_val, fitting.leaf.criterion, data.w_val)
+        errs = prediction_errors(preds, data.y_val, cfg.leaf.criterion, data.w_val)
         best = min(range(len(errs)), key=lambda i: errs[i])
         temperature, scores = float(grid[best]), preds[best]
         log.info(
             "tuned temperature %.4g (val %s %s)",
             temperature,
-            fitting.leaf.criterion,
+            cfg.leaf.criterion,
             ", ".join(f"{e:.4g}" for e in errs),
         )
     if val_scores and scores is None:  # nothing searched: the one temperature the model uses
@@ -252,7 +227,7 @@ def fit_trees(
         grown.refit()
         if posterior:
             grown.fit_posteriors()
-    if posterior and world(fitting.distributed)[1] > 1:
+    if posterior and world(cfg.distributed)[1] > 1:
         # only a leaf's owner holds the factor of its solve; without it every rank recomputes
         # the same factors on first use (as a loaded model does), so all ranks predict alike
         for tree in grown.trees:
@@ -266,7 +241,7 @@ def refit_trees(
     maps: Sequence[InputMapName],
     imap: InputMap,
     data: FitData,
-    fitting: LeafFitting,
+    plan: FitPlan,
     generator: torch.Generator,
 ) -> list[dict[int, LeafRFM]]:
     """New leaves for fitted trees on new rows, routed by the trees as they are.
@@ -294,8 +269,8 @@ def refit_trees(
             leaf_train=[(ids == lf).nonzero().squeeze(1) for lf in keep],
             leaf_val=[(vids == lf).nonzero().squeeze(1) for lf in keep],
         )
-        leaves, pending, owners = fitting.fit(layout, mapped, generator)
+        leaves, pending, owners = plan.fit(layout, mapped, generator)
         jobs = [_refit_job(mapped, rows) for rows in pending]
-        run_leaf_jobs(leaves, jobs, owners, distributed=fitting.distributed)
+        run_leaf_jobs(leaves, jobs, owners, distributed=plan.config.distributed)
         out.append(dict(zip(keep, leaves)))
     return out

@@ -21,8 +21,8 @@ from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.approx import approx_width
 from xrfm_torch.leaf.data import FitData
 from xrfm_torch.numerics.rng import own_generator
+from xrfm_torch.tree.config import TreeConfig
 from xrfm_torch.tree.memory import (
-    MemoryBudget,
     approximate_to_fit,
     budget_bytes,
     check_leaf_memory,
@@ -236,14 +236,10 @@ def fit_leaves(
     data: FitData,
     *,
     new_leaf: Callable[[], LeafRFM],
-    min_leaf_val: int,
-    max_borrow_fraction: float,
-    refit_borrowed: bool,
+    config: TreeConfig,
     generator: torch.Generator | None,
     progress: Progress | None = None,
     tree_index: int = 0,
-    distributed: bool = False,
-    memory_budget: MemoryBudget = None,
 ) -> tuple[list[LeafRFM], list[Tensor | None], list[int]]:
     """Fit one LeafRFM per leaf of ``layout`` on the rows routed to it.
 
@@ -269,6 +265,7 @@ def fit_leaves(
         subsample, so a leaf never pays for two extra solves); per leaf the rank that fitted it.
     """
     generator = own_generator(generator)
+    distributed, memory_budget = config.distributed, config.memory_budget
     X, y, holdout, w = data.X, data.y, data.holdout, data.w
     # (train, X_val, y_val, final rows, validation weights)
     plans: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]] = []
@@ -290,14 +287,14 @@ def fit_leaves(
             tr, borrowed = borrow_validation_rows(
                 tr,
                 Xv.shape[0],
-                min_val_rows=min_leaf_val,
-                max_borrow_fraction=max_borrow_fraction,
+                min_val_rows=config.min_leaf_val,
+                max_borrow_fraction=config.max_borrow_fraction,
                 generator=generator,
             )
             Xv, yv = torch.cat([Xv, X[borrowed]]), torch.cat([yv, y[borrowed]])
             if wv is not None and w is not None:
                 wv = torch.cat([wv, w[borrowed]])
-        plans.append((tr, Xv, yv, rows if refit_borrowed else torch.cat([tr, extra]), wv))
+        plans.append((tr, Xv, yv, rows if config.refit_borrowed else torch.cat([tr, extra]), wv))
     seeds = leaf_seeds(generator, len(plans))
     leaves = [new_leaf().to(device=X.device, dtype=X.dtype) for _ in plans]
     # before any leaf is fitted: every planned leaf against the memory budget; one that would

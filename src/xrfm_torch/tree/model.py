@@ -11,9 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xrfm_torch.inputs.choice import check_input_transform, choose_maps
+from xrfm_torch.inputs.choice import choose_maps
 from xrfm_torch.inputs.input_map import (
-    INPUT_MAPS,
     InputMap,
     InputMapName,
     InputTransform,
@@ -27,13 +26,11 @@ from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import (
     as_float_targets,
     check_finite,
-    check_fraction,
-    check_int,
-    check_positive,
 )
 from xrfm_torch.numerics.config import from_config, to_config
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.tree.fit import LeafFitting, fit_trees, refit_trees
+from xrfm_torch.tree.config import DEFAULTS, SETTINGS, TreeConfig
+from xrfm_torch.tree.fit import FitPlan, fit_trees, refit_trees
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.interpret import (
     ImportanceSource,
@@ -47,7 +44,7 @@ from xrfm_torch.tree.parallel import broadcast_module, check_same_data
 from xrfm_torch.tree.partition import PartitionTree, empty_trees
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
 from xrfm_torch.tree.targets import Calibration, ClassCoding, TargetCoding, Task
-from xrfm_torch.tree.temperature import DEFAULT_TEMPERATURE_GRID, temperature_errors
+from xrfm_torch.tree.temperature import temperature_errors
 from xrfm_torch.tree.uncertainty import (
     Uncertainty,
     VarianceModel,
@@ -180,96 +177,94 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         class_coding: ClassCoding = "one_hot",
         calibration: Calibration = "platt",
         leaf: LeafConfig | None = None,
-        max_leaf_size: int = 10_000,
+        max_leaf_size: int = DEFAULTS.max_leaf_size,
         split_rule: SplitRule | None = None,
-        overlap_fraction: float = 0.1,
-        n_trees: int | None = None,
-        temperature: float | None = None,
+        overlap_fraction: float = DEFAULTS.overlap_fraction,
+        n_trees: int | None = DEFAULTS.n_trees,
+        temperature: float | None = DEFAULTS.temperature,
         temperature_grid: Sequence[float] | None = None,
-        keep_mass: float = 0.99,
-        max_soft_leaves: int = 12,
-        val_fraction: float = 0.1,
-        min_leaf_val: int = 1500,
-        max_borrow_fraction: float = 0.2,
-        refit_borrowed: bool = True,
-        trainable_routing: bool = False,
-        input_transform: InputTransform = "auto",
-        input_margin: float = 2.0,
-        max_input_maps: int = 2,
-        set_leaf_fraction: float = 0.5,
-        categorical_features: Sequence[int] | None = None,
+        keep_mass: float = DEFAULTS.keep_mass,
+        max_soft_leaves: int = DEFAULTS.max_soft_leaves,
+        val_fraction: float = DEFAULTS.val_fraction,
+        min_leaf_val: int = DEFAULTS.min_leaf_val,
+        max_borrow_fraction: float = DEFAULTS.max_borrow_fraction,
+        refit_borrowed: bool = DEFAULTS.refit_borrowed,
+        trainable_routing: bool = DEFAULTS.trainable_routing,
+        input_transform: InputTransform = DEFAULTS.input_transform,
+        input_margin: float = DEFAULTS.input_margin,
+        max_input_maps: int = DEFAULTS.max_input_maps,
+        set_leaf_fraction: float = DEFAULTS.set_leaf_fraction,
+        categorical_features: Sequence[int] | None = DEFAULTS.categorical_features,
         missing_values: MissingValues = "seen",
         uncertainty: Uncertainty = "none",
-        large_fit_rows: int | None = 100_000,
-        large_fit_iter_rows: int = 3000,
-        distributed: bool = False,
-        memory_budget: MemoryBudget = "auto",
+        large_fit_rows: int | None = DEFAULTS.large_fit_rows,
+        large_fit_iter_rows: int = DEFAULTS.large_fit_iter_rows,
+        distributed: bool = DEFAULTS.distributed,
+        memory_budget: MemoryBudget = DEFAULTS.memory_budget,
     ) -> None:
         super().__init__()
-        if leaf is not None and not isinstance(leaf, LeafConfig):
-            raise TypeError(f"leaf must be a LeafConfig, got {type(leaf).__name__}")
-        if temperature is not None:
-            check_positive(temperature, "temperature", allow_zero=True)
-        grid = DEFAULT_TEMPERATURE_GRID if temperature_grid is None else list(temperature_grid)
-        for t in grid:
-            check_positive(t, "temperature_grid entry", allow_zero=True)
-        self.kernel = make_kernel(kernel)
-        self.leaf = LeafConfig() if leaf is None else leaf
-        self.max_leaf_size = check_int(max_leaf_size, "max_leaf_size", 4)
-        self.split_rule: SplitRule = AGOPSplit() if split_rule is None else split_rule
-        # <= 0.4 keeps a leaf's own rows the majority, which is how fit_leaves tells them apart
-        if not 0.0 <= float(overlap_fraction) <= 0.4:
-            raise ValueError(f"overlap_fraction must be in [0, 0.4], got {overlap_fraction!r}")
-        self.overlap_fraction = float(overlap_fraction)
-        self.n_trees = None if n_trees is None else check_int(n_trees, "n_trees", 1)
-        self.temperature = temperature
-        self.temperature_grid = [float(t) for t in grid]
-        self.keep_mass = check_fraction(keep_mass, "keep_mass")
-        self.max_soft_leaves = check_int(max_soft_leaves, "max_soft_leaves", 1)
-        self.val_fraction = check_fraction(val_fraction, "val_fraction", high=0.9)
-        self.min_leaf_val = check_int(min_leaf_val, "min_leaf_val", 0)
-        self.max_borrow_fraction = check_fraction(max_borrow_fraction, "max_borrow_fraction")
-        self.refit_borrowed = bool(refit_borrowed)
-        self.trainable_routing = bool(trainable_routing)
-        self.input_transform = check_input_transform(input_transform)
-        self.input_margin = check_positive(input_margin, "input_margin", allow_zero=True)
-        self.max_input_maps = check_int(max_input_maps, "max_input_maps", 1, len(INPUT_MAPS))
-        self.set_leaf_fraction = check_fraction(set_leaf_fraction, "set_leaf_fraction")
-        self.categorical_features = (
-            None
-            if categorical_features is None
-            else [check_int(c, "categorical_features entry", 0) for c in categorical_features]
+        self.config = TreeConfig(
+            leaf=LeafConfig() if leaf is None else leaf,
+            max_leaf_size=max_leaf_size,
+            split_rule=AGOPSplit() if split_rule is None else split_rule,
+            overlap_fraction=overlap_fraction,
+            n_trees=n_trees,
+            temperature=temperature,
+            temperature_grid=(
+                DEFAULTS.temperature_grid if temperature_grid is None else temperature_grid
+            ),
+            keep_mass=keep_mass,
+            max_soft_leaves=max_soft_leaves,
+            val_fraction=val_fraction,
+            min_leaf_val=min_leaf_val,
+            max_borrow_fraction=max_borrow_fraction,
+            refit_borrowed=refit_borrowed,
+            trainable_routing=trainable_routing,
+            input_transform=input_transform,
+            input_margin=input_margin,
+            max_input_maps=max_input_maps,
+            set_leaf_fraction=set_leaf_fraction,
+            categorical_features=categorical_features,
+            large_fit_rows=large_fit_rows,
+            large_fit_iter_rows=large_fit_iter_rows,
+            distributed=distributed,
+            memory_budget=memory_budget,
         )
+        self.kernel = make_kernel(kernel)
         self.input_map = InputMap(missing_values=missing_values)
         self.targets = TargetCoding(task, class_coding, calibration)
-        if task == "regression" and self.leaf.criterion != "mse":
+        criterion = self.config.leaf.criterion
+        if task == "regression" and criterion != "mse":
             raise ValueError(
-                f"criterion {self.leaf.criterion!r} needs task='classification'; regression uses 'mse'"
+                f"criterion {criterion!r} needs task='classification'; regression uses 'mse'"
             )
-        if class_coding == "prevalence" and self.leaf.criterion != "mse":
+        if class_coding == "prevalence" and criterion != "mse":
             raise ValueError(
                 f"class_coding='prevalence' needs criterion 'mse' (the Brier score), got "
-                f"{self.leaf.criterion!r}: the other criteria read the codes as class scores"
+                f"{criterion!r}: the other criteria read the codes as class scores"
             )
         self.uncertainty = check_uncertainty(uncertainty)
         if self.uncertainty != "none" and task != "regression":
             raise ValueError(f"uncertainty={uncertainty!r} needs task='regression'")
         self.variance = None if self.uncertainty == "none" else VarianceModel(self.uncertainty)
-        self.large_fit_rows = (
-            None if large_fit_rows is None else check_int(large_fit_rows, "large_fit_rows", 1)
-        )
-        self.large_fit_iter_rows = check_int(large_fit_iter_rows, "large_fit_iter_rows", 2)
-        if not isinstance(distributed, bool):
-            raise TypeError(f"distributed must be a bool, got {distributed!r}")
-        self.distributed = distributed
-        if memory_budget is not None and memory_budget != "auto":
-            memory_budget = check_int(cast(int, memory_budget), "memory_budget", 1)
-        self.memory_budget: MemoryBudget = memory_budget
         self.trees = nn.ModuleList()
         self.register_buffer("temperature_", torch.tensor(0.0))
-        if self.trainable_routing:
+        if self.config.trainable_routing:
             self.raw_temperature = nn.Parameter(torch.tensor(0.0))
         self.fit_seconds_: float | None = None
+
+    # The settings read as attributes too (``model.max_leaf_size``: the constructor's arguments,
+    # as scikit-learn and ``get_config`` expect); setting one replaces the frozen config.
+    def __getattr__(self, name: str) -> Any:
+        if name in SETTINGS and "config" in self.__dict__:
+            return getattr(self.__dict__["config"], name)
+        return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in SETTINGS and "config" in self.__dict__:
+            self.__dict__["config"] = self.config.replace(**{name: value})
+            return
+        super().__setattr__(name, value)
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (kernel, leaf and split rule as ``_target_`` dicts).
@@ -315,40 +310,37 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         """Where NaN is accepted in numeric columns (held by :attr:`input_map`)."""
         return self.input_map.missing_values
 
-    def _is_large(self, n_rows: int) -> bool:
-        """Whether a fit on ``n_rows`` training rows is a large fit (``large_fit_rows``)."""
-        return self.large_fit_rows is not None and n_rows > self.large_fit_rows
+    def _plan(self, n_rows: int, n_maps: int = 1) -> FitPlan:
+        """The kernel and the settings of a fit on ``n_rows`` training rows and ``n_maps`` maps.
 
-    def _n_trees(self, n_rows: int) -> int:
-        """Trees per map for a fit on ``n_rows`` training rows (``n_trees=None``: the rule)."""
-        if self.n_trees is not None:
-            return self.n_trees
-        return 2 if self.task == "classification" and not self._is_large(n_rows) else 1
-
-    def _leaf_fitting(self, n_rows: int) -> LeafFitting:
-        leaf = self.leaf
-        if self._is_large(n_rows) and leaf.iter_rows is None:
+        Resolves the rules: a large fit's leaves iterate on ``large_fit_iter_rows``-row
+        subsamples (unless the leaf sets ``iter_rows``); ``n_trees=None`` is 2 trees per map for
+        classification and 1 for regression or a large fit; a set's trees are cheaper members
+        with leaves of ``set_leaf_fraction * max_leaf_size`` rows.
+        """
+        cfg = self.config
+        large = cfg.is_large(n_rows)
+        leaf = cfg.leaf
+        if large and leaf.iter_rows is None:
             log.info(
                 "large fit (%d rows > large_fit_rows=%s): leaves iterate on %d-row subsamples",
                 n_rows,
-                self.large_fit_rows,
-                self.large_fit_iter_rows,
+                cfg.large_fit_rows,
+                cfg.large_fit_iter_rows,
             )
-            leaf = leaf.replace(iter_rows=self.large_fit_iter_rows)
-        return LeafFitting(
-            self.kernel,
-            leaf,
-            self.min_leaf_val,
-            self.max_borrow_fraction,
-            self.refit_borrowed,
-            keep_factor=self.uncertainty != "none",
-            distributed=self.distributed,
-            memory_budget=self.memory_budget,
-        )
+            leaf = leaf.replace(iter_rows=cfg.large_fit_iter_rows)
+        n_trees = cfg.n_trees
+        if n_trees is None:
+            n_trees = 2 if self.task == "classification" and not large else 1
+        leaf_size = cfg.max_leaf_size
+        if n_maps > 1:
+            leaf_size = max(4, round(cfg.set_leaf_fraction * leaf_size))
+        resolved = cfg.replace(leaf=leaf, n_trees=n_trees, max_leaf_size=leaf_size)
+        return FitPlan(self.kernel, resolved, keep_factor=self.uncertainty != "none")
 
     def new_leaf(self) -> LeafRFM:
         """A fresh, unfitted leaf model with this tree's kernel and leaf settings."""
-        return LeafRFM(self.kernel, self.leaf)
+        return LeafRFM(self.kernel, self.config.leaf)
 
     # ---- introspection -------------------------------------------------------------------------
     @property
@@ -388,17 +380,17 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
     @property
     def current_temperature(self) -> Tensor:
         """The routing temperature in use: ``softplus(raw_temperature)`` when trainable."""
-        if self.trainable_routing:
+        if self.config.trainable_routing:
             return F.softplus(self.raw_temperature)
         return self.temperature_
 
     def _set_temperature(self, value: float) -> None:
-        if self.trainable_routing and value <= 0:
-            positive = [t for t in self.temperature_grid if t > 0]
+        if self.config.trainable_routing and value <= 0:
+            positive = [t for t in self.config.temperature_grid if t > 0]
             value = min(positive) if positive else 1.0
             log.info("trainable routing needs T > 0; starting from T = %.4g", value)
         self.temperature_.fill_(value)
-        if self.trainable_routing:  # inverse softplus, so that softplus(raw) == value
+        if self.config.trainable_routing:  # inverse softplus, so that softplus(raw) == value
             self.raw_temperature.data = torch.tensor(value).expm1().log().to(self.temperature_)
 
     # ---- fitting -------------------------------------------------------------------------------
@@ -449,7 +441,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             y,
             X_val,
             y_val,
-            val_fraction=self.val_fraction,
+            val_fraction=self.config.val_fraction,
             generator=generator,
             allow_nan=True,
             sample_weight=sample_weight,
@@ -462,43 +454,31 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
                 "leaves' Gaussian-process noise model is unweighted (use uncertainty='none')"
             )
         weights = [t for t in (data.w, data.w_val) if t is not None]
-        check_same_data(self.distributed, data.X, data.y, data.X_val, data.y_val, *weights)
+        check_same_data(self.config.distributed, data.X, data.y, data.X_val, data.y_val, *weights)
         self.input_map.fit(
             data.X,
-            knots=self.input_transform != "identity",
-            categorical=self.categorical_features or (),
+            knots=self.config.input_transform != "identity",
+            categorical=self.config.categorical_features or (),
         )
         data = self.targets.fit(data.y, data.w).encode_data(data)
         # only categorical columns: nothing for a quantile map to map
-        spec = "identity" if self.input_map.numeric_.numel() == 0 else self.input_transform
+        spec = "identity" if self.input_map.numeric_.numel() == 0 else self.config.input_transform
         maps = choose_maps(
             spec,
             self.input_map,
             data,
             kernel=self.kernel,
-            leaf=self.leaf,
-            max_maps=self.max_input_maps,
-            margin=self.input_margin,
+            leaf=self.config.leaf,
+            max_maps=self.config.max_input_maps,
+            margin=self.config.input_margin,
             generator=generator,
         )
         self.kernel.to(device=data.X.device, dtype=data.X.dtype)
-        leaf_size = self.max_leaf_size  # a set's trees are cheaper members: smaller leaves
-        if len(maps) > 1:
-            leaf_size = max(4, round(self.set_leaf_fraction * leaf_size))
         grown, temperature = fit_trees(
             data,
             maps,
             self.input_map,
-            self._leaf_fitting(data.X.shape[0]),
-            temperature=self.temperature,
-            grid=self.temperature_grid,
-            keep_mass=self.keep_mass,
-            max_soft_leaves=self.max_soft_leaves,
-            split_rule=self.split_rule,
-            max_leaf_size=leaf_size,
-            n_trees=self._n_trees(data.X.shape[0]),
-            overlap_fraction=self.overlap_fraction,
-            trainable=self.trainable_routing,
+            self._plan(data.X.shape[0], len(maps)),
             generator=generator,
             progress=progress,
             val_scores=self.task == "classification",
@@ -506,7 +486,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         )
         if self.variance is not None and grown.val_moments is not None:
             self.variance.fit(grown.val_moments, data.y_val)
-            broadcast_module(self.variance, self.distributed)
+            broadcast_module(self.variance, self.config.distributed)
         if grown.val_scores is not None:
             scores = self.targets.decode(grown.val_scores)
             chosen = self.targets.calibrate(scores, data.y_val, data.w_val)
@@ -557,7 +537,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             y,
             X_val,
             y_val,
-            val_fraction=self.val_fraction,
+            val_fraction=self.config.val_fraction,
             generator=(generator := own_generator(generator)),
             n_features=self.n_features_in_,
             allow_nan=True,
@@ -575,7 +555,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             self.input_map.names,
             self.input_map,
             data,
-            self._leaf_fitting(data.X.shape[0]),
+            self._plan(data.X.shape[0]),
             generator,
         )
         for tree, leaves in zip(trees, new):
@@ -647,10 +627,10 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             self.partition_trees(),
             self.input_map(X_val),
             self.targets.encode(y_val, "y_val"),
-            self.temperature_grid if grid is None else grid,
-            keep_mass=self.keep_mass,
-            max_leaves=self.max_soft_leaves,
-            criterion=self.leaf.criterion,
+            self.config.temperature_grid if grid is None else grid,
+            keep_mass=self.config.keep_mass,
+            max_leaves=self.config.max_soft_leaves,
+            criterion=self.config.leaf.criterion,
         )
 
     # ---- prediction ----------------------------------------------------------------------------
@@ -693,7 +673,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         if return_std:
             return self._mean_std(x, temp)
         outs = [
-            tree(xt, temp, keep_mass=self.keep_mass, max_leaves=self.max_soft_leaves)
+            tree(xt, temp, keep_mass=self.config.keep_mass, max_leaves=self.config.max_soft_leaves)
             for tree, xt in zip(self.partition_trees(), self.input_map(x))
         ]
         out = outs[0] if len(outs) == 1 else torch.stack(outs).mean(0)
@@ -728,8 +708,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             trees,
             self.input_map(x),
             temperature,
-            keep_mass=self.keep_mass,
-            max_leaves=self.max_soft_leaves,
+            keep_mass=self.config.keep_mass,
+            max_leaves=self.config.max_soft_leaves,
         )
         std = self.variance(m).sqrt() * self.targets.scaler.scale_.to(m.mean.dtype)
         return self.targets.decode(m.mean), std
@@ -781,7 +761,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         # a state saved before format versions existed is version 0 (same layout as version 1)
         state_dict.setdefault(prefix + "_extra_state", {"format_version": 0})
         # Rebuild the tree/leaf module structure from the keys; children then load themselves.
-        trees = empty_trees(state_dict, prefix, self.new_leaf, self.trainable_routing)
+        trees = empty_trees(state_dict, prefix, self.new_leaf, self.config.trainable_routing)
         if trees is not None:
             self.trees = trees.to(self.temperature_.device)
         super()._load_from_state_dict(

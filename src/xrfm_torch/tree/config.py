@@ -1,0 +1,131 @@
+"""A tree's growth and routing settings, described once: :class:`TreeConfig` holds them and their defaults.
+
+One config object per level: :class:`~xrfm_torch.leaf.config.LeafConfig` for a leaf's RFM fit,
+:class:`TreeConfig` (which holds the leaves' ``LeafConfig`` as ``leaf``) for everything the tree
+decides: how it grows, how its leaves borrow validation rows, how it routes, which input maps it
+sees, how a large fit is cut down, where its leaves are fitted. :class:`~xrfm_torch.xRFMTree`
+builds one from its keyword arguments (whose defaults are read from here) and passes it down
+whole, so each setting is named in its signature and here, and nowhere in between. The objects
+with state of their own (kernel, target coding, input map, variance model) are modules of the
+tree, not settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from xrfm_torch.inputs.choice import check_input_transform
+from xrfm_torch.inputs.input_map import INPUT_MAPS, InputTransform
+from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.numerics.checks import check_fraction, check_int, check_positive
+from xrfm_torch.tree.memory import MemoryBudget
+from xrfm_torch.tree.splits import AGOPSplit, SplitRule
+from xrfm_torch.tree.temperature import DEFAULT_TEMPERATURE_GRID
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """Settings of an :class:`~xrfm_torch.xRFMTree` fit (validated on construction; immutable).
+
+    The attributes are documented with the constructor arguments of the same names in
+    :class:`~xrfm_torch.xRFMTree`. ``temperature_grid`` (default: 0 and 20 values
+    0.025..4.5) and ``categorical_features`` are held as tuples.
+    """
+
+    leaf: LeafConfig = field(default_factory=LeafConfig)
+    max_leaf_size: int = 10_000
+    split_rule: SplitRule = field(default_factory=AGOPSplit)
+    overlap_fraction: float = 0.1
+    n_trees: int | None = None
+    temperature: float | None = None
+    temperature_grid: Sequence[float] = tuple(DEFAULT_TEMPERATURE_GRID)
+    keep_mass: float = 0.99
+    max_soft_leaves: int = 12
+    val_fraction: float = 0.1
+    min_leaf_val: int = 1500
+    max_borrow_fraction: float = 0.2
+    refit_borrowed: bool = True
+    trainable_routing: bool = False
+    input_transform: InputTransform = "auto"
+    input_margin: float = 2.0
+    max_input_maps: int = 2
+    set_leaf_fraction: float = 0.5
+    categorical_features: Sequence[int] | None = None
+    large_fit_rows: int | None = 100_000
+    large_fit_iter_rows: int = 3000
+    distributed: bool = False
+    memory_budget: MemoryBudget = "auto"
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__  # frozen: normalize in place once, here
+        if not isinstance(self.leaf, LeafConfig):
+            raise TypeError(f"leaf must be a LeafConfig, got {type(self.leaf).__name__}")
+        put(self, "max_leaf_size", check_int(self.max_leaf_size, "max_leaf_size", 4))
+        # <= 0.4 keeps a leaf's own rows the majority, which is how fit_leaves tells them apart
+        if not 0.0 <= float(self.overlap_fraction) <= 0.4:
+            raise ValueError(f"overlap_fraction must be in [0, 0.4], got {self.overlap_fraction!r}")
+        put(self, "overlap_fraction", float(self.overlap_fraction))
+        if self.n_trees is not None:
+            put(self, "n_trees", check_int(self.n_trees, "n_trees", 1))
+        if self.temperature is not None:
+            check_positive(self.temperature, "temperature", allow_zero=True)
+        given = self.temperature_grid
+        grid = tuple(
+            float(check_positive(t, "temperature_grid entry", allow_zero=True)) for t in given
+        )
+        put(self, "temperature_grid", grid)
+        put(self, "keep_mass", check_fraction(self.keep_mass, "keep_mass"))
+        put(self, "max_soft_leaves", check_int(self.max_soft_leaves, "max_soft_leaves", 1))
+        put(self, "val_fraction", check_fraction(self.val_fraction, "val_fraction", high=0.9))
+        put(self, "min_leaf_val", check_int(self.min_leaf_val, "min_leaf_val", 0))
+        put(
+            self,
+            "max_borrow_fraction",
+            check_fraction(self.max_borrow_fraction, "max_borrow_fraction"),
+        )
+        put(self, "refit_borrowed", bool(self.refit_borrowed))
+        put(self, "trainable_routing", bool(self.trainable_routing))
+        put(self, "input_transform", check_input_transform(self.input_transform))
+        put(
+            self, "input_margin", check_positive(self.input_margin, "input_margin", allow_zero=True)
+        )
+        put(
+            self,
+            "max_input_maps",
+            check_int(self.max_input_maps, "max_input_maps", 1, len(INPUT_MAPS)),
+        )
+        put(self, "set_leaf_fraction", check_fraction(self.set_leaf_fraction, "set_leaf_fraction"))
+        if self.categorical_features is not None:
+            cats = tuple(
+                check_int(c, "categorical_features entry", 0) for c in self.categorical_features
+            )
+            put(self, "categorical_features", cats)
+        if self.large_fit_rows is not None:
+            put(self, "large_fit_rows", check_int(self.large_fit_rows, "large_fit_rows", 1))
+        put(
+            self,
+            "large_fit_iter_rows",
+            check_int(self.large_fit_iter_rows, "large_fit_iter_rows", 2),
+        )
+        if not isinstance(self.distributed, bool):
+            raise TypeError(f"distributed must be a bool, got {self.distributed!r}")
+        if self.memory_budget is not None and self.memory_budget != "auto":
+            budget = check_int(cast(int, self.memory_budget), "memory_budget", 1)
+            put(self, "memory_budget", budget)
+
+    def replace(self, **changes: Any) -> TreeConfig:
+        """A copy with some settings changed (validated like a new one)."""
+        return dataclasses.replace(self, **changes)
+
+    def is_large(self, n_rows: int) -> bool:
+        """Whether a fit on ``n_rows`` training rows is a large fit (``large_fit_rows``)."""
+        return self.large_fit_rows is not None and n_rows > self.large_fit_rows
+
+
+#: The defaults, for signatures that repeat a setting (``xRFMTree``, the estimators).
+DEFAULTS = TreeConfig()
+#: The names of the settings (every one is also a keyword argument of ``xRFMTree``).
+SETTINGS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TreeConfig))

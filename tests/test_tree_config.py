@@ -1,0 +1,98 @@
+"""The tree's settings live in one frozen TreeConfig: built from the keyword constructor, read and
+replaced through the model, resolved per fit, and defaulted in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import warnings
+
+import pytest
+import torch
+
+import xrfm_torch
+from xrfm_torch import LeafConfig, TreeConfig, xRFMTree
+from xrfm_torch.tree.config import DEFAULTS, SETTINGS
+from xrfm_torch.tree.splits import CARTSplit, Split
+
+
+def test_every_setting_is_a_constructor_argument_with_the_configs_default():
+    params = inspect.signature(xRFMTree).parameters
+    for name in SETTINGS:
+        assert name in params, name
+        default = params[name].default
+        # None stands for a default object (a LeafConfig(), an AGOPSplit(), the grid)
+        if default is not None:
+            assert default == getattr(DEFAULTS, name), name
+    assert xRFMTree().config == dataclasses.replace(
+        DEFAULTS, split_rule=xRFMTree().config.split_rule
+    )
+
+
+def test_the_config_is_frozen_and_validated():
+    cfg = TreeConfig(max_leaf_size=500, temperature_grid=[0, 1], categorical_features=[2, 0])
+    assert cfg.temperature_grid == (0.0, 1.0) and cfg.categorical_features == (2, 0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.max_leaf_size = 10  # type: ignore[misc]
+    with pytest.raises(ValueError, match="max_leaf_size must be an integer >= 4, got 2"):
+        TreeConfig(max_leaf_size=2)
+    with pytest.raises(ValueError, match=r"overlap_fraction must be in \[0, 0.4\], got 0.5"):
+        cfg.replace(overlap_fraction=0.5)
+    with pytest.raises(TypeError, match="leaf must be a LeafConfig, got dict"):
+        TreeConfig(leaf={"n_iters": 2})  # type: ignore[arg-type]
+
+
+def test_settings_read_and_set_through_the_model_replace_the_config():
+    model = xRFMTree(max_leaf_size=300, leaf=LeafConfig(n_iters=2), split_rule=CARTSplit())
+    before = model.config
+    assert model.max_leaf_size == 300 and model.leaf.n_iters == 2
+    model.max_soft_leaves = 3
+    assert model.config is not before and model.config.max_soft_leaves == 3
+    assert before.max_soft_leaves == DEFAULTS.max_soft_leaves  # the old config is unchanged
+    assert model.config.max_leaf_size == 300 and isinstance(model.config.split_rule, CARTSplit)
+    with pytest.raises(ValueError, match="max_soft_leaves must be an integer >= 1, got 0"):
+        model.max_soft_leaves = 0
+    # get_config still reads every argument, and rebuilds the same config
+    again = xRFMTree.from_config(model.get_config())
+    assert again.config.max_soft_leaves == 3 and again.config.leaf == model.config.leaf
+
+
+def test_a_fit_plan_resolves_the_rules():
+    reg = xRFMTree(large_fit_rows=1000, large_fit_iter_rows=50, max_leaf_size=400)
+    small, large = reg._plan(900), reg._plan(1001, n_maps=2)
+    assert small.config.n_trees == 1 and small.config.leaf.iter_rows is None
+    assert small.config.max_leaf_size == 400
+    assert large.config.leaf.iter_rows == 50 and large.config.max_leaf_size == 200
+    clf = xRFMTree(task="classification", large_fit_rows=1000)
+    assert clf._plan(900).config.n_trees == 2 and clf._plan(1001).config.n_trees == 1
+    assert xRFMTree(task="classification", n_trees=3)._plan(900).config.n_trees == 3
+    # a leaf's own iter_rows wins over the large-fit rule
+    own = xRFMTree(leaf=LeafConfig(iter_rows=70), large_fit_rows=10)._plan(100)
+    assert own.config.leaf.iter_rows == 70
+    assert reg.config.n_trees is None  # resolving does not touch the model's config
+
+
+def test_the_fitted_tree_follows_its_config():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(400, 3, generator=g)
+    y = X[:, 0] - X[:, 1] ** 2
+    model = xRFMTree(leaf=LeafConfig(n_iters=1), max_leaf_size=150, input_transform="identity")
+    model.fit(X, y, generator=g)
+    assert model.n_leaves >= 3
+    assert all(leaf.config == model.config.leaf for leaf in model.leaves())
+
+
+def test_split_rule_protocol_is_exported_and_the_split_result_is_deprecated():
+    assert "SplitRule" in xrfm_torch.__all__ and "Split" not in xrfm_torch.__all__
+    with pytest.warns(DeprecationWarning, match="xrfm_torch.Split is deprecated"):
+        assert xrfm_torch.Split is Split
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert xrfm_torch.SplitRule is xrfm_torch.tree.splits.SplitRule
+
+
+def test_task_is_defined_once():
+    from xrfm_torch.data import protocol
+    from xrfm_torch.tree import targets
+
+    assert protocol.Task is targets.Task
