@@ -175,6 +175,7 @@ def test_bad_arguments_are_named(regression):
         BaggedTree(_proto(task="classification"), n_bags=3).fit(X[:120], labels)
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_share_the_bags_and_fit_the_single_process_model(tmp_path):
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()

@@ -194,6 +194,7 @@ def test_onnx_float64_model_runs_in_onnxruntime(tmp_path):
     torch.testing.assert_close(run_onnx(path, x), eager(model, x, False), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_onnx_float32_soft_routing_quantile_maps_and_probabilities(tmp_path):
     for config in ("soft, two maps", "classification, categories, NaN"):
         model, x = fitted(config)

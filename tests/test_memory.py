@@ -117,6 +117,7 @@ def test_approximate_to_fit_halves_the_centres_until_the_estimate_fits():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS read from /proc")
 def test_estimate_bounds_a_measured_leaf_fit():
     # one process per measurement (peak RSS is per process); float32, default LeafConfig

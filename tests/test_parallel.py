@@ -79,6 +79,7 @@ def _assert_same(a: dict, b: dict, variance_rtol: float = 0.0) -> None:
         torch.testing.assert_close(pa, pb, rtol=variance_rtol, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("uncertainty", [False, True], ids=["mean", "uncertainty"])
 def test_two_gloo_ranks_fit_the_single_process_model(tmp_path, uncertainty):
     flags = ["--uncertainty"] if uncertainty else []
@@ -99,6 +100,7 @@ def test_two_gloo_ranks_fit_the_single_process_model(tmp_path, uncertainty):
     _assert_same(ranks[0], single, variance_rtol=1e-4 if uncertainty else 0.0)
 
 
+@pytest.mark.slow
 def test_ranks_plan_their_leaves_against_the_strictest_memory_budget(tmp_path):
     """Rank 1's budget (rank 0 has none) approximates leaves on both ranks, as in one process."""
     (tmp_path / "one").mkdir()
@@ -111,12 +113,14 @@ def test_ranks_plan_their_leaves_against_the_strictest_memory_budget(tmp_path):
     _assert_same(ranks[0], single)
 
 
+@pytest.mark.slow
 def test_ranks_given_different_data_are_refused(tmp_path):
     ranks = _run(2, tmp_path, "--differ")
     for rank in ranks:
         assert "ranks [1] were given data different from rank 0's" in rank["error"]
 
 
+@pytest.mark.slow
 def test_a_leaf_job_failing_on_one_rank_fails_every_rank_instead_of_hanging(tmp_path):
     ranks = _run(2, tmp_path, "--uncertainty", "--fail")
     for rank in ranks:

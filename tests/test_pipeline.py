@@ -210,6 +210,7 @@ def test_temperature_sweep_says_routing_plays_no_part_in_a_one_leaf_tree(tmp_pat
     assert not (tmp_path / "temperature_sweep.csv").exists()
 
 
+@pytest.mark.slow
 def test_train_py_multirun(tmp_path):
     cmd = [
         sys.executable,

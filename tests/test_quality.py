@@ -6,6 +6,7 @@ import hashlib
 import time
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import SHARED_DATASETS, needs_shared_datasets
@@ -14,6 +15,7 @@ from xrfm_torch.data import load_dataset, prepare
 from xrfm_torch.data.registry import read_csv
 
 
+@pytest.mark.slow
 def test_cpu_act_default_rmse():
     X, y, _ = load_dataset("cpu_act")
     d = prepare(X, y, seed=0)
