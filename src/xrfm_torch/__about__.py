@@ -1,3 +1,3 @@
 """Package version (single source for pyproject)."""
 
-__version__ = "0.1.0"
+__version__ = "0.15.0.dev0"
