@@ -132,7 +132,7 @@ def fit_softmax_scale(
     golden-section search over ``log a`` finds its minimum to ~1e-6 relative in 60 steps, without
     autograd. It is fitted unclipped although the probabilities are clipped afterwards: with the
     clipping a confident mistake costs the same at any sharper scale, and on validation rows with
-    few mistakes the fit then ran to ``high`` (digits features: test log-loss 0.093 vs 0.029).
+    few mistakes the fit then ran to ``high`` (far too sharp on test rows; docs/design.md).
 
     Args:
         scores: Class scores (n, K).

@@ -2,9 +2,9 @@
 
 A leaf's fit is dominated by dense (rows x rows) matrices: the kernel matrix, its Cholesky
 factor, the distance/gradient-weight buffers of the AGOP and the validation kernel. Measured peak
-resident memory of single-leaf fits (``bench/results/leaf-memory/``: 3.3–5.6 float32 n x n
-matrices at 12k–2k rows) is below ``LEAF_MATRICES`` such matrices of the leaf's largest solve plus
-the validation block and a fixed overhead (the estimate is 27–38 % above the measurement), so a
+resident memory of single-leaf fits (docs/benchmarks.md, "Leaf memory") is below
+``LEAF_MATRICES`` such matrices of the leaf's largest solve plus the validation block and a
+fixed overhead, so a
 tree checks its largest planned leaf before fitting: a fit that cannot fit stops at once with a
 message that names the leaf size, the estimate, the budget and the knobs, instead of an
 out-of-memory kill an hour in. A leaf whose final solve is approximate

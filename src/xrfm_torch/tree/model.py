@@ -95,9 +95,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         n_trees: Trees per input map, all averaged (they differ through the split-model
             subsamples). A tree with a single leaf stops the count (more would be identical).
             ``None``: 2 for classification, 1 for regression and in a large fit
-            (``large_fit_rows``). The second tree lowered test log-loss on 9 of 11 split
-            classification fits (up to 10 %) but regression RMSE by at most 0.8 % (pol 2.7 %) for
-            twice the time, and it doubles the cost of the first split (docs/benchmarks.md).
+            (``large_fit_rows``): a second tree pays in classification log-loss, much less in
+            regression RMSE for twice the time (docs/benchmarks.md).
         temperature: Soft-routing temperature; ``None`` tunes it on validation data over
             ``temperature_grid`` (0 = hard routing is always a candidate), ``0`` forces hard routing.
         temperature_grid: Candidate temperatures for tuning (default: 0 and 20 values 0.025..4.5).
@@ -142,9 +141,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             ``LeafConfig`` sets no ``iter_rows`` learns ``M``, t*, the exponent and the ridge on a
             seeded subsample of ``large_fit_iter_rows`` of its rows, then solves once on all of
             them. The fit then costs about one solve per leaf instead of ``tau`` plus the searches
-            (1M rows: about 9 minutes on 2 cores; docs/benchmarks.md). ``None``: never. Smaller fits
-            keep the full iterations, which are more accurate on some tables (Brazilian_houses
-            0.018 vs 0.026 RMSE with 3000-row iterations).
+            (docs/benchmarks.md). ``None``: never. Smaller fits keep the full iterations, which
+            are more accurate on some tables (docs/benchmarks.md, "Cheaper leaves").
         large_fit_iter_rows: The subsample of a large fit's iterations.
         distributed: Fit the leaves across the ranks of the default ``torch.distributed``
             process group (gloo on CPU, NCCL on GPU; :mod:`xrfm_torch.tree.parallel`): every rank
