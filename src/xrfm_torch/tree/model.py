@@ -253,10 +253,15 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
 
     # The settings read as attributes too (``model.max_leaf_size``: the constructor's arguments,
     # as scikit-learn and ``get_config`` expect); setting one replaces the frozen config.
+    # nn.Module's own lookup (buffers, submodules: every forward goes through it) comes first.
     def __getattr__(self, name: str) -> Any:
-        if name in SETTINGS and "config" in self.__dict__:
-            return getattr(self.__dict__["config"], name)
-        return super().__getattr__(name)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            config = self.__dict__.get("config")
+            if config is None or name not in SETTINGS:
+                raise
+            return getattr(config, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in SETTINGS and "config" in self.__dict__:
