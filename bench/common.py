@@ -143,6 +143,11 @@ def fit_predict(
             allow_writing_files=False,  # no catboost_info/ in the working directory
         )
         m.fit(d.X_train, ytr, eval_set=(d.X_val, yva))
+    elif model == "realmlp":  # pytabkit's RealMLP-TD defaults; it scales the target itself
+        from pytabkit import RealMLP_TD_Regressor
+
+        m = RealMLP_TD_Regressor(n_threads=threads, device=device, random_state=seed)
+        m.fit(d.X_train, ytr, d.X_val, yva)
     else:
         raise ValueError(f"unknown model {model!r}")
     fit_s = time.perf_counter() - s

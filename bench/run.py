@@ -1,11 +1,12 @@
-"""Accuracy and speed: xrfm_torch vs the reference xrfm (defaults and XRFM_D) and three GBDTs.
+"""Accuracy and speed: xrfm_torch vs the reference xrfm (defaults and XRFM_D), three GBDTs, RealMLP.
 
     python -m bench.run                      # every NAME.csv.gz in --data-dir, seed 0
     python -m bench.run --datasets cpu_act houses --seeds 0 1 2 --models ours xrfm_d
 
 Every (dataset, seed, model) runs in its own process (peak RSS per model). Writes
 ``results.jsonl``, ``results.md`` and ``results.png`` into ``--out`` and prints ours/reference ratios.
-Needs the ``bench`` extra (``pip install -e ".[bench]"``).
+Needs the ``bench`` extra (``pip install -e ".[bench]"``); ``realmlp`` (pytabkit's RealMLP-TD with
+its defaults, validation rows for its early stopping) also needs ``pytabkit``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from bench.common import DEFAULT_DATA, ROOT, run_isolated
 
-MODELS = ["ours", "xrfm_default", "xrfm_d", "xgboost", "lightgbm", "catboost"]
+MODELS = ["ours", "xrfm_default", "xrfm_d", "xgboost", "lightgbm", "catboost", "realmlp"]
 GBDTS = ["xgboost", "lightgbm", "catboost"]
 
 
