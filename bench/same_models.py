@@ -3,7 +3,8 @@
 Fits ``xRFMTree()`` with its default settings on the protocol split of each table, once with the
 source tree of ``--against`` (exported with ``git archive``) and once with this checkout's, each in
 its own process with the same thread count, and compares every ``state_dict`` tensor and the test
-predictions exactly (``torch.equal``)::
+predictions exactly (``torch.equal``; ``--upgrade`` when the commit saved an older state format:
+its state is first loaded into this checkout's model, whose loader renames and fills entries)::
 
     python -m bench.same_models --against HEAD~3 --datasets cpu_act houses house_16H \
         --classification california --uncertainty cpu_act --data-dir DIR
@@ -131,6 +132,22 @@ def compare(a: dict, b: dict, new_keys: bool = False) -> tuple[int, int, float]:
     return len(sa), differ, worst
 
 
+def upgraded(state: dict, options: dict) -> dict:
+    """``state`` of an older format loaded into this checkout's ``xRFMTree(**options)``, saved again.
+
+    The loader's upgrade renames and fills entries; it copies every value exactly, so the
+    comparison still finds any value the refactor changed. The format version is set to this
+    checkout's (the one entry an upgrade must change).
+    """
+    from xrfm_torch import xRFMTree
+
+    model = xRFMTree(**options)
+    model.load_state_dict(state)
+    out = dict(model.state_dict())
+    out["_extra_state"] = model.get_extra_state()
+    return out
+
+
 def test_score(kind: str, pred: np.ndarray, y: np.ndarray) -> float:
     """Test RMSE of the mean (standardized target), or log-loss of the probabilities."""
     if kind == "classification":
@@ -150,6 +167,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--new-keys", action="store_true", help="allow state_dict entries the commit did not have"
+    )
+    ap.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="the commit saved an older state format: load its state into this checkout's model "
+        "(the upgrade on load) and compare that model's state; the format version is not compared",
     )
     a = ap.parse_args()
     rows, failed = [], False
@@ -171,6 +194,8 @@ def main() -> None:
             args = (a.seed, a.threads, options)
             before = fit_in(old / "src", tmp / "data.npz", tmp / "a.pt", *args)
             after = fit_in(ROOT / "src", tmp / "data.npz", tmp / "b.pt", *args)
+            if a.upgrade:
+                before["state"] = upgraded(before["state"], options)
             n, differ, worst = compare(before, after, a.new_keys)
             same_pred = torch.equal(before["pred"], after["pred"])
             failed |= differ > 0 or not same_pred

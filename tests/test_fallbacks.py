@@ -120,6 +120,13 @@ def test_a_leaf_worse_than_its_mean_predicts_the_mean(generator, caplog):
     fresh = LeafRFM("laplace", NOISE_CFG)
     fresh.load_state_dict(leaf.state_dict())
     assert fresh.is_constant and torch.equal(fresh(Xv), leaf(Xv))
+    # a leaf saved before kinds were stored (format 3: approx_ = 0, the fallback read from a
+    # non-empty offset_) loads as a mean leaf too
+    old = {k: v for k, v in leaf.state_dict().items() if k != "kind_"}
+    old["approx_"] = torch.tensor(0)
+    older = LeafRFM("laplace", NOISE_CFG)
+    older.load_state_dict(old)
+    assert older.kind == "mean" and torch.equal(older(Xv), leaf(Xv))
 
 
 def test_a_leaf_better_than_its_mean_keeps_its_model(generator, caplog):

@@ -80,7 +80,7 @@ def test_buffers_vs_parameters():
                 "val_errors_",
                 "reg_",
                 "offset_",
-                "approx_",
+                "kind_",
                 "fourier_w_",
                 "fourier_b_",
                 "noise_coef_",

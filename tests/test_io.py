@@ -60,9 +60,9 @@ def test_a_version_1_state_loads_without_offsets_and_platt_maps():
 
 
 def test_a_version_2_state_loads_as_exact_leaves(fitted):
-    # version 2 had no approximate final solves: no approx_, fourier_w_, fourier_b_
+    # version 2 had no approximate final solves: no approx_ (now kind_), fourier_w_, fourier_b_
     model, Xq = fitted
-    suffixes = ("approx_", "fourier_w_", "fourier_b_")
+    suffixes = ("kind_", "fourier_w_", "fourier_b_")
     old = {k: v for k, v in model.state_dict().items() if not k.endswith(suffixes)}
     assert len(old) < len(model.state_dict())
     old["_extra_state"] = {"format_version": 2}
@@ -70,6 +70,48 @@ def test_a_version_2_state_loads_as_exact_leaves(fitted):
     fresh.load_state_dict(old)
     assert all(leaf.approximation is None for leaf in fresh.leaves())
     torch.testing.assert_close(fresh(Xq), model(Xq), rtol=0, atol=0)
+
+
+def as_version_3(state: dict) -> dict:
+    """A current state written the way format 3 wrote it: ``approx_`` (0 exact or mean, else 1 +
+    the approximation's index), the Gaussian-process buffers on the leaf itself."""
+    old: dict = {}
+    for key, value in state.items():
+        if key.endswith(".kind_"):
+            code = int(value)
+            old[key.removesuffix("kind_") + "approx_"] = torch.tensor(0 if code == 4 else code)
+        else:
+            old[key.replace(".gp.", ".")] = value
+    old["_extra_state"] = {"format_version": 3}
+    return old
+
+
+def test_a_version_3_state_loads_with_kinds_and_gp_buffers_in_place():
+    X, y = planted(900, d=4)
+    cfg = LeafConfig(n_iters=1, iter_rows=150, approx_above=200, approx="fourier")
+    approx = xRFMTree(leaf=cfg, max_leaf_size=450).fit(
+        X, y, generator=torch.Generator().manual_seed(0)
+    )
+    assert {leaf.kind for leaf in approx.leaves()} == {"fourier"}
+    old = as_version_3(approx.state_dict())
+    assert not any(k.endswith("kind_") for k in old) and any(k.endswith("approx_") for k in old)
+    fresh = xRFMTree(leaf=cfg, max_leaf_size=450)
+    fresh.load_state_dict(old)
+    assert [leaf.kind for leaf in fresh.leaves()] == [leaf.kind for leaf in approx.leaves()]
+    torch.testing.assert_close(fresh(X[:50]), approx(X[:50]), rtol=0, atol=0)
+    gp = xRFMTree(leaf=LeafConfig(n_iters=1), max_leaf_size=450, uncertainty="gp")
+    gp.fit(X, y, generator=torch.Generator().manual_seed(0))
+    old = as_version_3(gp.state_dict())
+    assert any(k.endswith("leaves.0.noise_coef_") for k in old)
+    fresh, same = (
+        xRFMTree(leaf=LeafConfig(n_iters=1), max_leaf_size=450, uncertainty="gp") for _ in "ab"
+    )
+    fresh.load_state_dict(old)  # strict: every key found its place
+    same.load_state_dict(gp.state_dict())
+    assert all(leaf.gp.is_fitted for leaf in fresh.leaves())
+    # both loaded models factor their leaves again: the same means and standard deviations
+    for a, b in zip(fresh(X[:50], return_std=True), same(X[:50], return_std=True)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_a_newer_format_version_is_refused_naming_both_versions(fitted, tmp_path):

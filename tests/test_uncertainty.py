@@ -65,7 +65,7 @@ def test_signal_variance_is_the_marginal_likelihood_scale():
     leaf, X, y = fitted_leaf()
     K = LaplaceKernel(bandwidth=2.0)(X, X) + 1e-2 * torch.eye(len(X), dtype=F64)
     ref = y @ torch.linalg.solve(K, y) / len(X)
-    torch.testing.assert_close(leaf.signal_var_[0], ref, rtol=1e-8, atol=0)
+    torch.testing.assert_close(leaf.gp.signal_var_[0], ref, rtol=1e-8, atol=0)
 
 
 def test_log_variance_fit_recovers_planted_coefficients_and_is_stationary():
@@ -166,7 +166,7 @@ def test_gp_variance_is_the_leaf_process():
     Xt, _ = planted(20, d=3, seed=9, dtype=F64)
     leaf = model.leaves()[0]
     _, v, _ = leaf.moments(model.input_map(Xt)[0])
-    ref = leaf.signal_var_ * (v + leaf.reg_) * model.targets.scaler.scale_**2
+    ref = leaf.gp.signal_var_ * (v + leaf.reg_) * model.targets.scaler.scale_**2
     _, std = model(Xt, return_std=True)
     torch.testing.assert_close(std[:, 0] ** 2, ref, rtol=1e-8, atol=0)
 
@@ -279,7 +279,7 @@ def test_lightning_logs_nll_and_writes_the_coverage_report(tmp_path):
 def test_posterior_reuses_the_final_solves_factor(monkeypatch, user_val):
     """Each leaf's cached factor is that of its own system; with user validation data (final
     solve = the chosen model's factor continued by the bordered solve) nothing is factored again."""
-    import xrfm_torch.leaf.gp_view as leaf_module
+    import xrfm_torch.leaf.gp as leaf_module
     from xrfm_torch.kernels import transform
     from xrfm_torch.leaf.posterior import system_matrix
 
@@ -303,9 +303,9 @@ def test_posterior_reuses_the_final_solves_factor(monkeypatch, user_val):
     for leaf in leaves:
         xs = transform(leaf.support_, leaf.sqrt_m_)
         A = system_matrix(leaf.kernel, xs, float(leaf.reg_), leaf.config.linear_mix)
-        L = leaf.factor_
+        L = leaf.gp.factor_
         assert L.shape == A.shape
         torch.testing.assert_close(L @ L.mT, A, rtol=1e-9, atol=1e-9)
     plain = xRFMTree(leaf=LeafConfig(n_iters=1), max_leaf_size=500).double()
     plain.fit(X, y, *val, generator=torch.Generator().manual_seed(0))
-    assert all(lf.factor_.numel() == 0 for lf in plain.partition_trees()[0].leaf_list())
+    assert all(lf.gp.factor_.numel() == 0 for lf in plain.partition_trees()[0].leaf_list())

@@ -9,42 +9,25 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from xrfm_torch.kernels import Kernel, chain_rule, make_kernel, transform
+from xrfm_torch.kernels import Kernel, make_kernel, transform
 from xrfm_torch.kernels.fourier import fourier_frequencies
-from xrfm_torch.kernels.linear import (
-    features_or_none,
-    linear_grad,
-    summed_predict,
-)
-from xrfm_torch.leaf.approx import (
-    approx_width,
-    centroid_weights,
-    fourier_input_grads,
-    fourier_predict,
-    fourier_solve,
-    kmeans_centres,
-    nystrom_weights,
-)
+from xrfm_torch.kernels.linear import features_or_none
+from xrfm_torch.leaf.approx import approx_width
 from xrfm_torch.leaf.approx_iteration import run_approx_iterations
-from xrfm_torch.leaf.config import APPROXES, LeafConfig
+from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import validation_errors
 from xrfm_torch.leaf.data import fit_data, weighted_rows
-from xrfm_torch.leaf.gp_view import LeafGPView
+from xrfm_torch.leaf.gp import LeafGP
 from xrfm_torch.leaf.iteration import run_iterations
+from xrfm_torch.leaf.kinds import KINDS, SOLVES, KernelSolve, LeafKind, weighted_mean
 from xrfm_torch.leaf.selection import Candidate, paired_win
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.numerics.solvers import krr_workspace, solve_bordered, solve_krr
+from xrfm_torch.numerics.solvers import solve_bordered
+from xrfm_torch.numerics.state import ResizableBuffers
 
 log = logging.getLogger(__name__)
-
-
-def weighted_mean(y: Tensor, w: Tensor | None) -> Tensor:
-    """The (weighted) mean of the rows of ``y`` (n, c), shape (1, c)."""
-    if w is None:
-        return y.mean(0, keepdim=True)
-    return (w.to(y.dtype) @ y)[None] / w.sum().to(y.dtype)
 
 
 #: A leaf predicts its training mean when that beats its fitted model on the validation rows by
@@ -52,7 +35,7 @@ def weighted_mean(y: Tensor, w: Tensor | None) -> Tensor:
 MEAN_FALLBACK_MARGIN = 2.0
 
 
-class LeafRFM(LeafGPView):
+class LeafRFM(ResizableBuffers):
     """Recursive Feature Machine fitted in closed form on one leaf's data.
 
     For ``t = 0 .. tau`` (``tau = config.n_iters``): solve ``(K_{M_t}(X, X) + reg I) alpha_t = y``,
@@ -70,17 +53,15 @@ class LeafRFM(LeafGPView):
     Buffers (after ``fit``):
         ``support_`` (n, d), ``alpha_`` (n, c), ``sqrt_m_`` (d,) or (d, d), ``best_iter_`` (),
         ``val_errors_`` (tau + 1,) with NaN for iterations not run, ``reg_`` () the ridge in use;
-        the bandwidth is ``kernel.bandwidth``; ``offset_`` (c,) when the leaf fell back to its
-        mean predictor (its validation error was lower than the fitted model's: ``alpha_`` is
-        then 0 and the leaf predicts the mean of its rows; not for a leaf fitted for a
-        posterior), else empty. ``approx_`` () is 0 after an exact final solve, else 1 + the
-        index of ``LeafConfig.approx`` in ``APPROXES`` (the support then holds the centres; a
-        ``"fourier"`` leaf keeps its frequencies ``fourier_w_`` (d, D) and phases ``fourier_b_``
-        (D,), and ``alpha_`` holds its feature weights). After :meth:`fit_posterior`: ``noise_coef_`` (n, c) and
-        ``noise_mean_`` (c,) of the log-noise model, ``signal_var_`` (c,) the
-        marginal-likelihood scale (:mod:`xrfm_torch.leaf.posterior`). The Cholesky factor they use
-        is cached in ``factor_`` but not saved (it is as large as the kernel matrix): a loaded leaf
-        factors again on first use.
+        the bandwidth is ``kernel.bandwidth``. ``kind_`` () is the index of the final solve's
+        kind in :data:`~xrfm_torch.leaf.kinds.KINDS` (:attr:`kind`; each kind's solve and
+        prediction are in :mod:`xrfm_torch.leaf.kinds`): ``"exact"``; ``"nystrom"`` or
+        ``"centroids"`` (the support holds the centres); ``"fourier"`` (frequencies
+        ``fourier_w_`` (d, D) and phases ``fourier_b_`` (D,), ``alpha_`` the feature weights);
+        ``"mean"``, the fallback where the leaf's mean beat the fitted model on the validation
+        rows (``alpha_`` is 0 and ``offset_`` (c,) holds the mean; never for a leaf fitted for a
+        posterior). The Gaussian-process view is the submodule ``gp``
+        (:class:`~xrfm_torch.leaf.gp.LeafGP`, after :meth:`fit_posterior`).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -96,14 +77,10 @@ class LeafRFM(LeafGPView):
     best_iter_: Tensor
     val_errors_: Tensor
     reg_: Tensor
+    kind_: Tensor
     offset_: Tensor
-    approx_: Tensor
     fourier_w_: Tensor
     fourier_b_: Tensor
-    noise_coef_: Tensor
-    noise_mean_: Tensor
-    signal_var_: Tensor
-    factor_: Tensor
 
     def __init__(
         self, kernel: Kernel | str | None = None, config: LeafConfig | None = None
@@ -126,31 +103,17 @@ class LeafRFM(LeafGPView):
         self.register_buffer("best_iter_", torch.tensor(-1))
         self.register_buffer("val_errors_", torch.empty(0))
         self.register_buffer("reg_", torch.tensor(self.config.reg, dtype=torch.float64))
+        self.register_buffer("kind_", torch.tensor(0))
         self.register_buffer("offset_", torch.empty(0))
-        self.register_buffer("approx_", torch.tensor(0))
         self.register_buffer("fourier_w_", torch.empty(0, 0))
         self.register_buffer("fourier_b_", torch.empty(0))
         #: Seed of the random Fourier features of the final solve (drawn by ``fit``).
         self._fourier_seed = 0
-        self.register_buffer("noise_coef_", torch.empty(0, 0))
-        self.register_buffer("noise_mean_", torch.empty(0))
-        self.register_buffer("signal_var_", torch.empty(0))
-        self.register_buffer("factor_", torch.empty(0, 0), persistent=False)
+        self.gp = LeafGP()
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
-        # leaves saved before the posterior existed: no noise model (fit_posterior adds one)
-        # and before the mean-predictor fallback: no offset
-        for name, empty in (
-            ("noise_coef_", (0, 0)),
-            ("noise_mean_", (0,)),
-            ("signal_var_", (0,)),
-            ("offset_", (0,)),
-            ("fourier_w_", (0, 0)),
-            ("fourier_b_", (0,)),
-        ):
-            state_dict.setdefault(prefix + name, torch.empty(empty))
-        state_dict.setdefault(prefix + "approx_", torch.tensor(0))  # before approximate solves
-        self._forget_posterior()
+        upgrade_leaf_state(state_dict, prefix)
+        self.gp.forget()
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     # ---- state ---------------------------------------------------------------------------------
@@ -174,6 +137,35 @@ class LeafRFM(LeafGPView):
     def bandwidth(self) -> float:
         """The bandwidth used by the selected model."""
         return float(self.kernel.bandwidth)
+
+    @property
+    def kind(self) -> LeafKind:
+        """The kind of the final solve (:data:`~xrfm_torch.leaf.kinds.KINDS`)."""
+        return KINDS[int(self.kind_)]
+
+    @property
+    def approximation(self) -> str | None:
+        """The approximate final solve in use (``LeafConfig.approx``), or ``None``."""
+        kind = self.kind
+        return None if kind in ("exact", "mean") else kind
+
+    @property
+    def is_constant(self) -> bool:
+        """Whether the leaf fell back to its mean predictor (kind ``"mean"``, ``offset_``)."""
+        return self.kind == "mean"
+
+    def _solve(self) -> KernelSolve:
+        return SOLVES[self.kind]
+
+    def _set_kind(self, kind: LeafKind) -> None:
+        """Record the final solve's kind; drop the buffers of the other kinds and the GP view."""
+        self.kind_ = torch.tensor(KINDS.index(kind), device=self.kind_.device)
+        if kind != "fourier":
+            self.fourier_w_ = self.fourier_w_.new_empty(0, 0)
+            self.fourier_b_ = self.fourier_b_.new_empty(0)
+        if kind != "mean":
+            self.offset_ = self.offset_.new_empty(0)
+        self.gp.forget()
 
     # ---- fitting -------------------------------------------------------------------------------
     def fit(
@@ -287,9 +279,9 @@ class LeafRFM(LeafGPView):
         # (not in a leaf kept for a posterior: its Gaussian-process view is the kernel model's)
         if not self.keep_factor and self._mean_is_better(best, y, data.y_val, w, data.w_val):
             factored = None
-            self._set_constant(X, y, w)
+            SOLVES["mean"].solve(self, X, y, w)
         if self.keep_factor and factored is not None:
-            self._keep(factored[1], X.shape[0])
+            self.gp.keep(factored[1], X.shape[0])
         if extra is not None and extra[0].shape[0] > 0:
             X_b = as_float_matrix(extra[0], "extra X", n_features=X.shape[1]).to(X)
             y_b = as_float_targets(extra[1], "extra y", n_rows=X_b.shape[0], dtype=X.dtype)
@@ -324,22 +316,6 @@ class LeafRFM(LeafGPView):
         )
         return True
 
-    @property
-    def is_constant(self) -> bool:
-        """Whether the leaf fell back to its mean predictor (``offset_``)."""
-        return self.offset_.numel() > 0
-
-    def _set_constant(self, X: Tensor, y: Tensor, w: Tensor | None = None) -> None:
-        """Predict the (weighted) mean of ``y`` everywhere: ``alpha_ = 0``, ``offset_`` it (c,)."""
-        y = y.reshape(X.shape[0], -1)
-        self.support_ = X.detach().clone()
-        self.alpha_ = torch.zeros_like(y)
-        self.offset_ = weighted_mean(y, w)[0].detach()
-        self._set_exact()
-
-    def _offset(self, pred: Tensor) -> Tensor:
-        return pred + self.offset_.to(pred.dtype) if self.is_constant else pred
-
     @torch.no_grad()
     def _extend(
         self,
@@ -355,7 +331,7 @@ class LeafRFM(LeafGPView):
         X_all, y_all = torch.cat([X, X_b]), torch.cat([y, y_b])
         w_all = None if w is None or w_b is None else torch.cat([w, w_b])
         if self.is_constant:
-            self._set_constant(X_all, y_all, w_all)
+            SOLVES["mean"].solve(self, X_all, y_all, w_all)
             return
         alpha, out = None, None
         if factored is not None:
@@ -382,14 +358,9 @@ class LeafRFM(LeafGPView):
             return
         self.alpha_ = alpha.contiguous()
         self.support_ = X_all.detach().clone()
-        self._forget_posterior()
+        self.gp.forget()
         if out is not None:
-            self.factor_ = out
-
-    def _keep(self, workspace: Tensor, n: int) -> None:
-        """Cache a solver workspace's factor of this support's system (if it holds one)."""
-        if workspace.shape[0] >= n and bool(workspace[0, 0].isfinite()):
-            self.factor_ = workspace[:n, :n]
+            self.gp.factor_ = out
 
     def _store(self, X: Tensor, best: Candidate) -> None:
         d = X.shape[1]
@@ -405,8 +376,7 @@ class LeafRFM(LeafGPView):
         self.reg_ = torch.tensor(best.reg, dtype=torch.float64, device=X.device)
         self.sqrt_m_ = sqrt_m.detach().to(device=X.device, dtype=X.dtype)
         self.best_iter_ = torch.tensor(best.t, device=X.device)
-        self.offset_ = self.offset_.new_empty(0)
-        self._set_exact()
+        self._set_kind("exact")
 
     def _store_approx(self, centres: Tensor, best: Candidate) -> None:
         """Keep the approximate iterations' choice, ready to predict before any refit.
@@ -425,8 +395,9 @@ class LeafRFM(LeafGPView):
                 generator=torch.Generator().manual_seed(self._fourier_seed),
                 dtype=centres.dtype,
             )
+        self._set_kind(cfg.approx)
+        if cfg.approx == "fourier":
             self.fourier_w_, self.fourier_b_ = w.to(centres.device), b.to(centres.device)
-        self.approx_ = torch.tensor(1 + APPROXES.index(cfg.approx), device=centres.device)
 
     @torch.no_grad()
     def refit(self, X: Tensor, y: Tensor, sample_weight: Tensor | None = None) -> LeafRFM:
@@ -445,79 +416,15 @@ class LeafRFM(LeafGPView):
         X, y, w = weighted_rows(X, y, sample_weight, "sample_weight")
         if w is not None and self.keep_factor:
             raise ValueError("sample weights and a kept posterior factor cannot be combined")
-        if self.is_constant:
-            self._set_constant(X, y, w)
-            return self
         n_fit, (n, d) = self.support_.shape[0], X.shape
-        if not self.keep_factor and approx_width(self.config, n_fit, n, d) is not None:
-            return self._refit_approx(X, y, w)
-        xs = transform(X, self.sqrt_m_)
-        R = self.kernel.distance(xs, xs)  # (n, n); the kernel values overwrite it: one buffer
-        K = self.kernel.from_distance(R, out=R)
-        n, dtype = X.shape[0], self.config.solve_dtype or K.dtype
-        workspace = krr_workspace(n, dtype, K.device) if self.keep_factor else None
-        alpha = solve_krr(
-            K,
-            y,
-            float(self.reg_),
-            solve_dtype=self.config.solve_dtype,
-            features=features_or_none(xs, self.config.linear_mix),
-            workspace=workspace,
-            weights=w,
-        )
-        self.alpha_ = alpha.contiguous()
-        self.support_ = X.detach().clone()
-        self._set_exact()
-        if workspace is not None:
-            self._keep(workspace, n)
+        kind: LeafKind = "exact"
+        if self.is_constant:
+            kind = "mean"
+        elif not self.keep_factor and approx_width(self.config, n_fit, n, d) is not None:
+            log.debug("%s final solve: %d rows over %d", self.config.approx, n, n_fit)
+            kind = self.config.approx
+        SOLVES[kind].solve(self, X, y, w)
         return self
-
-    def _set_exact(self) -> None:
-        """Mark the support and coefficients as an exact kernel solve's (no approximation)."""
-        self.approx_ = torch.tensor(0, device=self.approx_.device)
-        self.fourier_w_ = self.fourier_w_.new_empty(0, 0)
-        self.fourier_b_ = self.fourier_b_.new_empty(0)
-        self._forget_posterior()
-
-    @property
-    def approximation(self) -> str | None:
-        """The approximate final solve in use (``LeafConfig.approx``), or ``None`` (exact)."""
-        code = int(self.approx_)
-        return APPROXES[code - 1] if code > 0 else None
-
-    def _refit_approx(self, X: Tensor, y: Tensor, w: Tensor | None = None) -> LeafRFM:
-        """Final solve on ``X`` approximated over the current support (``LeafConfig.approx_above``).
-
-        The iteration rows are the centres (or start k-means for them); ``alpha_`` becomes the
-        centres' or features' weights (:mod:`xrfm_torch.leaf.approx`).
-        """
-        cfg, s = self.config, self.sqrt_m_
-        xs, c, y2 = transform(X, s), cfg.linear_mix, y.reshape(X.shape[0], -1)
-        log.debug("%s final solve: %d rows over %d", cfg.approx, X.shape[0], self.support_.shape[0])
-        if cfg.approx == "fourier":
-            g = torch.Generator().manual_seed(self._fourier_seed)
-            D = cfg.fourier_features
-            freq, b, coef = fourier_solve(self.kernel, xs, y2, float(self.reg_), c, D, g, w)
-            self._set_exact()
-            self.fourier_w_, self.fourier_b_, self.alpha_ = freq, b, coef.contiguous()
-        else:
-            if cfg.approx_centres == "kmeans":
-                self.support_ = kmeans_centres(X, self.support_, s)
-            cs = transform(self.support_, s)
-            if cfg.approx == "nystrom":
-                coef = nystrom_weights(self.kernel, xs, cs, y2, float(self.reg_), c, w)
-            else:
-                coef = centroid_weights(self.kernel, xs, cs, y2, c, w)
-            self._set_exact()
-            self.alpha_ = coef.contiguous()
-        self.approx_ = torch.tensor(1 + APPROXES.index(cfg.approx), device=X.device)
-        return self
-
-    def _support_linear_grad(self) -> Tensor | float:
-        """Input gradient of the fitted leaf's linear part, (1, c, d), or 0 when it is off."""
-        s = self.sqrt_m_
-        g = linear_grad(transform(self.support_, s), self.alpha_, self.config.linear_mix)
-        return 0.0 if g is None else chain_rule(g, s)
 
     # ---- prediction and interpretation ---------------------------------------------------------
     def _check_input(self, x: Tensor) -> None:
@@ -533,7 +440,7 @@ class LeafRFM(LeafGPView):
             )
 
     def forward(self, x: Tensor) -> Tensor:
-        """Predict ``K(S x, S X_support) alpha``.
+        """Predict with the final solve's kind (``K(S x, S X_support) alpha`` when exact).
 
         Args:
             x: Inputs, shape (n, d).
@@ -542,25 +449,12 @@ class LeafRFM(LeafGPView):
             Predictions, shape (n, c).
         """
         self._check_input(x)
-        s = self.sqrt_m_
-        if self.fourier_w_.numel():
-            c = self.config.linear_mix
-            return fourier_predict(
-                transform(x, s), self.fourier_w_, self.fourier_b_, self.alpha_, c
-            )
-        xs, zs = transform(x, s), transform(self.support_, s)
-        return self._offset(
-            summed_predict(self.kernel, xs, zs, self.alpha_, self.config.linear_mix)
-        )
+        return self._solve().predict(self, x)
 
     def get_grads(self, x: Tensor) -> Tensor:
         """Input gradients of the leaf predictor, shape (n, c, d) (no autograd needed)."""
         self._check_input(x)
-        if self.fourier_w_.numel():
-            w, b, c = self.fourier_w_, self.fourier_b_, self.config.linear_mix
-            return fourier_input_grads(x, self.sqrt_m_, w, b, self.alpha_, c)
-        g = self.kernel.function_grads(x, self.support_, self.alpha_, self.sqrt_m_)
-        return g + self._support_linear_grad()
+        return self._solve().grads(self, x)
 
     def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
         """AGOP of the fitted predictor at ``x`` (default: its support points, self-terms excluded).
@@ -569,13 +463,43 @@ class LeafRFM(LeafGPView):
             Shape (d, d), or (d,) when ``diag``.
         """
         self._check_fitted()
-        if x is None and self.fourier_w_.numel():  # the centres: no self-terms to exclude
-            x = self.support_
-        if x is None:
-            g = self.kernel.function_grads(
-                self.support_, self.support_, self.alpha_, self.sqrt_m_, exclude_self=True
-            )
-            g = g + self._support_linear_grad()
-        else:
-            g = self.get_grads(x)
-        return agop_from_grads(g, diag=diag)
+        if x is not None:
+            self._check_input(x)
+        return agop_from_grads(self._solve().grads(self, x), diag=diag)
+
+    # ---- the Gaussian-process view (``gp``) ----------------------------------------------------
+    def fit_posterior(self) -> LeafRFM:
+        """Fit the leaf's Gaussian-process view (:meth:`LeafGP.fit <xrfm_torch.leaf.gp.LeafGP.fit>`)."""
+        self.gp.fit(self)
+        return self
+
+    def moments(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Posterior mean, latent variance and log-noise at ``x`` (:meth:`LeafGP.moments`)."""
+        return self.gp.moments(self, x)
+
+
+def upgrade_leaf_state(state_dict: dict[str, Any], prefix: str) -> None:
+    """Bring a leaf's saved state of an older format to the current one, in place.
+
+    Before format 4 the Gaussian-process buffers sat on the leaf itself (now under ``gp.``) and
+    the kind was read from the buffers: ``approx_`` (0 exact, else 1 + the index of the
+    approximation; absent before format 3, exact) and a non-empty ``offset_`` for the mean
+    fallback (absent before format 2). Older buffers absent from the state load empty.
+    """
+    for name in ("noise_coef_", "noise_mean_", "signal_var_"):
+        if prefix + name in state_dict:
+            state_dict.setdefault(prefix + "gp." + name, state_dict.pop(prefix + name))
+    for name, empty in (
+        ("gp.noise_coef_", (0, 0)),
+        ("gp.noise_mean_", (0,)),
+        ("gp.signal_var_", (0,)),
+        ("offset_", (0,)),
+        ("fourier_w_", (0, 0)),
+        ("fourier_b_", (0,)),
+    ):
+        state_dict.setdefault(prefix + name, torch.empty(empty))
+    if prefix + "kind_" not in state_dict:
+        code = state_dict.pop(prefix + "approx_", torch.tensor(0))
+        if state_dict[prefix + "offset_"].numel() > 0:
+            code = torch.tensor(KINDS.index("mean"))
+        state_dict[prefix + "kind_"] = code

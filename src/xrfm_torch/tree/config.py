@@ -30,9 +30,73 @@ from xrfm_torch.tree.temperature import DEFAULT_TEMPERATURE_GRID
 class TreeConfig:
     """Settings of an :class:`~xrfm_torch.xRFMTree` fit (validated on construction; immutable).
 
-    The attributes are documented with the constructor arguments of the same names in
-    :class:`~xrfm_torch.xRFMTree`. ``temperature_grid`` (default: 0 and 20 values
-    0.025..4.5) and ``categorical_features`` are held as tuples.
+    :class:`~xrfm_torch.xRFMTree` takes each field as a keyword argument of the same name.
+    ``temperature_grid`` and ``categorical_features`` are held as tuples.
+
+    Attributes:
+        leaf: Every leaf's settings (:class:`~xrfm_torch.leaf.config.LeafConfig`, default
+            ``LeafConfig()``): ``tau = leaf.n_iters``, the stopping rules, ``diag``, the post-hoc
+            exponent and ridge searches, the linear part, warm solves.
+        max_leaf_size: ``L_max``; a node with more training rows is split.
+        split_rule: Split strategy (default :class:`~xrfm_torch.tree.splits.AGOPSplit`).
+        overlap_fraction: At each split into two leaves, each leaf's final solve also gets this
+            share of the node's rows from the other side nearest the threshold, capped so leaves
+            stay within ``max_leaf_size`` (routing is unchanged).
+        n_trees: Trees per input map, all averaged (they differ through the split-model
+            subsamples). A tree with a single leaf stops the count (more would be identical).
+            ``None``: 2 for classification, 1 for regression and in a large fit
+            (``large_fit_rows``): a second tree pays in classification log-loss, much less in
+            regression RMSE for twice the time (docs/benchmarks.md).
+        temperature: Soft-routing temperature; ``None`` tunes it on validation data over
+            ``temperature_grid`` (0 = hard routing is always a candidate), ``0`` forces hard routing.
+        temperature_grid: Candidate temperatures for tuning (default: 0 and 20 values 0.025..4.5).
+        keep_mass: Soft routing keeps each row's top leaves covering this weight mass.
+        max_soft_leaves: Soft routing evaluates at most this many leaves per row.
+        val_fraction: Share of training rows held out when ``fit`` gets no validation data.
+        min_leaf_val: A leaf with fewer validation rows borrows training rows (refill rule).
+        max_borrow_fraction: At most this share of a leaf's training rows is borrowed.
+        refit_borrowed: After selection, re-solve each leaf on its training rows plus the rows it
+            borrowed (or that were held out from training), with the chosen ``M`` and bandwidth.
+        trainable_routing: Make split vectors, thresholds and the temperature ``nn.Parameter``s
+            (the temperature through ``raw_temperature``, ``T = softplus(raw)``), for training with
+            SGD through soft routing. A fitted temperature of 0 then starts at the smallest positive
+            grid value. Leaf coefficients always stay buffers.
+        input_transform: What the trees see of each input (:class:`~xrfm_torch.inputs.input_map.InputMap`,
+            fitted on the training rows): ``"identity"``, ``"quantile"`` (each feature's normal
+            scores through its training quantiles), ``"quantile+raw"`` (both, 2d columns), a list
+            of these (``n_trees`` trees on each, all averaged) or ``"auto"``: small probe leaves
+            on 2000 training rows pick a set of at most ``max_input_maps`` maps, the raw inputs
+            kept unless another set's averaged predictions beat them by ``input_margin`` paired
+            standard errors (:mod:`xrfm_torch.inputs.choice`).
+            Use ``"identity"`` for a head on learned features (the knots would not follow them).
+        input_margin: Significance margin of the ``"auto"`` choice.
+        max_input_maps: Most maps ``"auto"`` may average (1: one map).
+        set_leaf_fraction: With several maps, their trees' leaves hold at most this share of
+            ``max_leaf_size`` rows (a leaf costs ``O(L^3)``: at 0.5 a pair costs half a fit).
+        categorical_features: Columns holding category codes ``0 .. L-1`` (NaN: missing); the
+            trees see each as a one-hot block of at most 16 columns
+            (:class:`~xrfm_torch.inputs.categories.CategoryColumns`). Missing cells (NaN) of
+            numeric columns are handled where the training rows had some
+            (:class:`~xrfm_torch.inputs.input_map.InputMap`).
+        large_fit_rows: A fit on more training rows than this is a large fit: every leaf whose
+            ``LeafConfig`` sets no ``iter_rows`` learns ``M``, t*, the exponent and the ridge on a
+            seeded subsample of ``large_fit_iter_rows`` of its rows, then solves once on all of
+            them. The fit then costs about one solve per leaf instead of ``tau`` plus the searches
+            (docs/benchmarks.md). ``None``: never. Smaller fits keep the full iterations, which
+            are more accurate on some tables (docs/benchmarks.md, "Cheaper leaves").
+        large_fit_iter_rows: The subsample of a large fit's iterations.
+        distributed: Fit the leaves across the ranks of the default ``torch.distributed``
+            process group (gloo on CPU, NCCL on GPU; :mod:`xrfm_torch.tree.parallel`): every rank
+            calls ``fit`` with the same data and seed, grows the same tree top, fits its share of
+            the leaves (by cost) and loads the others', so all ranks end with the model one
+            process would fit. Without an initialized group of several ranks it does nothing.
+        memory_budget: Before any leaf is fitted, each planned leaf's peak memory is
+            estimated (:mod:`xrfm_torch.tree.memory`); a leaf above this budget is fitted
+            approximately (iterations on ``b`` rows, a Nystrom final solve over ``b`` k-means
+            centres, ``b`` the largest of 3000, 1500, ... that fits; one warning counts them), and
+            where not even that fits the fit stops with a ``MemoryBudgetError`` naming the sizes
+            and the knobs. Bytes, ``"auto"`` (the memory free on the device: available host
+            memory, or CUDA's free memory) or ``None`` (no check: every leaf exact).
     """
 
     leaf: LeafConfig = field(default_factory=LeafConfig)

@@ -232,7 +232,7 @@ def fit_trees(
         # the same factors on first use (as a loaded model does), so all ranks predict alike
         for tree in grown.trees:
             for leaf in tree.leaf_list():
-                leaf.drop_factor()
+                leaf.gp.drop_factor()
     return grown, temperature
 
 

@@ -59,8 +59,11 @@ log = logging.getLogger(__name__)
 #: versions existed. Bump it when the layout changes, and keep loading the older ones.
 #: 2: leaves have ``offset_`` (mean-predictor fallback), class codings ``platt_``; versions 0
 #: and 1 load with both empty (no fallback, no Platt map). 3: leaves have ``approx_`` (which final
-#: solve) and ``fourier_w_``, ``fourier_b_``; older states load as exact solves.
-STATE_FORMAT_VERSION = 3
+#: solve) and ``fourier_w_``, ``fourier_b_``; older states load as exact solves. 4: leaves store
+#: their kind (``kind_``, :mod:`xrfm_torch.leaf.kinds`) in place of ``approx_`` and hold their
+#: Gaussian-process buffers under ``gp.``; older states are upgraded on load
+#: (:func:`xrfm_torch.leaf.model.upgrade_leaf_state`).
+STATE_FORMAT_VERSION = 4
 
 
 class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
@@ -70,6 +73,13 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
     a row subsample) until leaves hold at most ``max_leaf_size`` rows, then fits a :class:`LeafRFM`
     (kernel ridge regression + ``n_iters`` AGOP updates, best iteration by validation error) in each
     leaf. ``forward`` routes rows hard (``temperature == 0``) or softly through every leaf.
+
+    The keyword arguments other than those below are the fields of
+    :class:`~xrfm_torch.tree.config.TreeConfig`, defaulted and documented there: ``leaf`` (every
+    leaf's :class:`~xrfm_torch.leaf.config.LeafConfig`; ``tau = leaf.n_iters``),
+    ``max_leaf_size`` (``L_max``), the split rule, overlap and trees, the routing temperature,
+    validation borrowing, input maps, categorical columns, large and distributed fits, the memory
+    budget. The model holds them in :attr:`config` (read, and set, as its attributes too).
 
     Args:
         kernel: Kernel prototype (each leaf gets a copy), a name from ``KERNELS``, or a factory.
@@ -84,50 +94,6 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             0.01) + b)`` fitted on the validation rows), ``"clip"`` (the scores themselves),
             ``"softmax"`` (``softmax(a * scores)``) or ``"auto"`` (that softmax where it beats
             clipping on the validation rows by 2 paired standard errors).
-        leaf: Every leaf's settings (:class:`~xrfm_torch.leaf.config.LeafConfig`, default
-            ``LeafConfig()``): ``tau = leaf.n_iters``, the stopping rules, ``diag``, the post-hoc
-            exponent and ridge searches, the linear part, warm solves.
-        max_leaf_size: ``L_max``; a node with more training rows is split.
-        split_rule: Split strategy (default :class:`~xrfm_torch.tree.splits.AGOPSplit`).
-        overlap_fraction: At each split into two leaves, each leaf's final solve also gets this
-            share of the node's rows from the other side nearest the threshold, capped so leaves
-            stay within ``max_leaf_size`` (routing is unchanged).
-        n_trees: Trees per input map, all averaged (they differ through the split-model
-            subsamples). A tree with a single leaf stops the count (more would be identical).
-            ``None``: 2 for classification, 1 for regression and in a large fit
-            (``large_fit_rows``): a second tree pays in classification log-loss, much less in
-            regression RMSE for twice the time (docs/benchmarks.md).
-        temperature: Soft-routing temperature; ``None`` tunes it on validation data over
-            ``temperature_grid`` (0 = hard routing is always a candidate), ``0`` forces hard routing.
-        temperature_grid: Candidate temperatures for tuning (default: 0 and 20 values 0.025..4.5).
-        keep_mass: Soft routing keeps each row's top leaves covering this weight mass.
-        max_soft_leaves: Soft routing evaluates at most this many leaves per row.
-        val_fraction: Share of training rows held out when ``fit`` gets no validation data.
-        min_leaf_val: A leaf with fewer validation rows borrows training rows (refill rule).
-        max_borrow_fraction: At most this share of a leaf's training rows is borrowed.
-        refit_borrowed: After selection, re-solve each leaf on its training rows plus the rows it
-            borrowed (or that were held out from training), with the chosen ``M`` and bandwidth.
-        trainable_routing: Make split vectors, thresholds and the temperature ``nn.Parameter``s
-            (the temperature through ``raw_temperature``, ``T = softplus(raw)``), for training with
-            SGD through soft routing. A fitted temperature of 0 then starts at the smallest positive
-            grid value. Leaf coefficients always stay buffers.
-        input_transform: What the trees see of each input (:class:`~xrfm_torch.inputs.input_map.InputMap`,
-            fitted on the training rows): ``"identity"``, ``"quantile"`` (each feature's normal
-            scores through its training quantiles), ``"quantile+raw"`` (both, 2d columns), a list
-            of these (``n_trees`` trees on each, all averaged) or ``"auto"``: small probe leaves
-            on 2000 training rows pick a set of at most ``max_input_maps`` maps, the raw inputs
-            kept unless another set's averaged predictions beat them by ``input_margin`` paired
-            standard errors (:mod:`xrfm_torch.inputs.choice`).
-            Use ``"identity"`` for a head on learned features (the knots would not follow them).
-        input_margin: Significance margin of the ``"auto"`` choice.
-        max_input_maps: Most maps ``"auto"`` may average (1: one map).
-        set_leaf_fraction: With several maps, their trees' leaves hold at most this share of
-            ``max_leaf_size`` rows (a leaf costs ``O(L^3)``: at 0.5 a pair costs half a fit).
-        categorical_features: Columns holding category codes ``0 .. L-1`` (NaN: missing); the
-            trees see each as a one-hot block of at most 16 columns
-            (:class:`~xrfm_torch.inputs.categories.CategoryColumns`). Missing cells (NaN) of
-            numeric columns are handled where the training rows had some
-            (:class:`~xrfm_torch.inputs.input_map.InputMap`).
         missing_values: ``"seen"``: NaN at prediction in a numeric column the training rows had
             no missing cells in is an error; ``"any"``: it is the column's training mean.
         uncertainty: Predictive variances (regression; :mod:`xrfm_torch.tree.uncertainty`):
@@ -137,25 +103,6 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             ``forward(x, return_std=True)`` and :meth:`predict_interval`; the fit pays about one
             more factorization per leaf (two with held-out validation rows) and keeps each leaf's
             Cholesky factor in memory (not in the state dict).
-        large_fit_rows: A fit on more training rows than this is a large fit: every leaf whose
-            ``LeafConfig`` sets no ``iter_rows`` learns ``M``, t*, the exponent and the ridge on a
-            seeded subsample of ``large_fit_iter_rows`` of its rows, then solves once on all of
-            them. The fit then costs about one solve per leaf instead of ``tau`` plus the searches
-            (docs/benchmarks.md). ``None``: never. Smaller fits keep the full iterations, which
-            are more accurate on some tables (docs/benchmarks.md, "Cheaper leaves").
-        large_fit_iter_rows: The subsample of a large fit's iterations.
-        distributed: Fit the leaves across the ranks of the default ``torch.distributed``
-            process group (gloo on CPU, NCCL on GPU; :mod:`xrfm_torch.tree.parallel`): every rank
-            calls ``fit`` with the same data and seed, grows the same tree top, fits its share of
-            the leaves (by cost) and loads the others', so all ranks end with the model one
-            process would fit. Without an initialized group of several ranks it does nothing.
-        memory_budget: Before any leaf is fitted, each planned leaf's peak memory is
-            estimated (:mod:`xrfm_torch.tree.memory`); a leaf above this budget is fitted
-            approximately (iterations on ``b`` rows, a Nystrom final solve over ``b`` k-means
-            centres, ``b`` the largest of 3000, 1500, ... that fits; one warning counts them), and
-            where not even that fits the fit stops with a ``MemoryBudgetError`` naming the sizes
-            and the knobs. Bytes, ``"auto"`` (the memory free on the device: available host
-            memory, or CUDA's free memory) or ``None`` (no check: every leaf exact).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
@@ -705,7 +652,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         trees = self.partition_trees()
         for tree in trees:
             for leaf in tree.leaf_list():
-                if not leaf.has_posterior:  # e.g. a state saved before the posterior existed
+                if not leaf.gp.is_fitted:  # e.g. a state saved before the posterior existed
                     leaf.fit_posterior()
         m = model_moments(
             trees,

@@ -77,7 +77,7 @@ def tree_moments(
         if rows.numel():
             mu, v, g = leaf.moments(x[rows])
             v = v[:, None].expand_as(mu)
-            gp = leaf.signal_var_ * (v + leaf.reg_.to(v.dtype))
+            gp = leaf.gp.signal_var_ * (v + leaf.reg_.to(v.dtype))
             parts.append((rows, w[rows, leaf_id, None], mu, torch.stack([v, g, gp])))
     if not parts:
         raise RuntimeError("no leaf received any weight")
