@@ -69,7 +69,7 @@ def test_nystrom_iterations_follow_the_rfm_update_on_all_rows():
     assert centres.shape == (200, 4)
     kernel = make_kernel("laplace").double()
     w0 = nystrom_weights(kernel, X, centres, y[:, None], cfg.reg, 0.0)
-    g0 = kernel.function_grads(X, centres, w0)  # at all 1200 rows
+    g0 = kernel.input_grads(X, centres, w0)  # at all 1200 rows
     G0 = (g0**2).sum((0, 1)) / X.shape[0]
     S1 = sqrt_psd(normalize_agop(G0, cfg.eps, 0.0))
     w1 = nystrom_weights(kernel, transform(X, S1), transform(centres, S1), y[:, None], cfg.reg, 0.0)

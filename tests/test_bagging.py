@@ -150,10 +150,10 @@ def test_export_matches_eager(bagged, regression, classifier):
 def test_soft_routing_is_differentiable_through_every_bag(bagged, regression):
     X, _ = regression
     x = X[500:505].clone()
-    grads = bagged.get_grads(x, temperature=0.5)
+    grads = bagged.input_grads(x, temperature=0.5)
     jac = torch.func.jacrev(lambda z: bagged(z, 0.5))(x)  # (n, c, n, d)
     torch.testing.assert_close(grads, torch.einsum("icid->icd", jac))
-    mean_grads = sum(b.get_grads(x, 0.5) for b in bagged.bags) / 3
+    mean_grads = sum(b.input_grads(x, 0.5) for b in bagged.bags) / 3
     torch.testing.assert_close(grads, mean_grads)
     imp = bagged.feature_importance()
     torch.testing.assert_close(imp, sum(b.feature_importance() for b in bagged.bags) / 3)

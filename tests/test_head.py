@@ -92,7 +92,7 @@ def test_buffers_vs_parameters():
         for n, _ in trainable.named_buffers()
         if ".leaves." in n
     )
-    assert float(trainable.current_temperature.detach()) == pytest.approx(0.5, rel=1e-6)
+    assert float(trainable.temperature_.detach()) == pytest.approx(0.5, rel=1e-6)
 
 
 def test_trainable_state_round_trip():
@@ -136,7 +136,7 @@ def test_torch_compile_matches_eager():
 def test_get_grads_and_tree_agop():
     tree = fitted_tree(False)
     x = planted(8, d=4, seed=7, dtype=torch.float64)[0]
-    g = tree.get_grads(x)  # (n, c, d)
+    g = tree.input_grads(x)  # (n, c, d)
     ref = torch.stack([jacrev(lambda xi: tree(xi[None])[0])(xi) for xi in x])
     torch.testing.assert_close(g, ref)
     G = tree.agop(x)

@@ -116,7 +116,7 @@ def test_gradients_are_taken_through_the_map() -> None:
     X, Xv, Xt, y, yv, _ = standardized("rank")
     model = fit("quantile", X.double(), y.double(), Xv.double(), yv.double(), temperature=0.0)
     x = Xt[:10].double()
-    grads = model.get_grads(x)[:, 0]  # (10, 4), by autograd through the map
+    grads = model.input_grads(x)[:, 0]  # (10, 4), by autograd through the map
     jac = torch.func.jacrev(lambda r: model(r[None])[0, 0])
     expected = torch.stack([jac(row) for row in x])
     torch.testing.assert_close(grads, expected)

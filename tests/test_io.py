@@ -7,7 +7,7 @@ import torch
 
 from conftest import planted
 from xrfm_torch import LeafConfig, load_model, save_model, xRFMTree
-from xrfm_torch.tree.model import STATE_FORMAT_VERSION
+from xrfm_torch.tree.state import STATE_FORMAT_VERSION
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,8 @@ def as_version_3(state: dict) -> dict:
         if key.endswith(".kind_"):
             code = int(value)
             old[key.removesuffix("kind_") + "approx_"] = torch.tensor(0 if code == 4 else code)
+        elif key == "fitted_temperature_":
+            old["temperature_"] = value
         else:
             old[key.replace(".gp.", ".")] = value
     old["_extra_state"] = {"format_version": 3}
@@ -95,6 +97,7 @@ def test_a_version_3_state_loads_with_kinds_and_gp_buffers_in_place():
     assert {leaf.kind for leaf in approx.leaves()} == {"fourier"}
     old = as_version_3(approx.state_dict())
     assert not any(k.endswith("kind_") for k in old) and any(k.endswith("approx_") for k in old)
+    assert "temperature_" in old and "fitted_temperature_" not in old
     fresh = xRFMTree(leaf=cfg, max_leaf_size=450)
     fresh.load_state_dict(old)
     assert [leaf.kind for leaf in fresh.leaves()] == [leaf.kind for leaf in approx.leaves()]

@@ -85,7 +85,7 @@ def test_function_grads_match_jacrev(make):
     k = make().double()
     x, z, alpha = data()
     for s in metrics(x.shape[1], torch.Generator().manual_seed(4)):
-        ours = k.function_grads(x, z, alpha, s)  # (n, c, d)
+        ours = k.input_grads(x, z, alpha, s)  # (n, c, d)
         # autograd through an independent implementation (torch.cdist's p != 2 backward is wrong
         # under vmap, so the reference formula is differentiated instead)
         ref = jacrev(lambda xi, s=s: explicit(k, xi[None], z, s)[0] @ alpha)  # (c, d) per row
@@ -98,7 +98,7 @@ def test_self_term_is_excluded(make):
     k = make().double()
     x, _, _ = data(n=15)
     alpha = torch.randn(15, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
-    ours = k.function_grads(x, x, alpha, exclude_self=True)
+    ours = k.input_grads(x, x, alpha, exclude_self=True)
     for i in range(15):
         keep = torch.arange(15) != i
         ref = jacrev(lambda xi, keep=keep: explicit(k, xi[None], x[keep], None)[0] @ alpha[keep])(
@@ -118,7 +118,7 @@ def test_chunking_gives_identical_results(make):
         small.predict(x, z, alpha), big.predict(x, z, alpha), rtol=1e-12, atol=1e-12
     )
     torch.testing.assert_close(
-        small.function_grads(x, z, alpha), big.function_grads(x, z, alpha), rtol=1e-10, atol=1e-12
+        small.input_grads(x, z, alpha), big.input_grads(x, z, alpha), rtol=1e-10, atol=1e-12
     )
 
 
@@ -135,7 +135,7 @@ def test_duplicate_rows_contribute_no_gradient():
     k = LaplaceKernel(bandwidth=2.0)
     x = torch.randn(10, 3, generator=torch.Generator().manual_seed(1)) * 20
     z = torch.cat([x[:1], x[:1]])  # x[0] appears twice as a centre
-    g = k.function_grads(x[:1], z, torch.ones(2, 1))
+    g = k.input_grads(x[:1], z, torch.ones(2, 1))
     assert torch.equal(g, torch.zeros(1, 1, 3))
 
 

@@ -162,7 +162,7 @@ def test_get_grads_and_agop_use_the_stored_model():
         X[:250], y[:250], X[250:], y[250:]
     )
     Xq = X[250:255]  # not support points (the Laplace kernel has a kink there)
-    g = leaf.get_grads(Xq)
+    g = leaf.input_grads(Xq)
     eps = 1e-6
     e0 = torch.zeros(4, dtype=torch.float64)
     e0[2] = eps

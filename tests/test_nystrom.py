@@ -140,7 +140,7 @@ def test_fourier_leaf_solves_ridge_on_its_features_and_predicts_with_them(genera
     torch.testing.assert_close(leaf(Xq), Fq @ leaf.alpha_)
     # analytic input gradients against autograd
     jac = torch.func.vmap(torch.func.jacrev(lambda r: leaf(r[None])[0]))(Xq)
-    torch.testing.assert_close(leaf.get_grads(Xq), jac)
+    torch.testing.assert_close(leaf.input_grads(Xq), jac)
     # a state dict restores it in a fresh leaf (frequencies are buffers)
     fresh = LeafRFM("laplace", leaf.config)
     fresh.load_state_dict(leaf.state_dict())

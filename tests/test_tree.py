@@ -441,7 +441,7 @@ def test_predictions_do_not_depend_on_the_units_of_the_columns(factor):
     )
     # the gradients follow the units too: d f / d (c x) = (d f / d x) / c
     torch.testing.assert_close(
-        scaled.get_grads(Xt[:5] * c), base.get_grads(Xt[:5]) / c, rtol=1e-4, atol=1e-8
+        scaled.input_grads(Xt[:5] * c), base.input_grads(Xt[:5]) / c, rtol=1e-4, atol=1e-8
     )
 
 

@@ -42,6 +42,7 @@ from xrfm_torch.kernels.distance import (
     transform,
 )
 from xrfm_torch.numerics.checks import check_positive
+from xrfm_torch.numerics.deprecation import renamed
 
 #: The default bandwidth ``L`` of every kernel here (the reference xrfm's and the paper's).
 BANDWIDTH = 10.0
@@ -238,7 +239,7 @@ class Kernel(nn.Module):
         # (n, m, d) x (m, c) -> (n, c, d), weighted by w
         return torch.einsum("nmd,nm,mc->ncd", phi, w, alpha)
 
-    def function_grads(
+    def input_grads(
         self,
         x: Tensor,
         z: Tensor,
@@ -272,6 +273,8 @@ class Kernel(nn.Module):
         ]
         g = torch.cat(parts)  # (n, c, d), gradient w.r.t. S x
         return chain_rule(g, sqrt_m)
+
+    function_grads = renamed("input_grads", "function_grads")
 
 
 class LpqLaplaceKernel(Kernel):

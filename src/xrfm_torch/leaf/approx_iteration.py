@@ -86,7 +86,7 @@ def approx_fitter(
             coef = centroid_weights(kernel, xs, cs, y, c, weights)
         pred = summed_predict(kernel, xv, cs, coef, c)
         if grads:
-            g = kernel.function_grads(X, centres, coef, sqrt_m)
+            g = kernel.input_grads(X, centres, coef, sqrt_m)
             lin = linear_grad(cs, coef, c)
             if lin is not None:
                 g = g + chain_rule(lin, sqrt_m)

@@ -148,7 +148,7 @@ def rfm_step(
         gs = kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0)
         g = chain_rule(gs if lin is None else gs + lin, sqrt_m)
     else:
-        g = kernel.function_grads(X, X, alpha, sqrt_m, exclude_self=True)
+        g = kernel.input_grads(X, X, alpha, sqrt_m, exclude_self=True)
         if lin is not None:
             g = g + chain_rule(lin, sqrt_m)
     return cand, agop_or_none(g, diag, X.shape[0], row_w), factored

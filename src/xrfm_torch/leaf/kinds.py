@@ -90,9 +90,7 @@ class KernelSolve:
         """Input gradients (n, c, d) at ``x``; ``None``: at the support, self-terms excluded."""
         s, z = leaf.sqrt_m_, leaf.support_
         exclude = x is None
-        g = leaf.kernel.function_grads(
-            z if x is None else x, z, leaf.alpha_, s, exclude_self=exclude
-        )
+        g = leaf.kernel.input_grads(z if x is None else x, z, leaf.alpha_, s, exclude_self=exclude)
         lin = linear_grad(transform(z, s), leaf.alpha_, leaf.config.linear_mix)
         return g if lin is None else g + chain_rule(lin, s)
 

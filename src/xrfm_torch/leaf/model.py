@@ -23,6 +23,7 @@ from xrfm_torch.leaf.kinds import KINDS, SOLVES, KernelSolve, LeafKind, weighted
 from xrfm_torch.leaf.selection import Candidate, paired_win
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
+from xrfm_torch.numerics.deprecation import renamed
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.numerics.solvers import solve_bordered
 from xrfm_torch.numerics.state import ResizableBuffers
@@ -104,6 +105,9 @@ class LeafRFM(ResizableBuffers):
         self.register_buffer("val_errors_", torch.empty(0))
         self.register_buffer("reg_", torch.tensor(self.config.reg, dtype=torch.float64))
         self.register_buffer("kind_", torch.tensor(0))
+        # the kind as Python data too: forward branches on it without reading a tensor (which
+        # torch.export could not trace); kept equal to ``kind_`` by _set_kind and loading
+        self._kind: LeafKind = "exact"
         self.register_buffer("offset_", torch.empty(0))
         self.register_buffer("fourier_w_", torch.empty(0, 0))
         self.register_buffer("fourier_b_", torch.empty(0))
@@ -113,6 +117,10 @@ class LeafRFM(ResizableBuffers):
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
         upgrade_leaf_state(state_dict, prefix)
+        code = int(state_dict[prefix + "kind_"])
+        if not 0 <= code < len(KINDS):
+            raise ValueError(f"leaf {prefix!r}: kind_ {code} is not one of 0 .. {len(KINDS) - 1}")
+        self._kind = KINDS[code]
         self.gp.forget()
         super()._load_from_state_dict(state_dict, prefix, *args)
 
@@ -141,7 +149,7 @@ class LeafRFM(ResizableBuffers):
     @property
     def kind(self) -> LeafKind:
         """The kind of the final solve (:data:`~xrfm_torch.leaf.kinds.KINDS`)."""
-        return KINDS[int(self.kind_)]
+        return self._kind
 
     @property
     def approximation(self) -> str | None:
@@ -160,6 +168,7 @@ class LeafRFM(ResizableBuffers):
     def _set_kind(self, kind: LeafKind) -> None:
         """Record the final solve's kind; drop the buffers of the other kinds and the GP view."""
         self.kind_ = torch.tensor(KINDS.index(kind), device=self.kind_.device)
+        self._kind = kind
         if kind != "fourier":
             self.fourier_w_ = self.fourier_w_.new_empty(0, 0)
             self.fourier_b_ = self.fourier_b_.new_empty(0)
@@ -451,10 +460,12 @@ class LeafRFM(ResizableBuffers):
         self._check_input(x)
         return self._solve().predict(self, x)
 
-    def get_grads(self, x: Tensor) -> Tensor:
+    def input_grads(self, x: Tensor) -> Tensor:
         """Input gradients of the leaf predictor, shape (n, c, d) (no autograd needed)."""
         self._check_input(x)
         return self._solve().grads(self, x)
+
+    get_grads = renamed("input_grads", "get_grads")
 
     def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
         """AGOP of the fitted predictor at ``x`` (default: its support points, self-terms excluded).

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import check_int
 from xrfm_torch.numerics.config import from_config
+from xrfm_torch.numerics.deprecation import renamed
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.interpret import ImportanceSource, input_grads
@@ -324,16 +325,18 @@ class BaggedTree(nn.Module):
         return mean - z * std, mean + z * std
 
     # ---- interpretation ------------------------------------------------------------------------
-    def get_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+    def input_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
         """Input gradients of the averaged model, shape (n, c, d)."""
         self._check_fitted()
         return input_grads(lambda xg: self(xg, temperature), x)
+
+    get_grads = renamed("input_grads", "get_grads")
 
     def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
         """AGOP of the averaged model at ``x``, or (default) the mean of the bags' leaf AGOPs."""
         self._check_fitted()
         if x is not None:
-            return agop_from_grads(self.get_grads(x), diag=diag)
+            return agop_from_grads(self.input_grads(x), diag=diag)
         return torch.stack([b.agop(diag=diag) for b in self._bags()]).mean(0)
 
     def feature_importance(self, source: ImportanceSource = "M") -> Tensor:

@@ -70,7 +70,7 @@ class ExportableTree(nn.Module):
         self.layout = imap.layout()
         self.maps = imap.names
         self.n_features = imap.n_features
-        temp = model.current_temperature.detach() if temperature is None else temperature
+        temp = model.temperature_.detach() if temperature is None else temperature
         self.temperature = float(temp)
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be finite and >= 0, got {temperature!r}")

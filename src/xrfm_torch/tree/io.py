@@ -17,7 +17,8 @@ model's standardized units): share it as you would the training data.
 
 Every ``xRFMTree.state_dict()`` also carries ``_extra_state = {"format_version": N}``; a state
 saved before versions existed (no such key) loads as version 0, and a state from a newer
-version than this package knows is refused with a message naming both versions.
+version than this package knows is refused with a message naming both versions
+(:mod:`xrfm_torch.tree.state`, which also upgrades older layouts on load).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from typing import Any
 import torch
 
 from xrfm_torch.tree.bagging import BaggedTree, model_from_config
-from xrfm_torch.tree.model import STATE_FORMAT_VERSION, xRFMTree
+from xrfm_torch.tree.model import xRFMTree
+from xrfm_torch.tree.state import STATE_FORMAT_VERSION
 
 FILE_FORMAT = "xrfm_torch.xRFMTree"
 

@@ -28,6 +28,7 @@ from xrfm_torch.numerics.checks import (
     check_finite,
 )
 from xrfm_torch.numerics.config import from_config, to_config
+from xrfm_torch.numerics.deprecation import renamed
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.config import DEFAULTS, SETTINGS, TreeConfig
 from xrfm_torch.tree.fit import FitPlan, fit_trees, refit_trees
@@ -43,6 +44,7 @@ from xrfm_torch.tree.memory import MemoryBudget
 from xrfm_torch.tree.parallel import broadcast_module, check_same_data
 from xrfm_torch.tree.partition import PartitionTree, empty_trees
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
+from xrfm_torch.tree.state import check_format, format_state, upgrade_tree_state
 from xrfm_torch.tree.targets import Calibration, ClassCoding, TargetCoding, Task
 from xrfm_torch.tree.temperature import temperature_errors
 from xrfm_torch.tree.uncertainty import (
@@ -54,16 +56,6 @@ from xrfm_torch.tree.uncertainty import (
 )
 
 log = logging.getLogger(__name__)
-
-#: Version of the ``xRFMTree.state_dict()`` layout (its ``_extra_state``); 0 = saved before
-#: versions existed. Bump it when the layout changes, and keep loading the older ones.
-#: 2: leaves have ``offset_`` (mean-predictor fallback), class codings ``platt_``; versions 0
-#: and 1 load with both empty (no fallback, no Platt map). 3: leaves have ``approx_`` (which final
-#: solve) and ``fourier_w_``, ``fourier_b_``; older states load as exact solves. 4: leaves store
-#: their kind (``kind_``, :mod:`xrfm_torch.leaf.kinds`) in place of ``approx_`` and hold their
-#: Gaussian-process buffers under ``gp.``; older states are upgraded on load
-#: (:func:`xrfm_torch.leaf.model.upgrade_leaf_state`).
-STATE_FORMAT_VERSION = 4
 
 
 class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
@@ -112,7 +104,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         (True, torch.Size([5, 1]))
     """
 
-    temperature_: Tensor
+    fitted_temperature_: Tensor
 
     def __init__(
         self,
@@ -193,7 +185,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             raise ValueError(f"uncertainty={uncertainty!r} needs task='regression'")
         self.variance = None if self.uncertainty == "none" else VarianceModel(self.uncertainty)
         self.trees = nn.ModuleList()
-        self.register_buffer("temperature_", torch.tensor(0.0))
+        self.register_buffer("fitted_temperature_", torch.tensor(0.0))
         if self.config.trainable_routing:
             self.raw_temperature = nn.Parameter(torch.tensor(0.0))
         self.fit_seconds_: float | None = None
@@ -327,21 +319,28 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self._check_fitted()
         return int(self.leaves()[0].alpha_.shape[1])
 
+    # One temperature, three names for its three roles: the setting ``temperature`` (None: tune
+    # it), the value in use ``temperature_`` and, with trainable routing, the unconstrained
+    # parameter ``raw_temperature`` (gpytorch's ``raw_`` convention); the fit's choice is kept in
+    # the buffer ``fitted_temperature_``.
     @property
-    def current_temperature(self) -> Tensor:
-        """The routing temperature in use: ``softplus(raw_temperature)`` when trainable."""
+    def temperature_(self) -> Tensor:
+        """The routing temperature in use: the fitted one, or ``softplus(raw_temperature)``."""
         if self.config.trainable_routing:
             return F.softplus(self.raw_temperature)
-        return self.temperature_
+        return self.fitted_temperature_
+
+    current_temperature = renamed("temperature_", "current_temperature", attribute=True)
 
     def _set_temperature(self, value: float) -> None:
         if self.config.trainable_routing and value <= 0:
             positive = [t for t in self.config.temperature_grid if t > 0]
             value = min(positive) if positive else 1.0
             log.info("trainable routing needs T > 0; starting from T = %.4g", value)
-        self.temperature_.fill_(value)
+        self.fitted_temperature_.fill_(value)
         if self.config.trainable_routing:  # inverse softplus, so that softplus(raw) == value
-            self.raw_temperature.data = torch.tensor(value).expm1().log().to(self.temperature_)
+            raw = torch.tensor(value).expm1().log()
+            self.raw_temperature.data = raw.to(self.fitted_temperature_)
 
     # ---- fitting -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -443,7 +442,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             log.info("probabilities: %s", chosen)
         self.trees = nn.ModuleList(grown.trees)
         self.input_map.set_maps(grown.maps)
-        self.temperature_ = torch.tensor(0.0, dtype=data.X.dtype, device=data.X.device)
+        self.fitted_temperature_ = torch.tensor(0.0, dtype=data.X.dtype, device=data.X.device)
         if temperature is not None:
             self._set_temperature(temperature)
         self.fit_seconds_ = time.perf_counter() - start
@@ -522,10 +521,12 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         name = self.input_map.names[tree]
         return self.partition_trees()[tree].route(self.input_map.encode(x, name))
 
-    def get_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+    def input_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
         """Input gradients of the whole model (routing included), shape (n, c, d)."""
         self._check_fitted()
         return input_grads(lambda xg: self(xg, temperature), x)
+
+    get_grads = renamed("input_grads", "get_grads")
 
     def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
         """The tree's AGOP, at ``x`` or (default) averaged over the leaves.
@@ -540,7 +541,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         """
         self._check_fitted()
         if x is not None:
-            return agop_from_grads(self.get_grads(x), diag=diag)
+            return agop_from_grads(self.input_grads(x), diag=diag)
         return mean_leaf_agop(self._leaves_by_map(), diag=diag)
 
     def feature_importance(self, source: ImportanceSource = "M") -> Tensor:
@@ -552,7 +553,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         """
         self._check_fitted()
         imp = feature_importance(self._leaves_by_map(), self.input_map.fold, source)
-        return imp.to(self.temperature_.device)
+        return imp.to(self.fitted_temperature_.device)
 
     def _leaves_by_map(self) -> dict[InputMapName, list[LeafRFM]]:
         return leaves_by_map(self.partition_trees(), self.input_map.names)
@@ -603,7 +604,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
 
         Args:
             x: Inputs, shape (n, d), on the model's device; any real dtype (cast to the model's).
-            temperature: Override the fitted ``temperature_`` (0 = hard routing).
+            temperature: Override the temperature in use, ``temperature_`` (0 = hard routing).
             return_std: Also return the predictive standard deviation (a model fitted with
                 ``uncertainty`` other than ``"none"``), in the targets' units; differentiable
                 like the mean.
@@ -619,7 +620,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         x = self._as_model_dtype(x)
         # infinities are errors; NaN only where the training rows had missing cells (input map)
         check_finite(x, "x", allow_nan=True)
-        temp = self.current_temperature if temperature is None else temperature
+        temp = self.temperature_ if temperature is None else temperature
         if return_std:
             return self._mean_std(x, temp)
         outs = [
@@ -687,16 +688,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
 
     # ---- loading into a fresh module -----------------------------------------------------------
     def get_extra_state(self) -> dict[str, int]:
-        """The state-dict format version (:mod:`xrfm_torch.tree.io`)."""
-        return {"format_version": STATE_FORMAT_VERSION}
+        """The state-dict format version (:mod:`xrfm_torch.tree.state`)."""
+        return format_state()
 
     def set_extra_state(self, state: dict[str, int]) -> None:
-        version = state.get("format_version") if isinstance(state, dict) else None
-        if not isinstance(version, int) or not 0 <= version <= STATE_FORMAT_VERSION:
-            raise ValueError(
-                f"xRFMTree state of format version {version!r}; this xrfm_torch reads versions "
-                f"0 .. {STATE_FORMAT_VERSION}: upgrade the package"
-            )
+        check_format(state)
 
     def _load_from_state_dict(
         self,
@@ -708,12 +704,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
-        # a state saved before format versions existed is version 0 (same layout as version 1)
-        state_dict.setdefault(prefix + "_extra_state", {"format_version": 0})
+        upgrade_tree_state(state_dict, prefix)
         # Rebuild the tree/leaf module structure from the keys; children then load themselves.
         trees = empty_trees(state_dict, prefix, self.new_leaf, self.config.trainable_routing)
         if trees is not None:
-            self.trees = trees.to(self.temperature_.device)
+            self.trees = trees.to(self.fitted_temperature_.device)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
