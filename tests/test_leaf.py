@@ -476,9 +476,9 @@ def test_warm_ridge_steps_reach_the_factored_choice(monkeypatch):
 
 def test_extra_rows_join_the_final_solve_by_continuing_the_factor(monkeypatch):
     """``fit(..., extra=...)`` equals a fit followed by ``refit`` on all rows, without refactoring."""
-    import xrfm_torch.leaf.model as leaf_module
+    import xrfm_torch.leaf.kinds as kinds
 
-    used = spy_accepted(monkeypatch, leaf_module, "solve_bordered")
+    used = spy_accepted(monkeypatch, kinds, "solve_bordered")
     X, y = planted(500, d=4, seed=8, dtype=torch.float64, noise=1.0)  # noisy: 10x the ridge wins
     Xv, yv = planted(200, d=4, seed=9, dtype=torch.float64, noise=1.0)
     kw = {"n_iters": 2, "reg": 1e-3, "kernel_exponents": None, "reg_factors": [10.0]}

@@ -10,8 +10,6 @@ dropped, refitted or left out without touching them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
@@ -25,10 +23,8 @@ from xrfm_torch.leaf.posterior import (
     signal_variance,
     system_matrix,
 )
+from xrfm_torch.leaf.view import LeafView
 from xrfm_torch.numerics.state import ResizableBuffers
-
-if TYPE_CHECKING:
-    from xrfm_torch.leaf.model import LeafRFM
 
 
 class LeafGP(ResizableBuffers):
@@ -73,7 +69,7 @@ class LeafGP(ResizableBuffers):
         self.signal_var_ = self.signal_var_.new_empty(0)
 
     @torch.no_grad()
-    def factor(self, leaf: LeafRFM) -> Tensor:
+    def factor(self, leaf: LeafView) -> Tensor:
         """Lower Cholesky factor of ``K + U U^T + reg I`` on the leaf's support (cached), (n, n).
 
         In the leaf's dtype, or float64 where that factorization fails (a tiny ridge).
@@ -104,7 +100,7 @@ class LeafGP(ResizableBuffers):
         return self.factor_
 
     @torch.no_grad()
-    def fit(self, leaf: LeafRFM) -> LeafGP:
+    def fit(self, leaf: LeafView) -> LeafGP:
         """Fit the log-noise model on leave-one-out residuals and the marginal-likelihood scale.
 
         Costs one inverse from the cached factor (about two more factorizations).
@@ -117,7 +113,7 @@ class LeafGP(ResizableBuffers):
         self.signal_var_ = signal_variance(L, leaf.alpha_).to(dtype)
         return self
 
-    def moments(self, leaf: LeafRFM, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def moments(self, leaf: LeafView, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Mean (n, c), latent GP variance ``v`` (n,) and log-noise estimate ``g`` (n, c) at ``x``.
 
         ``v`` is in units of the process scale (``signal_var_`` times it is the GP's latent

@@ -19,7 +19,8 @@ The strategies hold no state: each reads and writes the leaf's buffers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+import logging
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -34,15 +35,21 @@ from xrfm_torch.leaf.approx import (
     kmeans_centres,
     nystrom_weights,
 )
-from xrfm_torch.numerics.solvers import krr_workspace, solve_krr
+from xrfm_torch.leaf.criteria import Criterion, validation_errors
+from xrfm_torch.leaf.selection import Candidate, paired_win
+from xrfm_torch.leaf.view import LeafKind, LeafView
+from xrfm_torch.numerics.solvers import krr_workspace, solve_bordered, solve_krr
 
-if TYPE_CHECKING:
-    from xrfm_torch.leaf.model import LeafRFM
+log = logging.getLogger(__name__)
 
-LeafKind = Literal["exact", "nystrom", "centroids", "fourier", "mean"]
 #: The kinds in the order of their stored codes (``kind_``). Codes 0-3 are those of the
 #: ``approx_`` buffer of state format 3 (0 exact, then ``LeafConfig.APPROXES`` in order).
 KINDS: tuple[LeafKind, ...] = ("exact", "nystrom", "centroids", "fourier", "mean")
+
+
+#: A leaf predicts its training mean when that beats its fitted model on the validation rows by
+#: this many paired standard errors (the margin of the other validation choices).
+MEAN_FALLBACK_MARGIN = 2.0
 
 
 def weighted_mean(y: Tensor, w: Tensor | None) -> Tensor:
@@ -57,7 +64,7 @@ class KernelSolve:
 
     kind: LeafKind = "exact"
 
-    def solve(self, leaf: LeafRFM, X: Tensor, y: Tensor, w: Tensor | None) -> None:
+    def solve(self, leaf: LeafView, X: Tensor, y: Tensor, w: Tensor | None) -> None:
         """Solve ``alpha`` on the rows ``X`` (n, d), ``y`` (n, c) with the leaf's ``M`` and ridge."""
         cfg = leaf.config
         xs = transform(X, leaf.sqrt_m_)
@@ -80,13 +87,13 @@ class KernelSolve:
         if workspace is not None:
             leaf.gp.keep(workspace, n)
 
-    def predict(self, leaf: LeafRFM, x: Tensor) -> Tensor:
+    def predict(self, leaf: LeafView, x: Tensor) -> Tensor:
         """Predictions at inputs ``x`` (n, d), shape (n, c)."""
         s = leaf.sqrt_m_
         xs, zs = transform(x, s), transform(leaf.support_, s)
         return summed_predict(leaf.kernel, xs, zs, leaf.alpha_, leaf.config.linear_mix)
 
-    def grads(self, leaf: LeafRFM, x: Tensor | None) -> Tensor:
+    def grads(self, leaf: LeafView, x: Tensor | None) -> Tensor:
         """Input gradients (n, c, d) at ``x``; ``None``: at the support, self-terms excluded."""
         s, z = leaf.sqrt_m_, leaf.support_
         exclude = x is None
@@ -101,7 +108,7 @@ class CentreSolve(KernelSolve):
     def __init__(self, kind: Literal["nystrom", "centroids"]) -> None:
         self.kind = kind
 
-    def solve(self, leaf: LeafRFM, X: Tensor, y: Tensor, w: Tensor | None) -> None:
+    def solve(self, leaf: LeafView, X: Tensor, y: Tensor, w: Tensor | None) -> None:
         cfg, s = leaf.config, leaf.sqrt_m_
         if cfg.approx_centres == "kmeans":  # Lloyd's iterations from the current support
             leaf.support_ = kmeans_centres(X, leaf.support_, s)
@@ -120,7 +127,7 @@ class FourierSolve(KernelSolve):
 
     kind: LeafKind = "fourier"
 
-    def solve(self, leaf: LeafRFM, X: Tensor, y: Tensor, w: Tensor | None) -> None:
+    def solve(self, leaf: LeafView, X: Tensor, y: Tensor, w: Tensor | None) -> None:
         cfg = leaf.config
         xs, y2 = transform(X, leaf.sqrt_m_), y.reshape(X.shape[0], -1)
         g = torch.Generator().manual_seed(leaf._fourier_seed)
@@ -130,11 +137,11 @@ class FourierSolve(KernelSolve):
         leaf._set_kind(self.kind)
         leaf.fourier_w_, leaf.fourier_b_, leaf.alpha_ = freq, b, coef.contiguous()
 
-    def predict(self, leaf: LeafRFM, x: Tensor) -> Tensor:
+    def predict(self, leaf: LeafView, x: Tensor) -> Tensor:
         w, b, c = leaf.fourier_w_, leaf.fourier_b_, leaf.config.linear_mix
         return fourier_predict(transform(x, leaf.sqrt_m_), w, b, leaf.alpha_, c)
 
-    def grads(self, leaf: LeafRFM, x: Tensor | None) -> Tensor:
+    def grads(self, leaf: LeafView, x: Tensor | None) -> Tensor:
         # the support holds the centres, not training rows: no self-terms to exclude
         x = leaf.support_ if x is None else x
         w, b, c = leaf.fourier_w_, leaf.fourier_b_, leaf.config.linear_mix
@@ -150,7 +157,7 @@ class MeanSolve(KernelSolve):
 
     kind: LeafKind = "mean"
 
-    def solve(self, leaf: LeafRFM, X: Tensor, y: Tensor, w: Tensor | None) -> None:
+    def solve(self, leaf: LeafView, X: Tensor, y: Tensor, w: Tensor | None) -> None:
         y = y.reshape(X.shape[0], -1)
         leaf.support_ = X.detach().clone()
         leaf.alpha_ = torch.zeros_like(y)
@@ -158,7 +165,7 @@ class MeanSolve(KernelSolve):
         leaf._set_kind(self.kind)
         leaf.offset_ = mean
 
-    def predict(self, leaf: LeafRFM, x: Tensor) -> Tensor:
+    def predict(self, leaf: LeafView, x: Tensor) -> Tensor:
         return super().predict(leaf, x) + leaf.offset_.to(x.dtype)
 
 
@@ -170,3 +177,80 @@ SOLVES: dict[LeafKind, KernelSolve] = {
     "fourier": FourierSolve(),
     "mean": MeanSolve(),
 }
+
+
+def mean_beats(
+    best: Candidate,
+    y: Tensor,
+    y_val: Tensor,
+    w: Tensor | None,
+    w_val: Tensor | None,
+    criterion: Criterion,
+) -> bool:
+    """Whether the (weighted) training mean beats the chosen model on the validation rows.
+
+    By ``MEAN_FALLBACK_MARGIN`` paired standard errors (:func:`paired_win`), so that a few
+    validation rows cannot turn a working leaf into a constant by chance.
+    """
+    if y_val.shape[0] < 2:
+        return False
+    y = y.reshape(y.shape[0], -1)
+    mean = weighted_mean(y, w).expand(y_val.shape[0], -1)
+    err, rows = validation_errors(mean, y_val, criterion, w_val)
+    if not paired_win(rows, best.sq_err, MEAN_FALLBACK_MARGIN):
+        return False
+    log.warning(
+        "leaf with %d rows: validation %s %.4g of the fitted model is worse than %.4g of "
+        "its mean; predicting the mean",
+        y.shape[0],
+        criterion,
+        best.err,
+        err,
+    )
+    return True
+
+
+@torch.no_grad()
+def extend_solve(
+    leaf: LeafView,
+    X: Tensor,
+    y: Tensor,
+    X_b: Tensor,
+    y_b: Tensor,
+    factored: tuple[Tensor, Tensor] | None,
+    w: Tensor | None = None,
+    w_b: Tensor | None = None,
+) -> None:
+    """Final solve on ``X`` then ``X_b``: continue the chosen model's factor when at hand.
+
+    ``factored`` is ``(K_ss, F)`` of the chosen model's solve on ``X``; the extra rows ``X_b``
+    (the tree's overlap and borrowed rows) join it by the bordered solve
+    (:func:`~xrfm_torch.numerics.solvers.solve_bordered`, ``O(n^2 b)``). Without it, or where
+    the bordered solve fails, the leaf solves on all rows afresh (``leaf.refit``).
+    """
+    X_all, y_all = torch.cat([X, X_b]), torch.cat([y, y_b])
+    w_all = None if w is None or w_b is None else torch.cat([w, w_b])
+    if leaf.kind == "mean":
+        SOLVES["mean"].solve(leaf, X_all, y_all, w_all)
+        return
+    alpha, out = None, None
+    if factored is not None:
+        K_ss, F = factored
+        s, kernel = leaf.sqrt_m_, leaf.kernel
+        xs, xb = transform(X, s), transform(X_b, s)
+        K_sb = kernel.from_distance(kernel.distance(xs, xb))  # (n, b)
+        K_bb = kernel.from_distance(kernel.distance(xb, xb))  # (b, b)
+        U = features_or_none(torch.cat([xs, xb]), leaf.config.linear_mix)
+        n = X_all.shape[0]
+        out = F.new_empty(n, n) if leaf.keep_factor else None
+        alpha = solve_bordered(
+            F, K_ss, K_sb, K_bb, y_all, float(leaf.reg_), features=U, factor_out=out, weights=w_all
+        )
+    if alpha is None:
+        leaf.refit(X_all, y_all, w_all)
+        return
+    leaf.alpha_ = alpha.contiguous()
+    leaf.support_ = X_all.detach().clone()
+    leaf.gp.forget()
+    if out is not None:
+        leaf.gp.keep(out, X_all.shape[0])

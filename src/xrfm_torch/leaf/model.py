@@ -9,31 +9,24 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from xrfm_torch.kernels import Kernel, make_kernel, transform
+from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.kernels.fourier import fourier_frequencies
-from xrfm_torch.kernels.linear import features_or_none
 from xrfm_torch.leaf.approx import approx_width
 from xrfm_torch.leaf.approx_iteration import run_approx_iterations
 from xrfm_torch.leaf.config import LeafConfig
-from xrfm_torch.leaf.criteria import validation_errors
 from xrfm_torch.leaf.data import fit_data, weighted_rows
 from xrfm_torch.leaf.gp import LeafGP
 from xrfm_torch.leaf.iteration import run_iterations
-from xrfm_torch.leaf.kinds import KINDS, SOLVES, KernelSolve, LeafKind, weighted_mean
-from xrfm_torch.leaf.selection import Candidate, paired_win
+from xrfm_torch.leaf.kinds import KINDS, SOLVES, KernelSolve, LeafKind, extend_solve, mean_beats
+from xrfm_torch.leaf.selection import Candidate
+from xrfm_torch.leaf.state import upgrade_leaf_state
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
 from xrfm_torch.numerics.deprecation import renamed
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.numerics.solvers import solve_bordered
 from xrfm_torch.numerics.state import ResizableBuffers
 
 log = logging.getLogger(__name__)
-
-
-#: A leaf predicts its training mean when that beats its fitted model on the validation rows by
-#: this many paired standard errors (the margin of the other validation choices).
-MEAN_FALLBACK_MARGIN = 2.0
 
 
 class LeafRFM(ResizableBuffers):
@@ -286,7 +279,8 @@ class LeafRFM(ResizableBuffers):
             best, self.val_errors_, self._chosen_diag, factored = fitted
             self._store(X, best)
         # (not in a leaf kept for a posterior: its Gaussian-process view is the kernel model's)
-        if not self.keep_factor and self._mean_is_better(best, y, data.y_val, w, data.w_val):
+        criterion = cfg.criterion
+        if not self.keep_factor and mean_beats(best, y, data.y_val, w, data.w_val, criterion):
             factored = None
             SOLVES["mean"].solve(self, X, y, w)
         if self.keep_factor and factored is not None:
@@ -295,81 +289,10 @@ class LeafRFM(ResizableBuffers):
             X_b = as_float_matrix(extra[0], "extra X", n_features=X.shape[1]).to(X)
             y_b = as_float_targets(extra[1], "extra y", n_rows=X_b.shape[0], dtype=X.dtype)
             X_b, y_b, w_b = weighted_rows(X_b, y_b, extra_weight, "extra_weight")
-            self._extend(X, y, X_b, y_b, factored, w, w_b)
+            extend_solve(self, X, y, X_b, y_b, factored, w, w_b)
         elif final_solve and X.shape[0] < X_all.shape[0]:
             self.refit(X_all, y_all, w_all)
         return self
-
-    def _mean_is_better(
-        self, best: Candidate, y: Tensor, y_val: Tensor, w: Tensor | None, w_val: Tensor | None
-    ) -> bool:
-        """Whether the (weighted) training mean beats the chosen model on the validation rows.
-
-        By ``MEAN_FALLBACK_MARGIN`` paired standard errors (:func:`paired_win`), so that a few
-        validation rows cannot turn a working leaf into a constant by chance.
-        """
-        if y_val.shape[0] < 2:
-            return False
-        y = y.reshape(y.shape[0], -1)
-        mean = weighted_mean(y, w).expand(y_val.shape[0], -1)
-        err, rows = validation_errors(mean, y_val, self.config.criterion, w_val)
-        if not paired_win(rows, best.sq_err, MEAN_FALLBACK_MARGIN):
-            return False
-        log.warning(
-            "leaf with %d rows: validation %s %.4g of the fitted model is worse than %.4g of "
-            "its mean; predicting the mean",
-            y.shape[0],
-            self.config.criterion,
-            best.err,
-            err,
-        )
-        return True
-
-    @torch.no_grad()
-    def _extend(
-        self,
-        X: Tensor,
-        y: Tensor,
-        X_b: Tensor,
-        y_b: Tensor,
-        factored: tuple[Tensor, Tensor] | None,
-        w: Tensor | None = None,
-        w_b: Tensor | None = None,
-    ) -> None:
-        """Final solve on ``X`` then ``X_b``: continue the chosen model's factor when at hand."""
-        X_all, y_all = torch.cat([X, X_b]), torch.cat([y, y_b])
-        w_all = None if w is None or w_b is None else torch.cat([w, w_b])
-        if self.is_constant:
-            SOLVES["mean"].solve(self, X_all, y_all, w_all)
-            return
-        alpha, out = None, None
-        if factored is not None:
-            K_ss, F = factored
-            xs, xb = transform(X, self.sqrt_m_), transform(X_b, self.sqrt_m_)
-            K_sb = self.kernel.from_distance(self.kernel.distance(xs, xb))  # (n, b)
-            K_bb = self.kernel.from_distance(self.kernel.distance(xb, xb))  # (b, b)
-            U = features_or_none(torch.cat([xs, xb]), self.config.linear_mix)
-            n = X_all.shape[0]
-            out = F.new_empty(n, n) if self.keep_factor else None
-            alpha = solve_bordered(
-                F,
-                K_ss,
-                K_sb,
-                K_bb,
-                y_all,
-                float(self.reg_),
-                features=U,
-                factor_out=out,
-                weights=w_all,
-            )
-        if alpha is None:
-            self.refit(X_all, y_all, w_all)
-            return
-        self.alpha_ = alpha.contiguous()
-        self.support_ = X_all.detach().clone()
-        self.gp.forget()
-        if out is not None:
-            self.gp.factor_ = out
 
     def _store(self, X: Tensor, best: Candidate) -> None:
         d = X.shape[1]
@@ -487,30 +410,3 @@ class LeafRFM(ResizableBuffers):
     def moments(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Posterior mean, latent variance and log-noise at ``x`` (:meth:`LeafGP.moments`)."""
         return self.gp.moments(self, x)
-
-
-def upgrade_leaf_state(state_dict: dict[str, Any], prefix: str) -> None:
-    """Bring a leaf's saved state of an older format to the current one, in place.
-
-    Before format 4 the Gaussian-process buffers sat on the leaf itself (now under ``gp.``) and
-    the kind was read from the buffers: ``approx_`` (0 exact, else 1 + the index of the
-    approximation; absent before format 3, exact) and a non-empty ``offset_`` for the mean
-    fallback (absent before format 2). Older buffers absent from the state load empty.
-    """
-    for name in ("noise_coef_", "noise_mean_", "signal_var_"):
-        if prefix + name in state_dict:
-            state_dict.setdefault(prefix + "gp." + name, state_dict.pop(prefix + name))
-    for name, empty in (
-        ("gp.noise_coef_", (0, 0)),
-        ("gp.noise_mean_", (0,)),
-        ("gp.signal_var_", (0,)),
-        ("offset_", (0,)),
-        ("fourier_w_", (0, 0)),
-        ("fourier_b_", (0,)),
-    ):
-        state_dict.setdefault(prefix + name, torch.empty(empty))
-    if prefix + "kind_" not in state_dict:
-        code = state_dict.pop(prefix + "approx_", torch.tensor(0))
-        if state_dict[prefix + "offset_"].numel() > 0:
-            code = torch.tensor(KINDS.index("mean"))
-        state_dict[prefix + "kind_"] = code

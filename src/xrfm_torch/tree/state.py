@@ -4,7 +4,7 @@ Every state carries ``_extra_state = {"format_version": N}``. A state saved befo
 existed has no such key and is version 0; a newer version than this package knows is refused
 with a message naming both. Older layouts are brought to the current one on load, before torch
 copies the tensors, so a model file or checkpoint of any earlier version loads into a fresh
-model (the leaves upgrade their own entries: :func:`xrfm_torch.leaf.model.upgrade_leaf_state`).
+model (the leaves upgrade their own entries: :func:`xrfm_torch.leaf.state.upgrade_leaf_state`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,162 @@
+"""scikit-learn regressor: :class:`XRFMRegressor`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.base import RegressorMixin
+from sklearn.utils.validation import check_is_fitted
+
+from xrfm_torch.data.tabular import (
+    CategoricalSpec,
+)
+from xrfm_torch.estimators.base import (
+    _LEAF,
+    _TREE,
+    _XRFMEstimator,
+)
+from xrfm_torch.kernels import Kernel
+from xrfm_torch.tree.targets import Task
+from xrfm_torch.tree.uncertainty import Uncertainty
+
+log = logging.getLogger(__name__)
+
+
+class XRFMRegressor(RegressorMixin, _XRFMEstimator):
+    """xRFM regression as a scikit-learn estimator (parameters: see ``_XRFMEstimator``).
+
+    Besides those: ``uncertainty`` (``"none"``, ``"calibrated"`` or ``"gp"``; see
+    :class:`~xrfm_torch.xRFMTree`) enables ``predict(X, return_std=True)`` and
+    :meth:`predict_interval`, standard deviations in the target's units.
+
+    Attributes:
+        tree_: The fitted :class:`~xrfm_torch.xRFMTree` (a ``BaggedTree`` when ``n_bags > 1``).
+        n_features_in_: Columns seen in ``fit``; ``feature_names_in_`` for named columns.
+
+    Example:
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> X = rng.normal(size=(300, 3)); y = np.sin(X[:, 0]) * 100
+        >>> model = XRFMRegressor(n_iters=2, random_state=0).fit(X, y)
+        >>> model.predict(X[:2]).shape, model.score(X, y) > 0.9
+        ((2,), True)
+        >>> noisy = XRFMRegressor(n_iters=2, uncertainty="calibrated", random_state=0).fit(X, y)
+        >>> mean, std = noisy.predict(X[:2], return_std=True)
+        >>> bool((std > 0).all())
+        True
+    """
+
+    _task: Task = "regression"
+
+    def __init__(
+        self,
+        kernel: str | Kernel = "laplace",
+        *,
+        max_leaf_size: int = _TREE.max_leaf_size,
+        n_iters: int = _LEAF.n_iters,
+        reg: float = _LEAF.reg,
+        diag: bool | str = _LEAF.diag,
+        linear_mix: float = _LEAF.linear_mix,
+        input_transform: str | Sequence[str] = _TREE.input_transform,
+        n_trees: int | None = _TREE.n_trees,
+        temperature: float | None = _TREE.temperature,
+        val_fraction: float = _TREE.val_fraction,
+        n_bags: int | str = 1,
+        categorical_features: CategoricalSpec = "auto",
+        random_state: int | np.random.RandomState | None = None,
+        verbose: bool = False,
+        device: str = "cpu",
+        dtype: str = "float32",
+        uncertainty: Uncertainty = "none",
+    ) -> None:
+        super().__init__(
+            kernel,
+            max_leaf_size=max_leaf_size,
+            n_iters=n_iters,
+            reg=reg,
+            diag=diag,
+            linear_mix=linear_mix,
+            input_transform=input_transform,
+            n_trees=n_trees,
+            temperature=temperature,
+            val_fraction=val_fraction,
+            n_bags=n_bags,
+            categorical_features=categorical_features,
+            random_state=random_state,
+            verbose=verbose,
+            device=device,
+            dtype=dtype,
+        )
+        self.uncertainty = uncertainty
+
+    def _task_args(self) -> dict[str, Any]:
+        return {"uncertainty": self.uncertainty}
+
+    def fit(
+        self,
+        X: Any,
+        y: Any,
+        sample_weight: Any | None = None,
+        eval_set: tuple[Any, Any] | None = None,
+        eval_sample_weight: Any | None = None,
+    ) -> XRFMRegressor:
+        """Fit on ``X`` (n, d) and targets ``y`` (n,) or (n, c).
+
+        Args:
+            X: Array or DataFrame (text categories and missing cells allowed).
+            y: Targets.
+            sample_weight: Row weights (n,): finite, non-negative, not all 0.
+            eval_set: ``(X_val, y_val)`` for the validation-based choices; without it a seeded
+                ``val_fraction`` of the rows is held out (and then refitted on).
+            eval_sample_weight: Weights of the ``eval_set`` rows.
+        """
+        X, y = self._read_fit(X, y, y_numeric=True, multi_output=True)
+        self._y_ndim = np.ndim(y)
+        w = self._weights(sample_weight, len(y), "sample_weight")
+        return self._fit(X, self._encode_y(y, "y"), eval_set, w, eval_sample_weight)
+
+    def _encode_y(self, y: Any, name: str) -> np.ndarray:
+        return np.asarray(y, dtype=np.float64)
+
+    def predict(
+        self, X: Any, return_std: bool = False
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Predictions (n,) (or (n, c) for 2-D targets), float64.
+
+        Args:
+            X: Array or DataFrame.
+            return_std: Also return the predictive standard deviations, like
+                ``GaussianProcessRegressor.predict`` (needs ``uncertainty="calibrated"`` or
+                ``"gp"``).
+
+        Returns:
+            The predictions, or ``(predictions, standard deviations)``.
+        """
+        if not return_std:
+            return self._shaped(self._scores(X))
+        check_is_fitted(self, "tree_")
+        x = self._tensor(self._read(X))
+        with torch.no_grad():
+            mean, std = self.tree_(x, return_std=True)
+        return self._shaped(mean), self._shaped(std)
+
+    def predict_interval(self, X: Any, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+        """Central predictive interval ``(lower, upper)`` holding ``coverage`` of the mass."""
+        check_is_fitted(self, "tree_")
+        x = self._tensor(self._read(X))
+        with torch.no_grad():
+            lower, upper = self.tree_.predict_interval(x, coverage)
+        return self._shaped(lower), self._shaped(upper)
+
+    def _shaped(self, out: torch.Tensor) -> np.ndarray:
+        a = out.double().cpu().numpy()
+        return a[:, 0] if self._y_ndim == 1 else a
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
