@@ -93,6 +93,11 @@ class InputMap(ResizableBuffers):
         return int(self.standardize.center_.shape[0])
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the fitted statistics: what the model computes in."""
+        return self.standardize.center_.dtype
+
+    @property
     def names(self) -> list[InputMapName]:
         """The map of each tree, names from :data:`INPUT_MAPS`."""
         return [INPUT_MAPS[int(i)] for i in self.maps_]

@@ -72,6 +72,19 @@ def as_float_targets(y: Any, name: str, *, n_rows: int, dtype: torch.dtype) -> T
     return y
 
 
+def as_real_dtype(x: Tensor, dtype: torch.dtype, name: str) -> Tensor:
+    """Real ``x`` in ``dtype`` (a differentiable cast; rounds a wider dtype); complex is refused.
+
+    Raises:
+        TypeError: ``x`` holds complex numbers.
+    """
+    if x.dtype == dtype:
+        return x
+    if x.is_complex():
+        raise TypeError(f"{name} must hold real numbers, got dtype {x.dtype}")
+    return x.to(dtype)
+
+
 def check_finite(x: Tensor, name: str, *, allow_nan: bool = False) -> None:
     """Raise ``ValueError`` naming the first non-finite entry of ``x`` (NaN allowed if asked)."""
     bad = torch.isinf(x) if allow_nan else ~torch.isfinite(x)

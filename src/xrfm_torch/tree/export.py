@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from xrfm_torch.leaf.criteria import class_probabilities
+from xrfm_torch.numerics.checks import as_real_dtype
 from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.routing import hard_weights, soft_weights
 
@@ -87,7 +88,7 @@ class ExportableTree(nn.Module):
         """Predictions (or probabilities) (n, c); NaN rows where the eager model raises."""
         if x.ndim != 2 or x.shape[1] != self.n_features:
             raise ValueError(f"expected input of shape (n, {self.n_features}), got {x.shape}")
-        x = self.model._as_model_dtype(x)
+        x = as_real_dtype(x, self.model.input_map.dtype, "x")
         imap = self.model.input_map
         mapped = {name: imap.encode_with(x, name, self.layout) for name in dict.fromkeys(self.maps)}
         trees = self.model.partition_trees()

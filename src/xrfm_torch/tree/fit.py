@@ -24,6 +24,7 @@ from xrfm_torch.tree.config import TreeConfig
 from xrfm_torch.tree.grow import Progress, TreeLayout, fit_leaves, grow_tree
 from xrfm_torch.tree.parallel import LeafJob, run_leaf_jobs, world
 from xrfm_torch.tree.partition import PartitionTree
+from xrfm_torch.tree.targets import Task
 from xrfm_torch.tree.temperature import prediction_errors, temperature_predictions
 from xrfm_torch.tree.uncertainty import Moments, model_moments
 
@@ -45,6 +46,42 @@ class FitPlan:
     kernel: Kernel
     config: TreeConfig
     keep_factor: bool = False
+
+    @classmethod
+    def resolve(
+        cls,
+        kernel: Kernel,
+        config: TreeConfig,
+        task: Task,
+        n_rows: int,
+        n_maps: int = 1,
+        keep_factor: bool = False,
+    ) -> FitPlan:
+        """The plan of a fit on ``n_rows`` training rows and ``n_maps`` input maps.
+
+        Resolves the rules: a large fit's leaves iterate on ``large_fit_iter_rows``-row
+        subsamples (unless the leaf sets ``iter_rows``); ``n_trees=None`` is 2 trees per map for
+        classification and 1 for regression or a large fit; a set's trees are cheaper members
+        with leaves of ``set_leaf_fraction * max_leaf_size`` rows.
+        """
+        large = config.is_large(n_rows)
+        leaf = config.leaf
+        if large and leaf.iter_rows is None:
+            log.info(
+                "large fit (%d rows > large_fit_rows=%s): leaves iterate on %d-row subsamples",
+                n_rows,
+                config.large_fit_rows,
+                config.large_fit_iter_rows,
+            )
+            leaf = leaf.replace(iter_rows=config.large_fit_iter_rows)
+        n_trees = config.n_trees
+        if n_trees is None:
+            n_trees = 2 if task == "classification" and not large else 1
+        leaf_size = config.max_leaf_size
+        if n_maps > 1:
+            leaf_size = max(4, round(config.set_leaf_fraction * leaf_size))
+        resolved = config.replace(leaf=leaf, n_trees=n_trees, max_leaf_size=leaf_size)
+        return cls(kernel, resolved, keep_factor=keep_factor)
 
     def new_leaf(self) -> LeafRFM:
         """A fresh, unfitted leaf."""

@@ -23,10 +23,7 @@ from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import fit_data
 from xrfm_torch.numerics.agop import agop_from_grads
-from xrfm_torch.numerics.checks import (
-    as_float_targets,
-    check_finite,
-)
+from xrfm_torch.numerics.checks import as_float_targets, as_real_dtype, check_finite
 from xrfm_torch.numerics.config import from_config, to_config
 from xrfm_torch.numerics.deprecation import renamed
 from xrfm_torch.numerics.rng import own_generator
@@ -51,8 +48,8 @@ from xrfm_torch.tree.uncertainty import (
     Uncertainty,
     VarianceModel,
     check_uncertainty,
-    model_moments,
     normal_quantile,
+    predictive_mean_std,
 )
 
 log = logging.getLogger(__name__)
@@ -170,19 +167,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         self.kernel = make_kernel(kernel)
         self.input_map = InputMap(missing_values=missing_values)
         self.targets = TargetCoding(task, class_coding, calibration)
-        criterion = self.config.leaf.criterion
-        if task == "regression" and criterion != "mse":
-            raise ValueError(
-                f"criterion {criterion!r} needs task='classification'; regression uses 'mse'"
-            )
-        if class_coding == "prevalence" and criterion != "mse":
-            raise ValueError(
-                f"class_coding='prevalence' needs criterion 'mse' (the Brier score), got "
-                f"{criterion!r}: the other criteria read the codes as class scores"
-            )
-        self.uncertainty = check_uncertainty(uncertainty)
-        if self.uncertainty != "none" and task != "regression":
-            raise ValueError(f"uncertainty={uncertainty!r} needs task='regression'")
+        self.targets.check_criterion(self.config.leaf.criterion)
+        self.uncertainty = check_uncertainty(uncertainty, task)
         self.variance = None if self.uncertainty == "none" else VarianceModel(self.uncertainty)
         self.trees = nn.ModuleList()
         self.register_buffer("fitted_temperature_", torch.tensor(0.0))
@@ -253,34 +239,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         return self.input_map.missing_values
 
     def _plan(self, n_rows: int, n_maps: int = 1) -> FitPlan:
-        """The kernel and the settings of a fit on ``n_rows`` training rows and ``n_maps`` maps.
+        """The kernel and resolved settings of a fit on ``n_rows`` rows (:meth:`FitPlan.resolve`)."""
+        keep_factor = self.uncertainty != "none"
+        return FitPlan.resolve(self.kernel, self.config, self.task, n_rows, n_maps, keep_factor)
 
-        Resolves the rules: a large fit's leaves iterate on ``large_fit_iter_rows``-row
-        subsamples (unless the leaf sets ``iter_rows``); ``n_trees=None`` is 2 trees per map for
-        classification and 1 for regression or a large fit; a set's trees are cheaper members
-        with leaves of ``set_leaf_fraction * max_leaf_size`` rows.
-        """
-        cfg = self.config
-        large = cfg.is_large(n_rows)
-        leaf = cfg.leaf
-        if large and leaf.iter_rows is None:
-            log.info(
-                "large fit (%d rows > large_fit_rows=%s): leaves iterate on %d-row subsamples",
-                n_rows,
-                cfg.large_fit_rows,
-                cfg.large_fit_iter_rows,
-            )
-            leaf = leaf.replace(iter_rows=cfg.large_fit_iter_rows)
-        n_trees = cfg.n_trees
-        if n_trees is None:
-            n_trees = 2 if self.task == "classification" and not large else 1
-        leaf_size = cfg.max_leaf_size
-        if n_maps > 1:
-            leaf_size = max(4, round(cfg.set_leaf_fraction * leaf_size))
-        resolved = cfg.replace(leaf=leaf, n_trees=n_trees, max_leaf_size=leaf_size)
-        return FitPlan(self.kernel, resolved, keep_factor=self.uncertainty != "none")
-
-    def new_leaf(self) -> LeafRFM:
+    def _new_leaf(self) -> LeafRFM:
         """A fresh, unfitted leaf model with this tree's kernel and leaf settings."""
         return LeafRFM(self.kernel, self.config.leaf)
 
@@ -617,7 +580,8 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             raise ValueError(
                 f"expected input of shape (n, {self.n_features_in_}), got {tuple(x.shape)}"
             )
-        x = self._as_model_dtype(x)
+        # a differentiable cast to the dtype of the fitted buffers (outputs are in that dtype)
+        x = as_real_dtype(x, self.input_map.dtype, "x")
         # infinities are errors; NaN only where the training rows had missing cells (input map)
         check_finite(x, "x", allow_nan=True)
         temp = self.temperature_ if temperature is None else temperature
@@ -630,40 +594,21 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         out = outs[0] if len(outs) == 1 else torch.stack(outs).mean(0)
         return self.targets.decode(out)
 
-    def _as_model_dtype(self, x: Tensor) -> Tensor:
-        """Real inputs in the model's dtype (a differentiable cast); complex ones are refused.
-
-        The model computes in the dtype of its fitted buffers (``model.to(torch.float64)`` for
-        double precision), so a float64 batch to a float32 model is rounded to float32 and a
-        float32 batch to a float64 model is widened; outputs are in the model's dtype.
-        """
-        dtype = self.input_map.standardize.center_.dtype
-        if x.dtype == dtype:
-            return x
-        if x.is_complex():
-            raise TypeError(f"x must hold real numbers, got dtype {x.dtype}")
-        return x.to(dtype)
-
     def _mean_std(self, x: Tensor, temperature: float | Tensor) -> tuple[Tensor, Tensor]:
         if self.variance is None:
             raise ValueError(
                 "return_std needs a model fitted with uncertainty='calibrated' or 'gp' "
                 f"(this one has uncertainty={self.uncertainty!r})"
             )
-        trees = self.partition_trees()
-        for tree in trees:
-            for leaf in tree.leaf_list():
-                if not leaf.gp.is_fitted:  # e.g. a state saved before the posterior existed
-                    leaf.fit_posterior()
-        m = model_moments(
-            trees,
+        mean, std = predictive_mean_std(
+            self.partition_trees(),
             self.input_map(x),
             temperature,
+            self.variance,
             keep_mass=self.config.keep_mass,
             max_leaves=self.config.max_soft_leaves,
         )
-        std = self.variance(m).sqrt() * self.targets.scaler.scale_.to(m.mean.dtype)
-        return self.targets.decode(m.mean), std
+        return self.targets.decode(mean), std * self.targets.scaler.scale_.to(std.dtype)
 
     def predict_interval(
         self, x: Tensor, coverage: float = 0.9, temperature: float | Tensor | None = None
@@ -706,7 +651,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
     ) -> None:
         upgrade_tree_state(state_dict, prefix)
         # Rebuild the tree/leaf module structure from the keys; children then load themselves.
-        trees = empty_trees(state_dict, prefix, self.new_leaf, self.config.trainable_routing)
+        trees = empty_trees(state_dict, prefix, self._new_leaf, self.config.trainable_routing)
         if trees is not None:
             self.trees = trees.to(self.fitted_temperature_.device)
         super()._load_from_state_dict(

@@ -86,6 +86,18 @@ class TargetCoding(ResizableBuffers):
         self.register_buffer("softmax_scale_", torch.tensor(0.0))
         self.register_buffer("platt_", torch.zeros(0))
 
+    def check_criterion(self, criterion: str) -> None:
+        """Refuse a leaf criterion this task and coding cannot use (``ValueError``)."""
+        if self.task == "regression" and criterion != "mse":
+            raise ValueError(
+                f"criterion {criterion!r} needs task='classification'; regression uses 'mse'"
+            )
+        if self.class_coding == "prevalence" and criterion != "mse":
+            raise ValueError(
+                f"class_coding='prevalence' needs criterion 'mse' (the Brier score), got "
+                f"{criterion!r}: the other criteria read the codes as class scores"
+            )
+
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
         # states saved before class codings and calibrations existed: a zero prior (one-hot
         # codes), a zero softmax scale and no Platt map (clipping) are what they used

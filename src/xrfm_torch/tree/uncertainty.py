@@ -239,11 +239,35 @@ def normal_quantile(coverage: float) -> float:
     return float(torch.special.ndtri(torch.tensor(0.5 + float(coverage) / 2, dtype=torch.float64)))
 
 
-def check_uncertainty(value: object) -> Uncertainty:
-    """``value`` if it names an :data:`Uncertainty` mode, else ``ValueError``."""
+def check_uncertainty(value: object, task: str = "regression") -> Uncertainty:
+    """``value`` if it names an :data:`Uncertainty` mode the ``task`` has, else ``ValueError``."""
     if value not in UNCERTAINTIES:
         raise ValueError(f"uncertainty must be one of {UNCERTAINTIES}, got {value!r}")
+    if value != "none" and task != "regression":
+        raise ValueError(f"uncertainty={value!r} needs task='regression'")
     return value  # type: ignore[return-value]
+
+
+def predictive_mean_std(
+    trees: Sequence[PartitionTree],
+    xs: Sequence[Tensor],
+    temperature: float | Tensor,
+    variance: VarianceModel,
+    *,
+    keep_mass: float,
+    max_leaves: int,
+) -> tuple[Tensor, Tensor]:
+    """Mixed mean and predictive standard deviation (each (n, c), the leaves' units) at ``xs``.
+
+    ``xs`` holds each tree's encoded inputs; leaves without a fitted posterior (a state saved
+    before it existed) fit it first.
+    """
+    for tree in trees:
+        for leaf in tree.leaf_list():
+            if not leaf.gp.is_fitted:
+                leaf.fit_posterior()
+    m = model_moments(trees, xs, temperature, keep_mass=keep_mass, max_leaves=max_leaves)
+    return m.mean, variance(m).sqrt()
 
 
 __all__ = [
@@ -256,6 +280,7 @@ __all__ = [
     "fit_log_variance",
     "gaussian_nll",
     "model_moments",
+    "predictive_mean_std",
     "tree_moments",
     "variance_features",
 ]
