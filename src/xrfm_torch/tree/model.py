@@ -21,7 +21,7 @@ from xrfm_torch.inputs.input_map import (
 from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
-from xrfm_torch.leaf.data import fit_data
+from xrfm_torch.leaf.data import FitData, fit_data
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import as_float_targets, as_real_dtype, check_finite
 from xrfm_torch.numerics.config import from_config, to_config
@@ -348,23 +348,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         """
         start = time.perf_counter()
         generator = own_generator(generator)
-        data = fit_data(
-            X,
-            y,
-            X_val,
-            y_val,
-            val_fraction=self.config.val_fraction,
-            generator=generator,
-            allow_nan=True,
-            sample_weight=sample_weight,
-            val_sample_weight=val_sample_weight,
-            relative_weights=True,
-        )
-        if self.variance is not None and (data.w is not None or data.w_val is not None):
-            raise ValueError(
-                f"uncertainty={self.uncertainty!r} cannot be fitted with sample weights yet: the "
-                "leaves' Gaussian-process noise model is unweighted (use uncertainty='none')"
-            )
+        data = self._fit_data(X, y, X_val, y_val, sample_weight, val_sample_weight, generator)
         weights = [t for t in (data.w, data.w_val) if t is not None]
         check_same_data(self.config.distributed, data.X, data.y, data.X_val, data.y_val, *weights)
         self.input_map.fit(
@@ -417,6 +401,38 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         )
         return self
 
+    def _fit_data(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None,
+        y_val: Tensor | None,
+        sample_weight: Tensor | None,
+        val_sample_weight: Tensor | None,
+        generator: torch.Generator,
+        n_features: int | None = None,
+    ) -> FitData:
+        """Checked rows and relative weights of a fit or refit (``leaf.data.fit_data``)."""
+        data = fit_data(
+            X,
+            y,
+            X_val,
+            y_val,
+            val_fraction=self.config.val_fraction,
+            generator=generator,
+            n_features=n_features,
+            allow_nan=True,
+            sample_weight=sample_weight,
+            val_sample_weight=val_sample_weight,
+            relative_weights=True,
+        )
+        if self.variance is not None and (data.w is not None or data.w_val is not None):
+            raise ValueError(
+                f"uncertainty={self.uncertainty!r} cannot be fitted with sample weights yet: the "
+                "leaves' Gaussian-process noise model is unweighted (use uncertainty='none')"
+            )
+        return data
+
     @torch.no_grad()
     def refit_leaves(
         self,
@@ -444,21 +460,10 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             generator: CPU random generator.
         """
         self._check_fitted()
-        data = fit_data(
-            X,
-            y,
-            X_val,
-            y_val,
-            val_fraction=self.config.val_fraction,
-            generator=(generator := own_generator(generator)),
-            n_features=self.n_features_in_,
-            allow_nan=True,
-            sample_weight=sample_weight,
-            val_sample_weight=val_sample_weight,
-            relative_weights=True,
+        generator = own_generator(generator)
+        data = self._fit_data(
+            X, y, X_val, y_val, sample_weight, val_sample_weight, generator, self.n_features_in_
         )
-        if self.variance is not None and (data.w is not None or data.w_val is not None):
-            raise ValueError("refit_leaves with sample weights needs uncertainty='none'")
         data = self.targets.encode_data(data)
         trees = self.partition_trees()
         # the input and target maps keep their statistics: the routing was learned on them

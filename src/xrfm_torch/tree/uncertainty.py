@@ -239,7 +239,7 @@ def normal_quantile(coverage: float) -> float:
     return float(torch.special.ndtri(torch.tensor(0.5 + float(coverage) / 2, dtype=torch.float64)))
 
 
-def check_uncertainty(value: object, task: str = "regression") -> Uncertainty:
+def check_uncertainty(value: object, task: str) -> Uncertainty:
     """``value`` if it names an :data:`Uncertainty` mode the ``task`` has, else ``ValueError``."""
     if value not in UNCERTAINTIES:
         raise ValueError(f"uncertainty must be one of {UNCERTAINTIES}, got {value!r}")
