@@ -41,9 +41,11 @@ def measure(path: Path, seed: int, threads: int, options: dict | None = None) ->
     start = time.perf_counter()
     est.fit(X.iloc[tr], y[tr], eval_set=(X.iloc[va], y[va]))
     row: dict = {"fit_s": time.perf_counter() - start, "leaves": est.tree_.n_leaves}
-    row["input_maps"] = est.tree_.input_map.names
+    trees = getattr(est.tree_, "bags", [est.tree_])  # a BaggedTree's bags, or the one tree
+    row["n_bags"] = len(trees)
+    row["input_maps"] = sorted({name for t in trees for name in t.input_map.names})
     row["categorical"] = len(est.encoder_.categorical)
-    row["columns_seen"] = int(est.tree_.leaves()[0].support_.shape[1])
+    row["columns_seen"] = int(trees[0].leaves()[0].support_.shape[1])
     if classify:
         p = est.predict_proba(X.iloc[te])
         yt = np.searchsorted(est.classes_, y[te])

@@ -1,8 +1,13 @@
 """The classification suite's verdicts from ``bench.peers`` results (means over seeds).
 
     python -m bench.suite_report RESULTS.jsonl [MORE.jsonl ...] [--model ours] [--out FILE.md]
+        [--rename FILE=MODEL ...] [--prefix FILE=FOLDER ...]
 
-Rows of later files replace those of earlier ones for the same (table, seed, model). Per table:
+Reads ``bench.peers`` rows; ``--rename`` gives every row of a file one model name (a preset
+measured under another name that is now the default), ``--prefix`` names the tables of rows
+written by ``bench.classify`` / ``bench.mixed`` (``dataset`` instead of ``table``; model
+``ours`` unless renamed). Rows of later files replace those of earlier ones for the same
+(table, seed, model). Per table:
 mean test log-loss (accuracy, fit seconds) of ``--model``, of ``ours_single`` where present, of
 the best GBDT (lowest mean log-loss of XGBoost, LightGBM, CatBoost) and of the reference
 ``xrfm_default``; the ratio to the best GBDT; whether the model is above the reference by more
@@ -21,14 +26,32 @@ from pathlib import Path
 GBDTS = ("xgboost", "lightgbm", "catboost")
 
 
-def load(paths: list[Path]) -> dict[tuple[str, int, str], dict]:
+def load(
+    paths: list[Path],
+    rename: dict[Path, str] | None = None,
+    prefix: dict[Path, str] | None = None,
+) -> dict[tuple[str, int, str], dict]:
     rows: dict[tuple[str, int, str], dict] = {}
     for path in paths:
         for line in path.read_text().splitlines():
             r = json.loads(line)
-            if "error" not in r and "logloss" in r:
-                rows[(r["table"], r["seed"], r["model"])] = r
+            if "error" in r or "logloss" not in r:
+                continue
+            if "table" not in r and path in (prefix or {}):
+                r["table"] = f"{(prefix or {})[path]}/{r['dataset']}"
+            r["model"] = (rename or {}).get(path, r.get("model", "ours"))
+            rows[(r["table"], r["seed"], r["model"])] = r
     return rows
+
+
+def _pairs(items: list[str], flag: str) -> dict[Path, str]:
+    out = {}
+    for item in items:
+        path, sep, value = item.partition("=")
+        if not sep or not value:
+            raise SystemExit(f"{flag} takes FILE=VALUE, got {item!r}")
+        out[Path(path)] = value
+    return out
 
 
 def report(
@@ -101,8 +124,11 @@ def main() -> None:
     ap.add_argument("--model", default="ours")
     ap.add_argument("--seeds", nargs="*", type=int, help="only these seeds")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--rename", nargs="*", default=[], help="FILE=MODEL: that file's model")
+    ap.add_argument("--prefix", nargs="*", default=[], help="FILE=FOLDER: tables of dataset rows")
     a = ap.parse_args()
-    text = "\n".join(report(load(a.results), a.model, a.seeds)) + "\n"
+    rows = load(a.results, _pairs(a.rename, "--rename"), _pairs(a.prefix, "--prefix"))
+    text = "\n".join(report(rows, a.model, a.seeds)) + "\n"
     print(text)
     if a.out:
         a.out.write_text(text)
