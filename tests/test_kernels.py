@@ -158,3 +158,37 @@ def test_make_kernel_by_name():
     assert isinstance(make_kernel("gaussian"), GaussianKernel)
     with pytest.raises(ValueError, match="unknown kernel 'rbf'"):
         make_kernel("rbf")
+
+
+@pytest.mark.parametrize("p", [1.0, 1.5])
+def test_lp_distance_and_grads_match_the_formula_across_cache_blocks(p):
+    # 3000 float64 centres: about 87 rows per 2 MiB cache block, so 130 rows take two blocks
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(130, 3, generator=g, dtype=torch.float64)
+    z = torch.randn(3000, 3, generator=g, dtype=torch.float64)
+    alpha = torch.randn(3000, 2, generator=g, dtype=torch.float64)
+    u = x[:, None, :] - z[None, :, :]  # (n, m, d)
+    r_ref = (u.abs() ** p).sum(-1) ** (1 / p)
+    torch.testing.assert_close(pairwise_distance(x, z, p), r_ref, rtol=1e-12, atol=1e-12)
+    buf = torch.full((130, 3000), float("nan"), dtype=torch.float64)
+    assert pairwise_distance(x, z, p, out=buf) is buf
+    torch.testing.assert_close(buf, r_ref, rtol=1e-12, atol=1e-12)
+
+    k = LpqLaplaceKernel(bandwidth=2.0, p=p, q=min(p, 0.8)).double()
+    w = k.grad_weights(r_ref, k.from_distance(r_ref))
+    phi = u.sign() * u.abs() ** (p - 1)
+    expected = torch.einsum("nmd,nm,mc->ncd", phi, w, alpha)
+    torch.testing.assert_close(
+        k.transformed_grads(x, z, alpha, w=w.clone()), expected, rtol=1e-10, atol=1e-12
+    )
+
+
+def test_lp_distance_under_autograd_is_differentiable():
+    x = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(4, 3, dtype=torch.float64)
+    r = pairwise_distance(x, z, 1.5)
+    (gx,) = torch.autograd.grad(r.sum(), x)
+    u = (x - z[:, None, :]).detach()  # (m, n, d)
+    r_ref = (u.abs() ** 1.5).sum(-1) ** (1 / 1.5)  # (m, n)
+    expected = (u.sign() * u.abs() ** 0.5 * r_ref[..., None] ** (1 - 1.5)).sum(0)
+    torch.testing.assert_close(gx, expected, rtol=1e-10, atol=1e-12)

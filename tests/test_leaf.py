@@ -498,3 +498,25 @@ def test_extra_rows_join_the_final_solve_by_continuing_the_factor(monkeypatch):
     torch.testing.assert_close(a(Xv), b(Xv), rtol=0, atol=1e-9)
     with pytest.raises(ValueError, match="extra rows"):
         plain_leaf(iter_rows=100, **kw).fit(X[:420], y[:420], Xv, yv, extra=(X[420:], y[420:]))
+
+
+@pytest.mark.parametrize("p", [1.0, 1.6, 2.0])
+def test_iteration_agop_from_the_gram_matrix_matches_input_grads(p):
+    # rfm_step takes the AGOP's gradients from the Gram matrix it solved with; it must equal the
+    # AGOP of the kernel's own input gradients with the self-terms excluded
+    from xrfm_torch import LpqLaplaceKernel
+    from xrfm_torch.leaf.iteration import rfm_step
+    from xrfm_torch.numerics.agop import agop_from_grads
+
+    X, y = planted(120, d=4, dtype=torch.float64)
+    Xv, yv = planted(40, d=4, seed=1, dtype=torch.float64)
+    kernel = LpqLaplaceKernel(3.0, p=p, q=1.0).double()
+    sqrt_m = torch.tensor([1.0, 0.5, 2.0, 0.3], dtype=torch.float64)
+    n = X.shape[0]
+    buffers = tuple(torch.empty(n, n, dtype=torch.float64) for _ in range(3))
+    cand, G, _ = rfm_step(
+        kernel, X, y[:, None], Xv, yv[:, None], sqrt_m, buffers, reg=1e-3, linear_mix=0.0,
+        solve_dtype=None, adaptive_bandwidth=None, agop=True, diag=False, generator=None,
+    )  # fmt: skip
+    grads = kernel.input_grads(X, X, cand.alpha, sqrt_m, exclude_self=True)
+    torch.testing.assert_close(G, agop_from_grads(grads), rtol=1e-9, atol=1e-12)

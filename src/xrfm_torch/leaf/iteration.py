@@ -143,14 +143,10 @@ def rfm_step(
     if not (agop and math.isfinite(cand.err)):
         return cand, None, factored
     lin = linear_grad(xs, alpha, linear_mix)  # (1, c, d) w.r.t. S x, or None
-    if kernel.p == 2.0:  # reuse the Gram matrix: gradient weights overwrite the distances
-        w = kernel.grad_weights(R, K, out=R)
-        gs = kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0)
-        g = chain_rule(gs if lin is None else gs + lin, sqrt_m)
-    else:
-        g = kernel.input_grads(X, X, alpha, sqrt_m, exclude_self=True)
-        if lin is not None:
-            g = g + chain_rule(lin, sqrt_m)
+    # reuse the Gram matrix: gradient weights overwrite the distances
+    w = kernel.grad_weights(R, K, out=R)
+    gs = kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0)
+    g = chain_rule(gs if lin is None else gs + lin, sqrt_m)
     return cand, agop_or_none(g, diag, X.shape[0], row_w), factored
 
 
