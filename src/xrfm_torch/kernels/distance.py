@@ -2,7 +2,8 @@
 
 ``transform`` maps inputs to ``S x`` (``S = M^{1/2}``), ``pairwise_distance`` gives
 ``||S x - S z||_p`` (a GEMM for ``p = 2``, a sum over dimensions otherwise), ``chain_rule`` maps
-gradients back to ``x``, and ``row_chunks`` / ``cache_blocks`` bound the memory and cache footprint of large evaluations.
+gradients back to ``x``, and ``row_chunks`` / ``cache_blocks`` bound the memory and cache
+footprint of large evaluations.
 """
 
 from __future__ import annotations
@@ -21,11 +22,20 @@ DEFAULT_CHUNK_BYTES = 256 * 2**20
 CACHE_BLOCK_BYTES = 2 * 2**20
 
 
+def needs_graph(*inputs: Tensor) -> bool:
+    """Whether autograd or ``torch.export`` must see the computation on ``inputs``.
+
+    Then only out-of-place, whole-tensor forms will do: in-place block loops neither differentiate
+    nor export for any number of rows.
+    """
+    if torch.compiler.is_exporting():
+        return True
+    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+
+
 def cache_blocks(out: Tensor | None, *inputs: Tensor) -> list[slice]:
     """Row blocks for in-place elementwise work on ``out``; one block when autograd must see it."""
-    if out is None or out.ndim == 0 or out.shape[0] == 0:
-        return [slice(None)]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+    if out is None or out.ndim == 0 or out.shape[0] == 0 or needs_graph(*inputs):
         return [slice(None)]
     per_row = out.element_size() * (out.numel() // out.shape[0])
     return list(row_chunks(out.shape[0], per_row, CACHE_BLOCK_BYTES))
@@ -77,9 +87,7 @@ def pairwise_distance(x: Tensor, z: Tensor, p: float, *, out: Tensor | None = No
         out: Optional (n, m) buffer to write into (saves a large allocation per call).
     """
     if p != 2.0:
-        if torch.compiler.is_exporting() or (
-            torch.is_grad_enabled() and (x.requires_grad or z.requires_grad)
-        ):
+        if needs_graph(x, z):
             r = torch.cdist(x, z, p=p)
             return r if out is None else out.copy_(r)
         return _lp_distance(x, z, p, out=out)

@@ -38,6 +38,7 @@ from xrfm_torch.kernels.distance import (
     DEFAULT_CHUNK_BYTES,
     cache_blocks,
     chain_rule,
+    needs_graph,
     pairwise_distance,
     row_chunks,
     transform,
@@ -235,9 +236,7 @@ class Kernel(nn.Module):
             wa = w @ alpha  # (n, c)
             waz = (w @ (alpha[:, :, None] * zs[:, None, :]).reshape(-1, c * d)).reshape(n, c, d)
             return xs[:, None, :] * wa[:, :, None] - waz
-        if torch.compiler.is_exporting() or (
-            torch.is_grad_enabled() and any(t.requires_grad for t in (xs, zs, alpha, w))
-        ):
+        if needs_graph(xs, zs, alpha, w):
             u = xs[:, None, :] - zs[None, :, :]  # (n, m, d)
             phi = torch.sign(u) if self.p == 1.0 else torch.sign(u) * u.abs().pow(self.p - 1)
             # (n, m, d) x (m, c) -> (n, c, d), weighted by w
@@ -256,15 +255,16 @@ class Kernel(nn.Module):
         zt = zs.mT  # (d, m)
         blocks = cache_blocks(w, w)
         buf = torch.empty_like(w[blocks[0]])
+        sign_buf = torch.empty_like(buf) if self.p != 1.0 else buf
         for b in blocks:
             wb = w[b]
-            u = buf[: wb.shape[0]]
+            u, sign = buf[: wb.shape[0]], sign_buf[: wb.shape[0]]
             for k in range(d):
                 torch.sub(xs[b, k : k + 1], zt[k : k + 1], out=u)
                 if self.p == 1.0:
                     u.sign_()
                 else:
-                    sign = u.sign()
+                    torch.sign(u, out=sign)
                     u.abs_().pow_(self.p - 1).mul_(sign)
                 g[b, :, k] = u.mul_(wb) @ alpha
         return g
@@ -298,7 +298,7 @@ class Kernel(nn.Module):
         d = xs.shape[1]
         # the einsum path (p != 2 under autograd or export) holds (n, m, d) temporaries
         slabs = 3 if self.p == 2.0 else 4
-        if self.p != 2.0 and (torch.compiler.is_exporting() or torch.is_grad_enabled()):
+        if self.p != 2.0 and needs_graph(xs, zs, alpha):
             slabs = 2 * d + 2
         per_row = zs.shape[0] * xs.element_size() * slabs
         parts = [
