@@ -117,6 +117,20 @@ def test_a_version_3_state_loads_with_kinds_and_gp_buffers_in_place():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_a_version_4_state_loads_with_no_column_on_a_log_scale(fitted):
+    model, Xq = fitted
+    old = {k: v for k, v in model.state_dict().items() if "log_" not in k}
+    assert len(old) == len(model.state_dict()) - 5
+    old["_extra_state"] = {"format_version": 4}
+    fresh = xRFMTree(leaf=LeafConfig(n_iters=2), max_leaf_size=300)
+    fresh.load_state_dict(old)  # strict: every buffer found its value
+    assert fresh.input_map.log_columns == []
+    torch.testing.assert_close(
+        fresh.input_map.log_standardize.scale_, model.input_map.standardize.scale_
+    )
+    torch.testing.assert_close(fresh(Xq), model(Xq), rtol=0, atol=0)
+
+
 def test_a_newer_format_version_is_refused_naming_both_versions(fitted, tmp_path):
     model, _ = fitted
     state = dict(model.state_dict())

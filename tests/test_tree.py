@@ -309,7 +309,7 @@ def test_wrong_feature_count_at_predict(fitted):
         ({"temperature": -1.0}, "temperature"),
         ({"keep_mass": 1.5}, "keep_mass"),
         ({"max_input_maps": 0}, "max_input_maps"),
-        ({"input_transform": "log"}, "input_transform"),
+        ({"input_transform": "log2"}, "input_transform"),
         ({"kernel": "rbf"}, "unknown kernel"),
         ({"overlap_fraction": 0.45}, "overlap_fraction"),
         ({"overlap_fraction": -0.1}, "overlap_fraction"),

@@ -57,7 +57,9 @@ SPACE: dict[str, Param] = {
     "reg": Param("log", "model.leaf.reg", 1e-6, 10.0),
     "diag": Param("choice", "model.leaf.diag", choices=(True, False, "auto")),
     "input_transform": Param(
-        "choice", "model.input_transform", choices=("auto", "identity", "quantile", "quantile+raw")
+        "choice",
+        "model.input_transform",
+        choices=("auto", "identity", "quantile", "quantile+raw", "log"),
     ),
     "max_leaf_size": Param("choice", "model.max_leaf_size", choices=(2000, 5000, 10000, 20000)),
     "linear_mix": Param("float", "model.leaf.linear_mix", 0.0, 0.5),

@@ -1,7 +1,7 @@
 """What each tree sees of an input row.
 
-Standardized numeric columns (raw, normal scores or both), one-hot category blocks, and
-missing-value indicators.
+Standardized numeric columns (raw, log-scaled where zero-inflated, normal scores or both), one-hot
+category blocks, and missing-value indicators.
 """
 
 from __future__ import annotations
@@ -18,11 +18,18 @@ from xrfm_torch.inputs.transforms import QuantileNormal, Standardize
 from xrfm_torch.numerics.state import ResizableBuffers
 
 #: What a tree sees of the numeric columns (see :class:`InputMap`).
-InputMapName = Literal["identity", "quantile", "quantile+raw"]
+InputMapName = Literal["identity", "quantile", "quantile+raw", "log", "quantile+log"]
 #: The ``input_transform`` option: one map, several (a tree set on each), or ``"auto"``.
 InputTransform = InputMapName | Literal["auto"] | Sequence[InputMapName]
-#: Every map, in the order the ``"auto"`` probe visits them.
+#: Every map, in the order the ``"auto"`` probe visits them (the log maps are not probed).
 INPUT_MAPS: tuple[InputMapName, ...] = get_args(InputMapName)
+#: The map with the raw part on a log scale where a column qualifies (:func:`log_columns`).
+LOG_MAPS: dict[InputMapName, InputMapName] = {"identity": "log", "quantile+raw": "quantile+log"}
+#: A numeric column gets the ``"log"`` map when at least this share of its training values equal
+#: its minimum ...
+LOG_ZERO_SHARE = 0.5
+#: ... and the others, measured from the minimum, span at least this ratio (two decades).
+LOG_SPAN = 100.0
 #: Where NaN is accepted in numeric columns: only where the training rows had some, or anywhere.
 MissingValues = Literal["seen", "any"]
 
@@ -51,9 +58,11 @@ class InputMap(ResizableBuffers):
 
     - ``s``: the numeric columns standardized with training statistics (:class:`Standardize`), so
       the model is scale-free. The map of a tree is ``"identity"`` (``s``), ``"quantile"``
-      (:class:`QuantileNormal` scores ``z`` of ``s``) or ``"quantile+raw"`` (``[s, z]``), so a
+      (:class:`QuantileNormal` scores ``z`` of ``s``), ``"quantile+raw"`` (``[s, z]``), so a
       leaf's ``M`` can weigh the raw scale (linear trends, extrapolation) and the rank scale
-      (heavy tails) per feature.
+      (heavy tails) per feature. ``"log"`` and ``"quantile+log"`` are ``"identity"`` and
+      ``"quantile+raw"`` with each column that has a spike at its minimum and spans decades
+      above it (see :func:`log_columns`) on a log scale before it is standardized.
     - ``c``: the categorical columns' one-hot blocks (:class:`CategoryColumns`).
     - ``m``: a 0/1 indicator for each numeric column that had missing cells (NaN) in the training
       rows; there a missing cell becomes the column's training mean (0 in ``s``). NaN in another
@@ -72,6 +81,9 @@ class InputMap(ResizableBuffers):
     maps_: Tensor
     missing_: Tensor
     numeric_: Tensor
+    log_: Tensor
+    log_offset_: Tensor
+    log_scale_: Tensor
 
     def __init__(
         self, n_quantiles: int = 1000, max_levels: int = 16, missing_values: MissingValues = "seen"
@@ -83,9 +95,13 @@ class InputMap(ResizableBuffers):
         self.standardize = Standardize()
         self.quantile = QuantileNormal(n_quantiles)
         self.categories = CategoryColumns(max_levels)
+        self.log_standardize = Standardize()  # statistics of the "log" map's columns
         self.register_buffer("maps_", torch.zeros(0, dtype=torch.long))
         self.register_buffer("missing_", torch.zeros(0, dtype=torch.bool))
         self.register_buffer("numeric_", torch.zeros(0, dtype=torch.long))
+        self.register_buffer("log_", torch.zeros(0, dtype=torch.bool))
+        self.register_buffer("log_offset_", torch.zeros(0))
+        self.register_buffer("log_scale_", torch.zeros(0))
 
     @property
     def n_features(self) -> int:
@@ -124,9 +140,26 @@ class InputMap(ResizableBuffers):
         numeric[self.categories.columns_] = False
         self.numeric_ = numeric.nonzero().flatten()
         self.missing_ = torch.isnan(X).any(0) & numeric
+        self.log_, self.log_offset_, self.log_scale_ = log_columns(X, numeric)
+        self.log_standardize.fit(self._signed_log(X, slice(None)))
         if knots and self.numeric_.numel() > 0:  # imputed rows: a missing cell at the mean
             self.quantile.fit(self.standardize(X)[:, self.numeric_].nan_to_num(0.0))
         return self
+
+    @property
+    def has_log_columns(self) -> bool:
+        """Whether any numeric column qualifies for the ``"log"`` map (else it is ``"identity"``)."""
+        return bool(self.log_.any())
+
+    @property
+    def log_columns(self) -> list[int]:
+        """Input columns the ``"log"`` map puts on a log scale."""
+        return self.log_.nonzero().flatten().tolist()
+
+    def _signed_log(self, x: Tensor, cols: list[int] | slice) -> Tensor:
+        """``x`` (n, k), input columns ``cols``, with the qualifying ones through the log map."""
+        mask, offset, scale = self.log_[cols], self.log_offset_[cols], self.log_scale_[cols]
+        return torch.where(mask, signed_log(x - offset, scale), x)
 
     @property
     def missing_columns(self) -> list[int]:
@@ -173,15 +206,19 @@ class InputMap(ResizableBuffers):
         """
         xn = x[:, layout.numeric]
         nan = torch.isnan(xn)
-        s = (xn - self.standardize.center_[layout.numeric]) / self.standardize.scale_[
-            layout.numeric
-        ]
-        s = torch.where(nan, torch.zeros_like(s), s)
-        if name == "identity":
-            parts = [s]
-        else:
-            z = self.quantile.scores(s, layout.n_rows)
-            parts = [z] if name == "quantile" else [s, z]
+
+        def standardized(values: Tensor, stats: Standardize) -> Tensor:
+            s = (values - stats.center_[layout.numeric]) / stats.scale_[layout.numeric]
+            return torch.where(nan, torch.zeros_like(s), s)
+
+        parts: list[Tensor] = []
+        if name != "quantile":  # the raw part, linear or (qualifying columns) on a log scale
+            logged = name in LOG_MAPS.values()
+            raw = self._signed_log(xn, layout.numeric) if logged else xn
+            parts.append(standardized(raw, self.log_standardize if logged else self.standardize))
+        if name.startswith("quantile"):  # rank scores: a log does not change them
+            s = parts[0] if name == "quantile+raw" else standardized(xn, self.standardize)
+            parts.append(self.quantile.scores(s, layout.n_rows))
         if layout.categorical:
             parts.append(self.categories.blocks(x, layout.categorical, layout.widths))
         if layout.indicators:
@@ -199,7 +236,7 @@ class InputMap(ResizableBuffers):
     def owners(self, name: InputMapName) -> Tensor:
         """The input column each column of map ``name`` comes from, shape (d',)."""
         numeric = self.numeric_.cpu()
-        parts = [numeric, numeric] if name == "quantile+raw" else [numeric]
+        parts = [numeric, numeric] if name.startswith("quantile+") else [numeric]
         parts += [self.categories.owners().cpu(), self.missing_.cpu().nonzero().flatten()]
         return torch.cat(parts)
 
@@ -212,3 +249,48 @@ class InputMap(ResizableBuffers):
         owners = self.owners(name).to(values.device)
         out = values.new_zeros(*values.shape[:-1], self.n_features)
         return out.index_add(values.ndim - 1, owners, values)
+
+
+def signed_log(x: Tensor, scale: Tensor) -> Tensor:
+    r"""``sign(x) log(1 + |x| / scale)``: monotone, 0 at 0, the log of ``x`` for ``|x| >> scale``.
+
+    Shapes: ``x`` (n, k), ``scale`` (k,) (positive).
+    """
+    return torch.sign(x) * torch.log1p(x.abs() / scale)
+
+
+@torch.no_grad()
+def log_columns(X: Tensor, numeric: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    r"""The columns of ``X`` (n, d) the ``"log"`` map puts on a log scale, their offsets and scales.
+
+    Measured from its training minimum ``a`` (so the rule and the map ignore the column's units
+    and origin, as :class:`Standardize` does), a column qualifies when it is numeric (``numeric``
+    (d,), bool), at least :data:`LOG_ZERO_SHARE` of its observed training values equal ``a``,
+    and the others span at least :data:`LOG_SPAN` (``max(x - a) / min(x - a)`` over ``x > a``):
+    money or count columns such as capital gains, where standardizing by the standard deviation
+    squeezes the small nonzero amounts onto the zeros and a few large ones decide the distances.
+    The map is :func:`signed_log` of ``x - a`` with scale ``min(x - a) / LOG_SPAN``: the spike lies
+    ``log(1 + LOG_SPAN)`` (about 4.6) below the smallest other value, and other values are apart by
+    the log of their ratio (distance from the spike).
+
+    Returns:
+        ``mask`` (d,) bool, ``offset`` (d,) (``a``; 0 where the mask is unset) and ``scale`` (d,)
+        (1 where the mask is unset).
+    """
+    observed = ~torch.isnan(X)
+    lo = torch.where(observed, X, torch.full_like(X, torch.inf)).amin(0)
+    lo = torch.where(lo.isfinite(), lo, torch.zeros_like(lo))  # an all-NaN column
+    u = torch.where(observed, X - lo, torch.zeros_like(X))
+    above = (u > 0) & observed
+    spike = ((u == 0) & observed).sum(0)
+    big = torch.where(above, u, torch.zeros_like(u)).amax(0)
+    small = torch.where(above, u, torch.full_like(u, torch.inf)).amin(0)
+    mask = (
+        numeric
+        & (spike >= LOG_ZERO_SHARE * observed.sum(0).clamp_min(1))
+        & above.any(0)
+        & (big >= LOG_SPAN * small)
+    )
+    offset = torch.where(mask, lo, torch.zeros_like(lo))
+    scale = torch.where(mask, small / LOG_SPAN, torch.ones_like(small))
+    return mask, offset, scale

@@ -63,11 +63,14 @@ class TreeConfig:
             grid value. Leaf coefficients always stay buffers.
         input_transform: What the trees see of each input (:class:`~xrfm_torch.inputs.input_map.InputMap`,
             fitted on the training rows): ``"identity"``, ``"quantile"`` (each feature's normal
-            scores through its training quantiles), ``"quantile+raw"`` (both, 2d columns), a list
-            of these (``n_trees`` trees on each, all averaged) or ``"auto"``: small probe leaves
-            on 2000 training rows pick a set of at most ``max_input_maps`` maps, the raw inputs
-            kept unless another set's averaged predictions beat them by ``input_margin`` paired
-            standard errors (:mod:`xrfm_torch.inputs.choice`).
+            scores through its training quantiles), ``"quantile+raw"`` (both, 2d columns),
+            ``"log"`` / ``"quantile+log"`` (``"identity"`` / ``"quantile+raw"`` with the columns
+            that have a spike at their minimum and span decades above it on a log scale,
+            :func:`~xrfm_torch.inputs.input_map.log_columns`), a list of these (``n_trees`` trees
+            on each, all averaged) or ``"auto"``: small probe leaves on 2000 training rows pick a
+            set of at most ``max_input_maps`` of the first three maps, the raw inputs kept unless
+            another set's averaged predictions beat them by ``input_margin`` paired standard
+            errors (:mod:`xrfm_torch.inputs.choice`).
             Use ``"identity"`` for a head on learned features (the knots would not follow them).
         input_margin: Significance margin of the ``"auto"`` choice.
         max_input_maps: Most maps ``"auto"`` may average (1: one map).

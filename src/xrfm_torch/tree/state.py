@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 #: Version of the ``xRFMTree.state_dict()`` layout; 0 = saved before versions existed. Bump it
 #: when the layout changes, and keep loading the older ones.
 #: 2: leaves have ``offset_`` (mean-predictor fallback), class codings ``platt_``; versions 0
@@ -19,7 +21,9 @@ from typing import Any
 #: their kind (``kind_``, :mod:`xrfm_torch.leaf.kinds`) in place of ``approx_`` and hold their
 #: Gaussian-process buffers under ``gp.``; the fitted routing temperature is the buffer
 #: ``fitted_temperature_`` (was ``temperature_``, now the property of the temperature in use).
-STATE_FORMAT_VERSION = 4
+#: 5: the input map has the log maps' buffers (``log_``, ``log_offset_``, ``log_scale_``,
+#: ``log_standardize.*``); older states load with no column on a log scale.
+STATE_FORMAT_VERSION = 5
 
 
 def format_state() -> dict[str, int]:
@@ -46,3 +50,13 @@ def upgrade_tree_state(state_dict: dict[str, Any], prefix: str) -> None:
         state_dict.setdefault(
             prefix + "fitted_temperature_", state_dict.pop(prefix + "temperature_")
         )
+    imap = prefix + "input_map."
+    center = state_dict.get(imap + "standardize.center_")
+    if center is not None:  # before format 5, each missing buffer: no column on a log scale
+        state_dict.setdefault(imap + "log_", torch.zeros(center.shape, dtype=torch.bool))
+        state_dict.setdefault(imap + "log_offset_", torch.zeros_like(center))
+        state_dict.setdefault(imap + "log_scale_", torch.ones_like(center))
+        for name in ("center_", "scale_"):
+            state_dict.setdefault(
+                imap + "log_standardize." + name, state_dict[imap + "standardize." + name]
+            )
