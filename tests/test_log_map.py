@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from xrfm_torch import LeafConfig, xRFMTree
-from xrfm_torch.inputs.choice import probed_maps
-from xrfm_torch.inputs.input_map import LOG_SPAN, InputMap, log_columns, signed_log
+from xrfm_torch.inputs.input_map import LOG_SPAN, PROBED_MAPS, InputMap, log_columns, signed_log
 
 
 def seeded(seed: int = 0) -> torch.Generator:
@@ -65,7 +64,7 @@ def test_signed_log_is_odd_monotone_and_a_log_far_from_zero() -> None:
 def test_the_log_map_standardizes_the_signed_log_and_is_free_of_units() -> None:
     X = zero_inflated(3000, 1)
     imap = InputMap().fit(X, knots=False)
-    assert imap.log_columns == [0] and imap.has_log_columns
+    assert imap.log_columns == [0]
     got = imap.encode(X, "log")
     u = torch.log1p(X[:, 0] / (X[:, 0][X[:, 0] > 0].min() / LOG_SPAN))
     torch.testing.assert_close(got[:, 0], (u - u.mean()) / u.std(correction=0))
@@ -86,7 +85,7 @@ def test_quantile_log_is_the_log_map_beside_the_raw_columns_normal_scores() -> N
     torch.testing.assert_close(both[:, 5:], imap.encode(X, "quantile"))
     torch.testing.assert_close(imap.owners("quantile+log"), imap.owners("quantile+raw"))
     # "auto" never probes the log maps (a user chooses them)
-    assert probed_maps() == ["identity", "quantile", "quantile+raw"]
+    assert PROBED_MAPS == ("identity", "quantile", "quantile+raw")
 
 
 def test_a_tree_on_the_log_map_learns_what_only_the_log_scale_shows() -> None:

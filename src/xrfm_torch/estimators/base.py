@@ -54,8 +54,8 @@ class _XRFMEstimator(BaseEstimator):
         diag: Diagonal ``M`` (``True``), full (``False``) or chosen per leaf (``"auto"``).
         linear_mix: Weight of the constant + linear part of the leaf kernel.
         input_transform: What the trees see: ``"identity"``, ``"quantile"``, ``"quantile+raw"``,
-            ``"log"`` (zero-inflated money and count columns on a log scale), a list of these, or
-            ``"auto"``.
+            ``"log"`` / ``"quantile+log"`` (the first / third with zero-inflated money and count
+            columns on a log scale), a list of these, or ``"auto"``.
         n_trees: Trees per input map, averaged (``None``: 2 for classification, else 1).
         temperature: Soft-routing temperature; ``None`` tunes it on validation data.
         val_fraction: Share of the training rows held out for the validation-based choices when

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from xrfm_torch.inputs.input_map import (
     INPUT_MAPS,
-    LOG_MAPS,
+    PROBED_MAPS,
     InputMap,
     InputMapName,
     InputTransform,
@@ -105,8 +105,8 @@ def probe_input_maps(
     One probe leaf per map is fitted on the same seeded ``PROBE_ROWS`` training rows (never the
     held-out ones) and predicts the same ``PROBE_VAL_ROWS`` validation rows; a set of maps
     predicts the mean of its leaves' predictions. Going through the sets in order of size, then
-    of :data:`~xrfm_torch.inputs.input_map.INPUT_MAPS` (identity, quantile, quantile+raw, identity
-    and quantile, ...; not the log maps), a set replaces the one chosen so far only when its per-row losses
+    of :data:`~xrfm_torch.inputs.input_map.PROBED_MAPS` (identity, quantile, quantile+raw, identity
+    and quantile, ...), a set replaces the one chosen so far only when its per-row losses
     beat that one's by ``margin`` paired standard errors
     (:func:`~xrfm_torch.leaf.selection.paired_win`). Each map of the set gets its own trees.
 
@@ -133,7 +133,7 @@ def probe_input_maps(
     w_val = data.val_weights(vrows)
     preds: dict[InputMapName, Tensor] = {}
     config = probe_config(leaf)
-    for name in probed_maps():
+    for name in PROBED_MAPS:
         Xm, Xm_val = imap.encode(X, name), imap.encode(X_val, name)
         probe = LeafRFM(kernel, config)
         g.manual_seed(seed)  # every map's leaf starts from the same draws
@@ -141,18 +141,6 @@ def probe_input_maps(
         with torch.no_grad():
             preds[name] = probe(Xm_val)
     return choose_map_set(preds, y_val, max_maps, margin, leaf.criterion, w_val)
-
-
-def probed_maps() -> list[InputMapName]:
-    """The maps the probe compares: all but the log maps, which only a user chooses.
-
-    On adult, 2000 probe rows ranked the log map last of the single maps, while the full model
-    on it was 3.7 % better in log-loss: a probe holds too few of a zero-inflated column's nonzero
-    rows to judge its scale. A full-size check (both models fitted, the better kept on
-    validation) doubled the fit's cost for little: it kept the probe's quantile trees beside the
-    log ones (docs/design.md, input maps).
-    """
-    return [m for m in INPUT_MAPS if m not in LOG_MAPS.values()]
 
 
 def choose_map_set(

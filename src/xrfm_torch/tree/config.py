@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from xrfm_torch.inputs.choice import check_input_transform
-from xrfm_torch.inputs.input_map import INPUT_MAPS, InputTransform
+from xrfm_torch.inputs.input_map import PROBED_MAPS, InputTransform
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.numerics.checks import check_fraction, check_int, check_positive
 from xrfm_torch.tree.memory import MemoryBudget
@@ -162,7 +162,7 @@ class TreeConfig:
         put(
             self,
             "max_input_maps",
-            check_int(self.max_input_maps, "max_input_maps", 1, len(INPUT_MAPS)),
+            check_int(self.max_input_maps, "max_input_maps", 1, len(PROBED_MAPS)),
         )
         put(self, "set_leaf_fraction", check_fraction(self.set_leaf_fraction, "set_leaf_fraction"))
         if self.categorical_features is not None:
