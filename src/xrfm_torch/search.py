@@ -59,7 +59,7 @@ SPACE: dict[str, Param] = {
     "input_transform": Param(
         "choice",
         "model.input_transform",
-        choices=("auto", "identity", "quantile", "quantile+raw", "log"),
+        choices=("auto", "identity", "quantile", "quantile+raw", "log", "quantile+log"),
     ),
     "max_leaf_size": Param("choice", "model.max_leaf_size", choices=(2000, 5000, 10000, 20000)),
     "linear_mix": Param("float", "model.leaf.linear_mix", 0.0, 0.5),
