@@ -55,12 +55,17 @@ def _pairs(items: list[str], flag: str) -> dict[Path, str]:
     return out
 
 
-def _paired_se(
+def _paired(
     rows: dict[tuple[str, int, str], dict], tab: str, seeds: list[int], a: str, b: str, key: str
-) -> float:
-    """Standard error of the mean over seeds of ``a``'s ``key`` minus ``b``'s (NaN: < 2 seeds)."""
+) -> tuple[float, float]:
+    """Mean over seeds of ``a``'s ``key`` minus ``b``'s, and its standard error (NaN: < 2 seeds).
+
+    Only the seeds where ``b`` ran count.
+    """
     d = [rows[(tab, s, a)][key] - rows[(tab, s, b)][key] for s in seeds if (tab, s, b) in rows]
-    return statistics.stdev(d) / math.sqrt(len(d)) if len(d) >= 2 else math.nan
+    if len(d) < 2:
+        return math.nan, math.nan
+    return statistics.mean(d), statistics.stdev(d) / math.sqrt(len(d))
 
 
 def report(
@@ -95,16 +100,9 @@ def report(
         best = min(gb, key=lambda g: gb[g][0])
         ratio = ours[0] / gb[best][0]
         gap = ours[1] - max(v[1] for v in gb.values())
-        gap_se = _paired_se(rows, tab, seeds, model, max(gb, key=lambda g: gb[g][1]), "accuracy")
-        diffs = [
-            rows[(tab, s, model)]["logloss"] - rows[(tab, s, "xrfm_default")]["logloss"]
-            for s in seeds
-            if (tab, s, "xrfm_default") in rows
-        ]
-        above_ref = False
-        if len(diffs) >= 2:
-            se = statistics.stdev(diffs) / math.sqrt(len(diffs))
-            above_ref = statistics.mean(diffs) > 2 * se
+        _, gap_se = _paired(rows, tab, seeds, model, max(gb, key=lambda g: gb[g][1]), "accuracy")
+        ref_diff, ref_se = _paired(rows, tab, seeds, model, "xrfm_default", "logloss")
+        above_ref = ref_diff > 2 * ref_se  # False where NaN (fewer than 2 seeds)
         n += 1
         wins += ratio <= 1.0
         within10 += ratio <= 1.10
