@@ -25,7 +25,7 @@ def test_codes_become_scaled_indicators_and_unknowns_none():
     expected = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
     torch.testing.assert_close(out, expected * ONE_HOT)
     assert math.isclose(float(torch.dist(out[0], out[1])), 1.0, rel_tol=1e-6)  # levels 1 apart
-    with pytest.raises(ValueError, match="integer codes >= 0 .*got 0.5"):
+    with pytest.raises(ValueError, match="integer codes >= 0, -1 .*got 0.5"):
         CategoryColumns().fit(torch.tensor([[0.5], [1.0]]), [0])
 
 
@@ -98,3 +98,37 @@ def test_estimators_read_text_categories_missing_cells_and_unseen_levels():
     labels = np.where(y > 0.5, "high", "low")
     clf = XRFMClassifier(n_iters=2, random_state=0).fit(df.iloc[:1000], labels[:1000])
     assert clf.score(df.iloc[1000:], labels[1000:]) > 0.8
+
+
+def test_code_minus_one_is_an_unknown_level_in_training_rows_too():
+    # the table encoder codes a level it never saw -1; pooled into training rows (cross-fitted
+    # bags train on eval_set rows) it must light no indicator, exactly like a missing cell
+    X = torch.tensor([[0.0], [2.0], [2.0], [-1.0], [-1.0], [1.0]])
+    with_nan = torch.where(X < 0, torch.tensor(float("nan")), X)
+    cats, ref = CategoryColumns().fit(X, [0]), CategoryColumns().fit(with_nan, [0])
+    assert torch.equal(cats.slots_, ref.slots_) and cats.width == ref.width == 3
+    torch.testing.assert_close(cats(X), ref(with_nan))
+    assert float(cats(X)[3:5].abs().sum()) == 0.0
+    with pytest.raises(ValueError, match="got -2.0"):
+        CategoryColumns().fit(torch.tensor([[-2.0], [1.0]]), [0])
+
+
+def test_bagged_estimator_fits_an_eval_set_with_a_level_unseen_in_training():
+    pd = pytest.importorskip("pandas")
+    from xrfm_torch import XRFMClassifier
+
+    rng = np.random.default_rng(3)
+    n = 400
+    city = rng.choice(["paris", "oslo", "lima"], size=n).astype(object)
+    num = rng.normal(size=n)
+    labels = np.where((city == "paris") | (num > 1.0), "yes", "no")
+    df = pd.DataFrame({"city": city, "num": num})
+    val = df.iloc[300:].copy()
+    val.iloc[:5, 0] = "tokyo"  # only in the eval_set: the encoder codes it -1
+    clf = XRFMClassifier(n_iters=1, n_bags=2, random_state=0)
+    clf.fit(df.iloc[:300], labels[:300], eval_set=(val, labels[300:]))
+    # the unseen level predicts exactly as a missing cell does, and the seen ones are learned
+    rows = val.iloc[:5].copy()
+    missing = rows.assign(city=None)
+    np.testing.assert_allclose(clf.predict_proba(rows), clf.predict_proba(missing))
+    assert clf.score(val.iloc[5:], labels[305:]) > 0.85

@@ -6,8 +6,9 @@ columns: one per level when it has at most ``max_levels`` levels in the training
 one per level for the ``max_levels - 1`` most frequent ones and one shared "other" column, so a
 column with hundreds of levels costs ``max_levels`` columns, not hundreds. The indicators are
 ``1 / sqrt(2)``: two rows of different levels are at distance 1, the distance of one standard
-deviation of a standardized numeric column. A missing cell, or a level the training rows never had,
-gets no indicator (all zeros).
+deviation of a standardized numeric column. A missing cell, a level the training rows never had, or
+the code -1 (a level the table encoder never saw, :mod:`xrfm_torch.data.tabular`) gets no
+indicator (all zeros), in the training rows as in later ones.
 """
 
 from __future__ import annotations
@@ -64,11 +65,15 @@ class CategoryColumns(ResizableBuffers):
         slots, widths = [], []
         for c in cols:
             codes = X[:, c][~torch.isnan(X[:, c])]
-            if bool((codes != codes.round()).any() or (codes < 0).any()):
-                bad = codes[(codes != codes.round()) | (codes < 0)][0].item()
+            if bool((codes != codes.round()).any() or (codes < -1).any()):
+                bad = codes[(codes != codes.round()) | (codes < -1)][0].item()
                 raise ValueError(
-                    f"categorical column {c} must hold integer codes >= 0 (or NaN), got {bad!r}"
+                    f"categorical column {c} must hold integer codes >= 0, -1 (a level unknown "
+                    f"to the encoder) or NaN, got {bad!r}"
                 )
+            # -1: a level the table encoder never saw (an eval_set row pooled into the training
+            # rows of cross-fitted bags); like a missing cell it lights no indicator
+            codes = codes[codes >= 0]
             counts = torch.bincount(codes.long(), minlength=1)
             seen = counts.nonzero().flatten()
             # the most frequent levels first (ties: the lower code), then "other" for the rest
