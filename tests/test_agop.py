@@ -87,3 +87,26 @@ def test_agop_ridge_is_the_gp_rfm_m_plus_lambda_identity():
     assert float(torch.linalg.eigvalsh(second.M).min()) >= 0.25 - 1e-9
     with pytest.raises(ValueError, match="agop_ridge"):
         LeafConfig(agop_ridge=-1.0)
+
+
+def test_sqrt_psd_retries_a_failed_float32_eigh_in_float64(monkeypatch):
+    # LAPACK can fail to converge in float32 on a run of repeated eigenvalues (duplicated input
+    # columns); the square root is then taken in float64 and cast back
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(6, 3, generator=g)
+    M = torch.cat([A, A], 1).T @ torch.cat([A, A], 1)  # (6, 6), rank 3: three zero eigenvalues
+    eigh = torch.linalg.eigh
+    seen = []
+
+    def flaky(S):
+        seen.append(S.dtype)
+        if S.dtype == torch.float32:
+            raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+        return eigh(S)
+
+    monkeypatch.setattr(torch.linalg, "eigh", flaky)
+    S = sqrt_psd(M)
+    assert seen == [torch.float32, torch.float64] and S.dtype == torch.float32
+    torch.testing.assert_close(S @ S, M, atol=1e-4, rtol=1e-4)
+    with pytest.raises(torch.linalg.LinAlgError):
+        sqrt_psd(M.double() * float("nan"))  # float64 failures are not hidden

@@ -39,7 +39,14 @@ LEAF_PARAMS = ("n_iters", "reg", "diag", "linear_mix")
 AUTO_BAGS = 5
 AUTO_BAG_ROWS = 20_000
 #: The tree arguments the estimators expose.
-TREE_PARAMS = ("max_leaf_size", "input_transform", "n_trees", "temperature", "val_fraction")
+TREE_PARAMS = (
+    "max_leaf_size",
+    "input_transform",
+    "n_trees",
+    "temperature",
+    "val_fraction",
+    "value_levels",
+)
 
 
 class _XRFMEstimator(BaseEstimator):
@@ -74,6 +81,10 @@ class _XRFMEstimator(BaseEstimator):
             Their levels are learned in ``fit`` (:class:`~xrfm_torch.data.tabular.TableEncoder`);
             the trees see each as a one-hot block of at most 16 columns; a level ``fit`` never
             saw, like a missing cell, lights none.
+        value_levels: Give numeric columns whose values act as codes for the target (mostly one
+            value, otherwise repeated amounts whose outcome differs amount by amount, such as
+            capital gains) a one-hot block of their most frequent values beside the number
+            (:func:`~xrfm_torch.inputs.levels.level_columns`; docs/design.md).
         random_state: Seed (int), ``numpy.random.RandomState``, or ``None`` (numpy's global
             generator draws one). An int gives the model ``xRFMTree`` fits with that seed.
         verbose: Show a progress bar over the leaf fits.
@@ -107,6 +118,7 @@ class _XRFMEstimator(BaseEstimator):
         val_fraction: float = _TREE.val_fraction,
         n_bags: int | str = 1,
         categorical_features: CategoricalSpec = "auto",
+        value_levels: bool = _TREE.value_levels,
         random_state: int | np.random.RandomState | None = None,
         verbose: bool = False,
         device: str = "cpu",
@@ -124,6 +136,7 @@ class _XRFMEstimator(BaseEstimator):
         self.val_fraction = val_fraction
         self.n_bags = n_bags
         self.categorical_features = categorical_features
+        self.value_levels = value_levels
         self.random_state = random_state
         self.verbose = verbose
         self.device = device

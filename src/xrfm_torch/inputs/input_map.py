@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.inputs.categories import CategoryColumns
+from xrfm_torch.inputs.levels import ValueLevels, level_columns
 from xrfm_torch.inputs.transforms import QuantileNormal, Standardize
 from xrfm_torch.numerics.state import ResizableBuffers
 
@@ -49,6 +50,8 @@ class MapLayout:
         categorical: Indices of the categorical input columns.
         widths: Indicator columns of each categorical column.
         n_rows: Training rows the quantile knots were fitted on.
+        levels: Indices of the numeric columns with a value-level block.
+        level_widths: Indicator columns of each value-level block.
     """
 
     numeric: list[int]
@@ -56,10 +59,12 @@ class MapLayout:
     categorical: list[int]
     widths: list[int]
     n_rows: float
+    levels: list[int]
+    level_widths: list[int]
 
 
 class InputMap(ResizableBuffers):
-    """What each tree sees of an input row ``x`` (d columns), as ``[map(s), c, m]``.
+    """What each tree sees of an input row ``x`` (d columns), as ``[map(s), c, v, m]``.
 
     - ``s``: the numeric columns standardized with training statistics (:class:`Standardize`), so
       the model is scale-free. The map of a tree is ``"identity"`` (``s``), ``"quantile"``
@@ -69,6 +74,10 @@ class InputMap(ResizableBuffers):
       ``"quantile+raw"`` with each column that has a spike at its minimum and spans decades
       above it (see :func:`log_columns`) on a log scale before it is standardized.
     - ``c``: the categorical columns' one-hot blocks (:class:`CategoryColumns`).
+    - ``v``: for the numeric columns whose values act as codes for the target (zero-inflated
+      amounts such as adult's capital-loss; :func:`~xrfm_torch.inputs.levels.level_columns`,
+      fitted only when :meth:`fit` gets the targets), a one-hot block of their most frequent
+      values (:class:`~xrfm_torch.inputs.levels.ValueLevels`), beside their place in ``s``.
     - ``m``: a 0/1 indicator for each numeric column that had missing cells (NaN) in the training
       rows; there a missing cell becomes the column's training mean (0 in ``s``). NaN in another
       numeric column is an error (``missing_values="seen"``) or also the training mean, without
@@ -100,6 +109,7 @@ class InputMap(ResizableBuffers):
         self.standardize = Standardize()
         self.quantile = QuantileNormal(n_quantiles)
         self.categories = CategoryColumns(max_levels)
+        self.levels = ValueLevels(max_levels)
         self.log_standardize = Standardize()  # statistics of the "log" map's columns
         self.register_buffer("maps_", torch.zeros(0, dtype=torch.long))
         self.register_buffer("missing_", torch.zeros(0, dtype=torch.bool))
@@ -131,13 +141,26 @@ class InputMap(ResizableBuffers):
         index = [INPUT_MAPS.index(name) for name in names]
         self.maps_ = torch.tensor(index, dtype=torch.long, device=self.maps_.device)
 
-    def fit(self, X: Tensor, *, knots: bool = True, categorical: Sequence[int] = ()) -> InputMap:
+    def fit(
+        self,
+        X: Tensor,
+        *,
+        knots: bool = True,
+        categorical: Sequence[int] = (),
+        y: Tensor | None = None,
+        y_rows: Tensor | None = None,
+    ) -> InputMap:
         """Fit on the training rows ``X`` (n, d): statistics, category levels, knots (``knots``).
 
         Args:
             X: Training inputs; NaN marks missing cells.
             knots: Fit the quantile knots (needed by the ``"quantile"`` maps).
             categorical: Indices of the columns holding category codes ``0 .. L-1``.
+            y: The training rows' targets as the leaves fit them (n, c): given, the numeric
+                columns whose values act as codes for them get a value-level block
+                (:func:`~xrfm_torch.inputs.levels.level_columns`); ``None``: no such block.
+            y_rows: Which rows' targets that test may read (n,) bool (default: all), so rows
+                held out for validation choices do not choose the inputs.
         """
         self.standardize.fit(X)
         self.categories.fit(X, categorical)
@@ -145,6 +168,11 @@ class InputMap(ResizableBuffers):
         numeric[self.categories.columns_] = False
         self.numeric_ = numeric.nonzero().flatten()
         self.missing_ = torch.isnan(X).any(0) & numeric
+        chosen: list[int] = []
+        if y is not None:
+            rows = slice(None) if y_rows is None else y_rows
+            chosen = level_columns(X[rows], y[rows], self.numeric_.tolist())
+        self.levels.fit(X, chosen)
         self.log_, self.log_offset_, self.log_scale_ = log_columns(X, numeric)
         self.log_standardize.fit(self._signed_log(X, slice(None)))
         if knots and self.numeric_.numel() > 0:  # imputed rows: a missing cell at the mean
@@ -175,6 +203,8 @@ class InputMap(ResizableBuffers):
             categorical=self.categories.columns_.tolist(),
             widths=self.categories.widths_.tolist(),
             n_rows=float(self.quantile.n_rows_),
+            levels=self.levels.columns_.tolist(),
+            level_widths=self.levels.widths_.tolist(),
         )
 
     def check_missing(self, x: Tensor) -> None:
@@ -194,7 +224,7 @@ class InputMap(ResizableBuffers):
             )
 
     def encode(self, x: Tensor, name: InputMapName) -> Tensor:
-        """Map ``x`` (n, d) with map ``name``: ``[map(s), c, m]``."""
+        """Map ``x`` (n, d) with map ``name``: ``[map(s), c, v, m]``."""
         self.check_missing(x)
         return self.encode_with(x, name, self.layout())
 
@@ -221,6 +251,8 @@ class InputMap(ResizableBuffers):
             parts.append(self.quantile.scores(s, layout.n_rows))
         if layout.categorical:
             parts.append(self.categories.blocks(x, layout.categorical, layout.widths))
+        if layout.levels:
+            parts.append(self.levels.blocks(x, layout.levels, layout.level_widths))
         if layout.indicators:
             parts.append(nan[:, layout.indicators].to(x.dtype))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
@@ -237,14 +269,15 @@ class InputMap(ResizableBuffers):
         """The input column each column of map ``name`` comes from, shape (d',)."""
         numeric = self.numeric_.cpu()
         parts = [numeric, numeric] if name.startswith("quantile+") else [numeric]
-        parts += [self.categories.owners().cpu(), self.missing_.cpu().nonzero().flatten()]
+        parts += [self.categories.owners().cpu(), self.levels.owners().cpu()]
+        parts.append(self.missing_.cpu().nonzero().flatten())
         return torch.cat(parts)
 
     def fold(self, values: Tensor, name: InputMapName) -> Tensor:
         """Per-column values of map ``name`` (..., d') summed back onto the inputs (..., d).
 
         A feature gets the values of every column it feeds: its raw and rank columns under
-        ``"quantile+raw"``, its category indicators, its missing indicator.
+        ``"quantile+raw"``, its category or value-level indicators, its missing indicator.
         """
         owners = self.owners(name).to(values.device)
         out = values.new_zeros(*values.shape[:-1], self.n_features)

@@ -8,8 +8,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 
 def agop_from_grads(grads: Tensor, *, diag: bool = False, weights: Tensor | None = None) -> Tensor:
@@ -61,8 +65,25 @@ def sqrt_psd(M: Tensor) -> Tensor:
     """
     if M.ndim == 1:
         return M.clamp_min(0).sqrt()
-    evals, evecs = torch.linalg.eigh((M + M.mT) / 2)
+    evals, evecs = symmetric_eigh((M + M.mT) / 2)
     return (evecs * evals.clamp_min(0).sqrt()) @ evecs.mT
+
+
+def symmetric_eigh(S: Tensor) -> tuple[Tensor, Tensor]:
+    """``torch.linalg.eigh`` of a symmetric matrix (d, d), retried in float64 where it fails.
+
+    In float32, LAPACK's divide-and-conquer solver can fail to converge on a matrix with many
+    repeated eigenvalues (an AGOP of inputs with duplicated columns has a run of zeros); the
+    float64 solve of the same matrix converges, and its result is cast back.
+    """
+    try:
+        return torch.linalg.eigh(S)
+    except torch.linalg.LinAlgError:
+        if S.dtype == torch.float64:
+            raise
+        log.debug("eigh did not converge in %s; solving in float64", S.dtype)
+        evals, evecs = torch.linalg.eigh(S.double())
+        return evals.to(S.dtype), evecs.to(S.dtype)
 
 
 def top_eigenvector(G: Tensor) -> Tensor:
@@ -70,6 +91,6 @@ def top_eigenvector(G: Tensor) -> Tensor:
 
     The sign is fixed so that the largest-magnitude component is positive (deterministic output).
     """
-    _, evecs = torch.linalg.eigh((G + G.mT) / 2)
+    _, evecs = symmetric_eigh((G + G.mT) / 2)
     v = evecs[:, -1]
     return v * torch.sign(v[v.abs().argmax()])

@@ -81,6 +81,11 @@ class TreeConfig:
             (:class:`~xrfm_torch.inputs.categories.CategoryColumns`). Missing cells (NaN) of
             numeric columns are handled where the training rows had some
             (:class:`~xrfm_torch.inputs.input_map.InputMap`).
+        value_levels: Give the numeric columns whose values act as codes for the target (a
+            spike at one value and repeated other amounts, where per-value means of the
+            training targets beat smooth bins of the values out of fold) a one-hot block of
+            their most frequent values beside the number
+            (:func:`~xrfm_torch.inputs.levels.level_columns`). ``False``: never.
         large_fit_rows: A fit on more training rows than this is a large fit: every leaf whose
             ``LeafConfig`` sets no ``iter_rows`` learns ``M``, t*, the exponent and the ridge on a
             seeded subsample of ``large_fit_iter_rows`` of its rows, then solves once on all of
@@ -121,6 +126,7 @@ class TreeConfig:
     max_input_maps: int = 2
     set_leaf_fraction: float = 0.5
     categorical_features: Sequence[int] | None = None
+    value_levels: bool = True
     large_fit_rows: int | None = 100_000
     large_fit_iter_rows: int = 3000
     distributed: bool = False
@@ -154,6 +160,7 @@ class TreeConfig:
             check_fraction(self.max_borrow_fraction, "max_borrow_fraction"),
         )
         put(self, "refit_borrowed", bool(self.refit_borrowed))
+        put(self, "value_levels", bool(self.value_levels))
         put(self, "trainable_routing", bool(self.trainable_routing))
         put(self, "input_transform", check_input_transform(self.input_transform))
         put(

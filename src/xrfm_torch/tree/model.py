@@ -129,6 +129,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         max_input_maps: int = DEFAULTS.max_input_maps,
         set_leaf_fraction: float = DEFAULTS.set_leaf_fraction,
         categorical_features: Sequence[int] | None = DEFAULTS.categorical_features,
+        value_levels: bool = DEFAULTS.value_levels,
         missing_values: MissingValues = "seen",
         uncertainty: Uncertainty = "none",
         large_fit_rows: int | None = DEFAULTS.large_fit_rows,
@@ -159,6 +160,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             max_input_maps=max_input_maps,
             set_leaf_fraction=set_leaf_fraction,
             categorical_features=categorical_features,
+            value_levels=value_levels,
             large_fit_rows=large_fit_rows,
             large_fit_iter_rows=large_fit_iter_rows,
             distributed=distributed,
@@ -351,12 +353,14 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         data = self._fit_data(X, y, X_val, y_val, sample_weight, val_sample_weight, generator)
         weights = [t for t in (data.w, data.w_val) if t is not None]
         check_same_data(self.config.distributed, data.X, data.y, data.X_val, data.y_val, *weights)
+        data = self.targets.fit(data.y, data.w).encode_data(data)
         self.input_map.fit(
             data.X,
             knots=self.config.input_transform != "identity",
             categorical=self.config.categorical_features or (),
+            y=data.y if self.config.value_levels else None,
+            y_rows=None if data.holdout is None else ~data.holdout,
         )
-        data = self.targets.fit(data.y, data.w).encode_data(data)
         # only categorical columns: nothing for a quantile map to map
         spec = "identity" if self.input_map.numeric_.numel() == 0 else self.config.input_transform
         maps = choose_maps(

@@ -22,8 +22,10 @@ import torch
 #: Gaussian-process buffers under ``gp.``; the fitted routing temperature is the buffer
 #: ``fitted_temperature_`` (was ``temperature_``, now the property of the temperature in use).
 #: 5: the input map has the log maps' buffers (``log_``, ``log_offset_``, ``log_scale_``,
-#: ``log_standardize.*``); older states load with no column on a log scale.
-STATE_FORMAT_VERSION = 5
+#: ``log_standardize.*``); older states load with no column on a log scale. 6: the input map has
+#: the value-level blocks' buffers (``levels.columns_``, ``levels.values_``, ``levels.widths_``);
+#: older states load with none.
+STATE_FORMAT_VERSION = 6
 
 
 def format_state() -> dict[str, int]:
@@ -60,3 +62,7 @@ def upgrade_tree_state(state_dict: dict[str, Any], prefix: str) -> None:
             state_dict.setdefault(
                 imap + "log_standardize." + name, state_dict[imap + "standardize." + name]
             )
+        # before format 6: no column with a value-level block
+        state_dict.setdefault(imap + "levels.columns_", torch.zeros(0, dtype=torch.long))
+        state_dict.setdefault(imap + "levels.values_", torch.zeros(0, 0, dtype=center.dtype))
+        state_dict.setdefault(imap + "levels.widths_", torch.zeros(0, dtype=torch.long))
