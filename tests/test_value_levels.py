@@ -129,3 +129,16 @@ def test_a_tree_sees_the_value_block_and_predicts_the_codes_better():
     loaded = xRFMTree(value_levels=False, **kw)
     loaded.load_state_dict(old)
     torch.testing.assert_close(loaded.predict_proba(Xt), off.predict_proba(Xt))
+
+
+def test_the_value_block_exports_and_predicts_as_the_eager_model():
+    from xrfm_torch.tree.export import export_program
+
+    X, y = table(1500, seed=7)
+    Xv, yv = table(500, seed=8)
+    model = xRFMTree(task="classification", leaf=LeafConfig(n_iters=1), input_transform="identity")
+    model.fit(X, y, Xv, yv, generator=torch.Generator().manual_seed(0))
+    assert model.input_map.levels.width == 16
+    program = export_program(model, X[:4], output="proba")
+    x = torch.cat([X[:50], torch.tensor([[0.1, 0.2, 5.0]])])  # 5.0: an unseen amount ("other")
+    torch.testing.assert_close(program.module()(x), model.predict_proba(x))
