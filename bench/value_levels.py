@@ -64,7 +64,7 @@ def with_levels(part, raw, columns: list[str]):
     return out
 
 
-def measure(path: Path, seed: int, levels: list[str], options: dict) -> dict:
+def measure(path: Path, table: str, seed: int, levels: list[str], options: dict) -> dict:
     """Fit and score one table and seed (the protocol split of :func:`bench.peers.split_table`)."""
     import pandas as pd
 
@@ -81,7 +81,7 @@ def measure(path: Path, seed: int, levels: list[str], options: dict) -> dict:
     cls = XRFMClassifier if classify else XRFMRegressor
     m = cls(random_state=seed, **options).fit(parts[0], ys[0], eval_set=(parts[1], ys[1]))
     fit_s = time.perf_counter() - start
-    row = {"table": path.name.removesuffix(".csv.gz"), "seed": seed, "levels": columns}
+    row = {"table": table, "seed": seed, "levels": columns}
     row |= {"options": options, "fit_s": fit_s}
     if classify:
         p = m.predict_proba(parts[2])
@@ -108,9 +108,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for table in args.tables:
         for seed in args.seeds:
-            row = measure(
-                args.data_dir / f"{table}.csv.gz", seed, args.levels, json.loads(args.options)
-            )
+            path = args.data_dir / f"{table}.csv.gz"
+            row = measure(path, table, seed, args.levels, json.loads(args.options))
             print(json.dumps(row), flush=True)
             with open(args.out / "results.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
