@@ -26,7 +26,51 @@ from xrfm_torch.numerics.state import ResizableBuffers
 ONE_HOT = 1.0 / math.sqrt(2.0)
 
 
-class CategoryColumns(ResizableBuffers):
+class OneHotColumns(ResizableBuffers):
+    """One-hot blocks of some input columns (a subclass fits the levels and writes :meth:`blocks`).
+
+    Shared by :class:`CategoryColumns` and the value levels
+    (:class:`~xrfm_torch.inputs.levels.ValueLevels`).
+
+    Args:
+        max_levels: Most indicator columns per column (>= 2).
+
+    Buffers:
+        ``columns_`` (k,) the columns' indices; ``widths_`` (k,) the number of indicators of each.
+    """
+
+    columns_: Tensor
+    widths_: Tensor
+
+    def __init__(self, max_levels: int = 16) -> None:
+        super().__init__()
+        self.max_levels = check_int(max_levels, "max_levels", 2)
+        self.register_buffer("columns_", torch.zeros(0, dtype=torch.long))
+        self.register_buffer("widths_", torch.zeros(0, dtype=torch.long))
+
+    @property
+    def width(self) -> int:
+        """Indicator columns in all."""
+        return int(self.widths_.sum())
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The one-hot blocks of ``x`` (n, d): shape (n, :attr:`width`)."""
+        return self.blocks(x, self.columns_.tolist(), self.widths_.tolist())
+
+    def blocks(self, x: Tensor, columns: Sequence[int], widths: Sequence[int]) -> Tensor:
+        """:meth:`forward` with the structure given as Python ints (``columns_``, ``widths_``).
+
+        Straight-line tensor code for any number of rows, so that ``torch.export`` can trace it
+        (reading the buffers with ``tolist`` would make the graph depend on their values).
+        """
+        raise NotImplementedError
+
+    def owners(self) -> Tensor:
+        """The input column of each indicator, shape (:attr:`width`,)."""
+        return torch.repeat_interleave(self.columns_, self.widths_)
+
+
+class CategoryColumns(OneHotColumns):
     """One-hot blocks of the categorical columns of a row (codes ``0 .. L-1``, NaN missing).
 
     Args:
@@ -38,21 +82,11 @@ class CategoryColumns(ResizableBuffers):
         of indicators of each column.
     """
 
-    columns_: Tensor
     slots_: Tensor
-    widths_: Tensor
 
     def __init__(self, max_levels: int = 16) -> None:
-        super().__init__()
-        self.max_levels = check_int(max_levels, "max_levels", 2)
-        self.register_buffer("columns_", torch.zeros(0, dtype=torch.long))
+        super().__init__(max_levels)
         self.register_buffer("slots_", torch.zeros(0, 0, dtype=torch.long))
-        self.register_buffer("widths_", torch.zeros(0, dtype=torch.long))
-
-    @property
-    def width(self) -> int:
-        """Indicator columns in all."""
-        return int(self.widths_.sum())
 
     @torch.no_grad()
     def fit(self, X: Tensor, columns: Sequence[int]) -> CategoryColumns:
@@ -94,16 +128,8 @@ class CategoryColumns(ResizableBuffers):
         self.widths_ = torch.tensor(widths, dtype=torch.long, device=device)
         return self
 
-    def forward(self, x: Tensor) -> Tensor:
-        """The one-hot blocks of ``x`` (n, d): shape (n, :attr:`width`)."""
-        return self.blocks(x, self.columns_.tolist(), self.widths_.tolist())
-
     def blocks(self, x: Tensor, columns: Sequence[int], widths: Sequence[int]) -> Tensor:
-        """:meth:`forward` with the structure given as Python ints (``columns_``, ``widths_``).
-
-        Straight-line tensor code for any number of rows, so that ``torch.export`` can trace it
-        (reading the buffers with ``tolist`` would make the graph depend on their values).
-        """
+        """Code ``k`` of column ``i`` lights the indicator ``slots_[i, k]`` (none for -1)."""
         parts = []
         for i, (c, width) in enumerate(zip(columns, widths)):
             codes = x[:, c]
@@ -113,7 +139,3 @@ class CategoryColumns(ResizableBuffers):
             onehot = (slot[:, None] == torch.arange(width, device=x.device)).to(x.dtype)
             parts.append(onehot * ONE_HOT)
         return torch.cat(parts, 1) if parts else x.new_zeros(x.shape[0], 0)
-
-    def owners(self) -> Tensor:
-        """The input column of each indicator, shape (:attr:`width`,)."""
-        return torch.repeat_interleave(self.columns_, self.widths_)

@@ -23,9 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from xrfm_torch.inputs.categories import ONE_HOT
-from xrfm_torch.numerics.checks import check_int
-from xrfm_torch.numerics.state import ResizableBuffers
+from xrfm_torch.inputs.categories import ONE_HOT, OneHotColumns
 
 #: A column is tested when at least this share of its observed training values is one value ...
 SPIKE_SHARE = 0.5
@@ -118,7 +116,7 @@ def level_columns(X: Tensor, y: Tensor, columns: Sequence[int]) -> list[int]:
     return out
 
 
-class ValueLevels(ResizableBuffers):
+class ValueLevels(OneHotColumns):
     """One-hot blocks of the most frequent values of chosen numeric columns.
 
     Each column gets one indicator per kept value (its ``max_levels - 1`` most frequent training
@@ -133,21 +131,11 @@ class ValueLevels(ResizableBuffers):
         (NaN padding); ``widths_`` (k,) the indicators of each column (kept values + 1).
     """
 
-    columns_: Tensor
     values_: Tensor
-    widths_: Tensor
 
     def __init__(self, max_levels: int = 16) -> None:
-        super().__init__()
-        self.max_levels = check_int(max_levels, "max_levels", 2)
-        self.register_buffer("columns_", torch.zeros(0, dtype=torch.long))
+        super().__init__(max_levels)
         self.register_buffer("values_", torch.zeros(0, self.max_levels - 1))
-        self.register_buffer("widths_", torch.zeros(0, dtype=torch.long))
-
-    @property
-    def width(self) -> int:
-        """Indicator columns in all."""
-        return int(self.widths_.sum())
 
     @torch.no_grad()
     def fit(self, X: Tensor, columns: Sequence[int]) -> ValueLevels:
@@ -167,12 +155,8 @@ class ValueLevels(ResizableBuffers):
         self.widths_ = torch.tensor(widths, dtype=torch.long, device=X.device)
         return self
 
-    def forward(self, x: Tensor) -> Tensor:
-        """The one-hot blocks of ``x`` (n, d): shape (n, :attr:`width`)."""
-        return self.blocks(x, self.columns_.tolist(), self.widths_.tolist())
-
     def blocks(self, x: Tensor, columns: Sequence[int], widths: Sequence[int]) -> Tensor:
-        """:meth:`forward` with the structure as Python ints (straight-line for ``torch.export``)."""
+        """A kept value lights its indicator, any other observed value "other", NaN none."""
         parts = []
         for i, (c, width) in enumerate(zip(columns, widths)):
             v = x[:, c : c + 1]
@@ -180,7 +164,3 @@ class ValueLevels(ResizableBuffers):
             other = ~hit.any(1, keepdim=True) & ~torch.isnan(v)
             parts.append(torch.cat([hit, other], 1).to(x.dtype) * ONE_HOT)
         return torch.cat(parts, 1) if parts else x.new_zeros(x.shape[0], 0)
-
-    def owners(self) -> Tensor:
-        """The input column of each indicator, shape (:attr:`width`,)."""
-        return torch.repeat_interleave(self.columns_, self.widths_)
