@@ -142,3 +142,20 @@ def test_the_value_block_exports_and_predicts_as_the_eager_model():
     program = export_program(model, X[:4], output="proba")
     x = torch.cat([X[:50], torch.tensor([[0.1, 0.2, 5.0]])])  # 5.0: an unseen amount ("other")
     torch.testing.assert_close(program.module()(x), model.predict_proba(x))
+
+
+def test_the_spike_cut_finds_a_half_share_value_at_either_median():
+    # exactly half the rows at the largest value: with n even it sits at the upper median only,
+    # and the first cut must still pass the column on to the full test
+    rng = np.random.default_rng(9)
+    n = 2000
+    amounts = rng.choice(np.arange(1, 41) * 37.0, size=n // 2)
+    signs = np.random.default_rng(99).choice([-2.5, 2.5], size=40)
+    effect = signs[(amounts / 37).astype(int) - 1]
+    x = np.concatenate([np.full(n // 2, 9999.0), amounts])
+    p = np.concatenate([np.full(n // 2, 0.5), 1 / (1 + np.exp(-effect))])
+    y = torch.tensor((rng.random(n) < p).astype(float))[:, None]
+    X = torch.tensor(x)[:, None]
+    assert float(X.nanmedian()) != 9999.0  # the lower median misses the spike
+    assert level_gain(X[:, 0], y) >= MIN_GAIN
+    assert level_columns(X, y, [0]) == [0]
