@@ -9,7 +9,8 @@ amounts whose outcome rates differ value by value (a tree splits on them exactly
 column as text becomes a one-hot block of its most frequent values in the estimators (up to 15
 and "other", :class:`xrfm_torch.inputs.categories.CategoryColumns`), beside the standardized
 number. ``--levels rule`` copies every column with at least half its values at one value and at
-least 20 other values held by 10 or more rows each (adult's two; also pol's and cpu_act's count
+least 20 other values held by 10 or more rows each (the candidates of
+:func:`xrfm_torch.inputs.levels.level_columns`, without its test) (adult's two; also pol's and cpu_act's count
 columns, where the copies hurt: docs/benchmarks.md). ``--levels none`` fits the plain table in
 the same harness. The split and scaling are those of :mod:`bench.peers` (protocol split, numeric
 columns standardized with training statistics); ``XRFMClassifier`` / ``XRFMRegressor`` with the
@@ -27,12 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import DATASETS
-
-#: ``--levels rule``: share of a column's values at one value, ...
-SPIKE_SHARE = 0.5
-#: ... other values with at least ``LEVEL_ROWS`` rows each ...
-REPEATED_LEVELS = 20
-LEVEL_ROWS = 10
+from xrfm_torch.inputs.levels import LEVEL_ROWS, MIN_LEVELS, SPIKE_SHARE
 
 
 def rule_columns(df) -> list[str]:
@@ -46,7 +42,7 @@ def rule_columns(df) -> list[str]:
         _, counts = np.unique(df[c].dropna().to_numpy(float), return_counts=True)
         counts = np.sort(counts)[::-1]
         if counts[0] >= SPIKE_SHARE * counts.sum() and (counts[1:] >= LEVEL_ROWS).sum() >= (
-            REPEATED_LEVELS
+            MIN_LEVELS
         ):
             out.append(str(c))
     return out

@@ -113,8 +113,10 @@ def level_columns(X: Tensor, y: Tensor, columns: Sequence[int]) -> list[int]:
     cols = [int(c) for c in columns]
     if not cols:
         return []
-    # cheap first cut over all columns at once: a value held by half the observed rows sits at
-    # the lower or the upper median (its run of sorted positions covers one of the two)
+    # the spike over all columns at once: a value held by half the observed rows sits at the
+    # lower or the upper median (its run of sorted positions covers one of the two), so the
+    # larger of their counts is at least half exactly when some value's is (an all-NaN column:
+    # none), and only those columns are sorted
     Xc = X[:, cols]
     observed = (~torch.isnan(Xc)).sum(0).clamp_min(1)
     lower, upper = Xc.nanmedian(0).values, -(-Xc).nanmedian(0).values
@@ -124,12 +126,8 @@ def level_columns(X: Tensor, y: Tensor, columns: Sequence[int]) -> list[int]:
         col = X[:, c]
         seen = ~torch.isnan(col)
         x = col[seen]
-        if x.numel() == 0:
-            continue
         counts = torch.unique(x, return_counts=True)[1].sort(descending=True).values
-        if counts[0] < SPIKE_SHARE * x.numel() or int((counts[1:] >= LEVEL_ROWS).sum()) < (
-            MIN_LEVELS
-        ):
+        if int((counts[1:] >= LEVEL_ROWS).sum()) < MIN_LEVELS:  # counts[0]: the spike
             continue
         gain = level_gain(x, y[seen])
         if gain >= MIN_GAIN:
