@@ -12,6 +12,12 @@ from xrfm_torch.kernels import (
     make_kernel,
     pairwise_distance,
 )
+from xrfm_torch.kernels.distance import (
+    CACHE_BLOCK_BYTES,
+    DEVICE_BLOCK_BYTES,
+    block_bytes,
+    cache_blocks,
+)
 
 KERNELS = [
     pytest.param(lambda: LaplaceKernel(bandwidth=3.0), id="laplace"),
@@ -193,3 +199,20 @@ def test_lp_distance_under_autograd_is_differentiable():
     r_ref = (u.abs() ** 1.5).sum(-1) ** (1 / 1.5)  # (m, n)
     expected = (u.sign() * u.abs() ** 0.5 * r_ref[..., None] ** (1 - 1.5)).sum(0)
     torch.testing.assert_close(gx, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_cache_blocks_split_cpu_buffers_and_keep_device_buffers_whole():
+    # A 4800 x 4800 float32 kernel matrix (88 MiB): 2 MiB blocks on the CPU, where the 4-7
+    # elementwise passes then read from cache; one block elsewhere (a GPU), where each block
+    # would cost a kernel launch per pass and a whole-buffer pass already runs at full bandwidth.
+    cpu = torch.empty(4800, 4800)
+    blocks = cache_blocks(cpu, cpu)
+    rows = CACHE_BLOCK_BYTES // (4 * 4800)
+    assert len(blocks) == -(-4800 // rows)
+    assert [b.start for b in blocks] == list(range(0, 4800, rows))
+    meta = torch.empty(4800, 4800, device="meta")
+    assert cache_blocks(meta, meta) == [slice(0, 4800)]
+    assert block_bytes(meta.device) == DEVICE_BLOCK_BYTES > CACHE_BLOCK_BYTES
+    # the device budget still bounds a block's temporaries: a buffer over it is split
+    big = torch.empty(2 * DEVICE_BLOCK_BYTES // (4 * 1024) + 3, 1024, device="meta")
+    assert len(cache_blocks(big, big)) == 3

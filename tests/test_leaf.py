@@ -454,6 +454,23 @@ def test_warm_cg_iterations_give_the_factored_leaf(monkeypatch):
     torch.testing.assert_close(warm(X[1600:]), cold(X[1600:]), rtol=0, atol=2e-3 * float(y.std()))
 
 
+def test_warm_budget_follows_the_device(monkeypatch):
+    """CG budgets: n // 300 steps on the CPU, n // 2000 elsewhere (a GPU), none below 5."""
+    import xrfm_torch.leaf.iteration as iteration
+    from xrfm_torch.leaf.iteration import warm_budget
+
+    cpu, gpu = torch.device("cpu"), torch.device("meta")  # any device but the CPU
+    assert [warm_budget(n, cpu) for n in (1499, 1500, 9000)] == [0, 5, 30]
+    assert [warm_budget(n, gpu) for n in (1600, 9999, 10_000, 32_000)] == [0, 0, 5, 16]
+    # the leaf reads its budget there: at the device's rate a 1600-row leaf never tries CG
+    monkeypatch.setattr(iteration, "PCG_ROWS_PER_ITER", iteration.PCG_ROWS_PER_ITER_DEVICE)
+    accepted = spy_accepted(monkeypatch, iteration, "pcg_krr")
+    X, y = planted(1600, d=6, seed=3)
+    Xv, yv = planted(400, d=6, seed=4)
+    plain_leaf(pcg_tol=1e-4, n_iters=4, diag=False, early_stop_multiplier=None).fit(X, y, Xv, yv)
+    assert accepted == []
+
+
 def test_warm_ridge_steps_reach_the_factored_choice(monkeypatch):
     """Ridge steps within 10x of a factored ridge of the same kernel are solved by CG from it."""
     import xrfm_torch.leaf.selection as selection

@@ -21,6 +21,15 @@ DEFAULT_CHUNK_BYTES = 256 * 2**20
 #: L2 cache's size), not memory.
 CACHE_BLOCK_BYTES = 2 * 2**20
 
+#: The same bound off the CPU (a GPU): a pass over a whole buffer runs there at full bandwidth and
+#: each block costs one launch per pass, so blocks only bound the temporaries a block allocates.
+DEVICE_BLOCK_BYTES = 2**30
+
+
+def block_bytes(device: torch.device) -> int:
+    """The row-block budget of :func:`cache_blocks` for buffers on ``device``."""
+    return CACHE_BLOCK_BYTES if device.type == "cpu" else DEVICE_BLOCK_BYTES
+
 
 def needs_graph(*inputs: Tensor) -> bool:
     """Whether autograd or ``torch.export`` must see the computation on ``inputs``.
@@ -38,7 +47,7 @@ def cache_blocks(out: Tensor | None, *inputs: Tensor) -> list[slice]:
     if out is None or out.ndim == 0 or out.shape[0] == 0 or needs_graph(*inputs):
         return [slice(None)]
     per_row = out.element_size() * (out.numel() // out.shape[0])
-    return list(row_chunks(out.shape[0], per_row, CACHE_BLOCK_BYTES))
+    return list(row_chunks(out.shape[0], per_row, block_bytes(out.device)))
 
 
 def transform(x: Tensor, sqrt_m: Tensor | None) -> Tensor:

@@ -34,6 +34,19 @@ log = logging.getLogger(__name__)
 #: (docs/design.md, warm solves).
 PCG_ROWS_PER_ITER = 300
 
+#: The same rule off the CPU (a GPU). There a triangular solve with one right-hand side is
+#: latency-bound while the factorization runs at matrix-unit speed: a CG step cost 1/4.5 of a
+#: factorization at 4000 rows, 1/8 at 8000 and 1/50 at 32 000 (an H200, ``python -m bench.gpu
+#: --solver-sizes``), i.e. 1300-2000 rows per step. So 2000: warm solves from 10 000 rows on.
+PCG_ROWS_PER_ITER_DEVICE = 2000
+
+
+def warm_budget(n: int, device: torch.device) -> int:
+    """Most CG iterations a warm solve of an ``n``-row system on ``device`` may take (0: none)."""
+    per_iter = PCG_ROWS_PER_ITER if device.type == "cpu" else PCG_ROWS_PER_ITER_DEVICE
+    iters = n // per_iter
+    return iters if iters >= 5 else 0
+
 
 def failed_candidate(
     X: Tensor, y: Tensor, X_val: Tensor, sqrt_m: Tensor | None, kernel: Kernel, reg: float
@@ -209,8 +222,8 @@ def run_iterations(
     # Once M settles, the kernel matrix changes little between iterations: a step in the same
     # layout (diagonal or full) as the learned-M step whose Cholesky factor the workspace holds
     # refines from that factor by CG instead of factoring again. Not from t = 0's identity M.
-    cg_iters = n // PCG_ROWS_PER_ITER
-    warm = (cfg.pcg_tol, cg_iters) if cfg.pcg_tol is not None and cg_iters >= 5 else None
+    cg_iters = warm_budget(n, X.device)
+    warm = (cfg.pcg_tol, cg_iters) if cfg.pcg_tol is not None and cg_iters > 0 else None
     factor_diag: bool | None = None  # layout of the step whose factor F holds (None: no such step)
 
     def step(sqrt_m: Tensor | None, agop: bool, diag: bool) -> tuple[Candidate, Tensor | None]:
