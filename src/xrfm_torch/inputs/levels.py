@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.inputs.categories import ONE_HOT, OneHotColumns
+from xrfm_torch.numerics.deterministic import nanmedian
 
 #: A column is tested when at least this share of its observed training values is one value ...
 SPIKE_SHARE = 0.5
@@ -119,7 +120,7 @@ def level_columns(X: Tensor, y: Tensor, columns: Sequence[int]) -> list[int]:
     # none), and only those columns are sorted
     Xc = X[:, cols]
     observed = (~torch.isnan(Xc)).sum(0).clamp_min(1)
-    lower, upper = Xc.nanmedian(0).values, -(-Xc).nanmedian(0).values
+    lower, upper = nanmedian(Xc, 0), -nanmedian(-Xc, 0)
     spike = torch.maximum((Xc == lower).sum(0), (Xc == upper).sum(0))
     out = []
     for c in (c for c, ok in zip(cols, (spike >= SPIKE_SHARE * observed).tolist()) if ok):

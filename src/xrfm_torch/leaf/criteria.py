@@ -26,6 +26,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from xrfm_torch.numerics.deterministic import cross_entropy
+
 #: A validation criterion (see the module docstring).
 Criterion = Literal["mse", "logloss", "error"]
 CRITERIA: tuple[Criterion, ...] = ("mse", "logloss", "error")
@@ -102,9 +104,9 @@ def fit_platt(scores: Tensor, labels: Tensor, weights: Tensor | None = None) -> 
         opt.zero_grad()
         logits = platt_logits(s, w)
         if rw is None:
-            loss = torch.nn.functional.cross_entropy(logits, labels)
+            loss = cross_entropy(logits, labels)
         else:
-            loss = (rw * torch.nn.functional.cross_entropy(logits, labels, reduction="none")).mean()
+            loss = (rw * cross_entropy(logits, labels, reduction="none")).mean()
         loss = loss + PLATT_RIDGE * (w * w).sum()
         loss.backward()
         return loss

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from xrfm_torch.numerics.deterministic import cumsum
+
 
 def is_zero(temperature: Tensor | float) -> bool:
     """Whether a temperature means hard routing (reads a tensor without touching its graph)."""
@@ -138,7 +140,7 @@ def truncate_weights(w: Tensor, keep_mass: float = 1.0, max_leaves: int | None =
         return w
     with torch.no_grad():
         sorted_w, order = torch.sort(w, dim=1, descending=True)
-        before = sorted_w.cumsum(1) - sorted_w  # mass of strictly larger leaves
+        before = cumsum(sorted_w, 1) - sorted_w  # mass of strictly larger leaves
         keep_sorted = before < keep_mass
         if max_leaves is not None:
             keep_sorted[:, max_leaves:] = False

@@ -19,6 +19,7 @@ from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.numerics.agop import top_eigenvector
 from xrfm_torch.numerics.checks import check_fraction, check_positive
+from xrfm_torch.numerics.deterministic import cumsum
 
 #: Where a split direction is cut: the rank-balanced median, or the least-squares point.
 Threshold = Literal["median", "sse"]
@@ -93,7 +94,7 @@ def balanced_split(proj: Tensor, weights: Tensor | None = None) -> tuple[Tensor,
     order = torch.sort(proj, stable=True).indices
     k = math.ceil(n / 2)
     if weights is not None and n > 1:
-        cum = weights[order].double().cumsum(0)
+        cum = cumsum(weights[order].double(), 0)
         half = int(torch.searchsorted(cum, cum[-1] / 2)) + 1  # rows up to the weighted median
         low = max(1, math.ceil(MIN_WEIGHTED_SIDE * n))
         k = min(max(half, low), n - low) if n - low >= low else k
@@ -136,10 +137,10 @@ def sse_cut(
     else:
         ws = weights.to(X.dtype)[order]  # (n, d)
         wy = ys * ws[..., None]
-        cw = ws.cumsum(0)
+        cw = cumsum(ws, 0)
         k, total = cw[:-1], cw[-1]  # left weights (n-1, d), total weight (d,)
-    csum = wy.cumsum(0)  # (n, d, c)
-    csq = (wy * ys).cumsum(0).sum(-1)  # (n, d)
+    csum = cumsum(wy, 0)  # (n, d, c)
+    csq = cumsum(wy * ys, 0).sum(-1)  # (n, d)
     tot, tot_sq = csum[-1], csq[-1]  # (d, c), (d,)
     left_s, left_q = csum[:-1], csq[:-1]
     sse_left = left_q - (left_s * left_s).sum(-1) / k

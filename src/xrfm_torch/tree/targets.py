@@ -30,6 +30,7 @@ from xrfm_torch.leaf.criteria import (
     fit_softmax_scale,
 )
 from xrfm_torch.leaf.data import FitData
+from xrfm_torch.numerics.deterministic import bincount
 from xrfm_torch.numerics.state import ResizableBuffers
 
 #: What a model predicts: real values, or one of ``K`` classes.
@@ -146,7 +147,7 @@ class TargetCoding(ResizableBuffers):
         if k < 2:
             raise ValueError(f"classification needs at least 2 classes, got labels 0 .. {k - 1}")
         self.n_classes_ = torch.tensor(k, device=y.device)
-        counts = torch.bincount(labels, weights=weights, minlength=k).to(y.dtype)
+        counts = bincount(labels, weights, minlength=k).to(y.dtype)
         prior = counts / counts.sum()
         self.prior_ = prior if self.class_coding == "prevalence" else torch.zeros_like(prior)
         return self
