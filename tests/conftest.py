@@ -8,6 +8,10 @@ import torch
 
 from xrfm_torch import LeafConfig, LeafRFM
 
+# Deterministic cuBLAS for the gpu-marked tests that turn on torch.use_deterministic_algorithms:
+# read once when CUDA starts, so it is set before any test touches the device (no effect on CPU).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
 # The benchmark tables: $XRFM_TORCH_DATASETS, else a shared/datasets folder beside the repository
 # (as bench.common.DATASETS); tests that need them skip when neither exists.
 SHARED_DATASETS = Path(

@@ -93,6 +93,37 @@ def test_refused_ops_are_called_only_through_the_helpers(kind):
     assert set(mode.callers) == {HELPERS}, sorted(set(mode.callers) - {HELPERS})
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["regression", "cart", "weighted_classes"])
+def test_deterministic_cuda_fits_run_and_repeat_bit_for_bit(kind):
+    if kind == "weighted_classes":
+        X, y, w = weighted_classes(500, seed=1)
+        make = lambda: xRFMTree(  # noqa: E731
+            task="classification", max_leaf_size=200, leaf=LeafConfig(n_iters=1)
+        )
+        fit_kw = {"sample_weight": w.cuda()}
+    else:
+        X, y = planted(500, d=5, seed=2)
+        X[:300, 1] = 0.0
+        make, fit_kw = FITS[kind], {}
+    torch.use_deterministic_algorithms(True)
+    try:
+
+        def fit():
+            model = make().to("cuda")
+            model.fit(X.cuda(), y.cuda(), generator=torch.Generator().manual_seed(0), **fit_kw)
+            return model.state_dict(), model(X[:50].cuda(), 0.5)
+
+        (a, pa), (b, pb) = fit(), fit()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert torch.equal(pa, pb)
+    for key in a:
+        same = torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key]
+        assert same, key
+
+
 def test_helpers_on_their_host_path_give_torchs_values(monkeypatch):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(40, 6, generator=g)

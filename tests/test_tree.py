@@ -139,7 +139,7 @@ def test_same_seed_gives_a_bit_identical_state_dict(kwargs):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_same_seed_gives_the_same_model_on_cuda():
     # docs/reliability.md, Determinism: with deterministic algorithms (and cuBLAS's workspace
-    # setting, which the gpu test run exports) two CUDA fits are bit-identical
+    # setting, which conftest.py sets) two CUDA fits are bit-identical
     X, y = planted(900, d=5)
     torch.use_deterministic_algorithms(True)
     try:

@@ -145,9 +145,14 @@ def solve_krr(
     ):
         W = krr_workspace(n, dtype, K.device)
     b = (y if y.ndim == 2 else y[:, None]).to(dtype)
-    base = max(float(reg), 1e-6 * float(K.detach().diagonal().mean()))
+    base = None  # the jitter's base, read from K only when a retry needs it (a GPU sync)
     for attempt in range(max_tries):
-        ridge = float(reg) if attempt == 0 else base * 10.0**attempt
+        if attempt == 0:
+            ridge = float(reg)
+        else:
+            if base is None:
+                base = max(float(reg), 1e-6 * float(K.detach().diagonal().mean()))
+            ridge = base * 10.0**attempt
         if differentiable:
             eye = torch.eye(n, dtype=dtype, device=K.device)
             A = K.to(dtype) + (ridge * eye if inv_w is None else torch.diag(ridge * inv_w))
