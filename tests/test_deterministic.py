@@ -1,8 +1,8 @@
 """Fits under ``torch.use_deterministic_algorithms(True)`` on CUDA: the ops PyTorch refuses there.
 
 PyTorch raises for a floating ``cumsum``, a ``median``/``nanmedian`` along a dimension, a
-weighted ``bincount``, ``histc``, ``put_`` and a ``scatter_reduce`` product on CUDA tensors in
-deterministic mode. Without a GPU here, two checks stand in: the helpers of
+weighted ``bincount``, the NLL of ``cross_entropy``, ``histc``, ``put_`` and a ``scatter_reduce``
+product on CUDA tensors in deterministic mode. Without a GPU here, two checks stand in: the helpers of
 :mod:`xrfm_torch.numerics.deterministic` give torch's values on their host path, and a fit
 (regression, weighted classification, CART splits, soft routing) calls those ops from nowhere
 else, so no fit path reaches one of them on a CUDA tensor unguarded.
@@ -72,22 +72,28 @@ def weighted_classes(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, tor
 FITS = {
     "regression": lambda: xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=1)),
     "cart": lambda: xRFMTree(max_leaf_size=200, split_rule=CARTSplit(), leaf=LeafConfig(n_iters=1)),
+    "weighted_classes": lambda: xRFMTree(
+        task="classification", max_leaf_size=200, leaf=LeafConfig(n_iters=1)
+    ),
 }
 
 
-@pytest.mark.parametrize("kind", ["regression", "cart", "weighted_classes"])
-def test_refused_ops_are_called_only_through_the_helpers(kind):
+def fit_case(kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Inputs, targets and sample weights (or ``None``) of the fit ``FITS[kind]``."""
     if kind == "weighted_classes":
-        X, y, w = weighted_classes(500, seed=1)
-        model = xRFMTree(task="classification", max_leaf_size=200, leaf=LeafConfig(n_iters=1))
-        fit_kw = {"sample_weight": w}
-    else:
-        X, y = planted(500, d=5, seed=2)
-        X[:300, 1] = 0.0  # a zero-inflated column: the value-level test looks at it
-        model, fit_kw = FITS[kind](), {}
+        return weighted_classes(500, seed=1)
+    X, y = planted(500, d=5, seed=2)
+    X[:300, 1] = 0.0  # a zero-inflated column: the value-level test looks at it
+    return X, y, None
+
+
+@pytest.mark.parametrize("kind", list(FITS))
+def test_refused_ops_are_called_only_through_the_helpers(kind):
+    X, y, w = fit_case(kind)
+    model = FITS[kind]()
     mode = RefusedCalls()
     with mode:
-        model.fit(X, y, generator=torch.Generator().manual_seed(0), **fit_kw)
+        model.fit(X, y, sample_weight=w, generator=torch.Generator().manual_seed(0))
         model(X[:50], 0.5)  # soft routing: masses of the leaves, largest first
     assert mode.callers, "the fit reached none of the refused ops: the check tests nothing"
     assert set(mode.callers) == {HELPERS}, sorted(set(mode.callers) - {HELPERS})
@@ -95,25 +101,16 @@ def test_refused_ops_are_called_only_through_the_helpers(kind):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("kind", ["regression", "cart", "weighted_classes"])
+@pytest.mark.parametrize("kind", list(FITS))
 def test_deterministic_cuda_fits_run_and_repeat_bit_for_bit(kind):
-    if kind == "weighted_classes":
-        X, y, w = weighted_classes(500, seed=1)
-        make = lambda: xRFMTree(  # noqa: E731
-            task="classification", max_leaf_size=200, leaf=LeafConfig(n_iters=1)
-        )
-        fit_kw = {"sample_weight": w.cuda()}
-    else:
-        X, y = planted(500, d=5, seed=2)
-        X[:300, 1] = 0.0
-        make, fit_kw = FITS[kind], {}
+    X, y, w = (None if t is None else t.cuda() for t in fit_case(kind))
     torch.use_deterministic_algorithms(True)
     try:
 
         def fit():
-            model = make().to("cuda")
-            model.fit(X.cuda(), y.cuda(), generator=torch.Generator().manual_seed(0), **fit_kw)
-            return model.state_dict(), model(X[:50].cuda(), 0.5)
+            model = FITS[kind]().to("cuda")
+            model.fit(X, y, sample_weight=w, generator=torch.Generator().manual_seed(0))
+            return model.state_dict(), model(X[:50], 0.5)
 
         (a, pa), (b, pb) = fit(), fit()
     finally:
