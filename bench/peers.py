@@ -9,7 +9,8 @@ the tables as its authors intend:
 
 - ``ours``: ``XRFMClassifier`` / ``XRFMRegressor`` (defaults) on the raw DataFrame (text columns,
   missing cells), validation rows as ``eval_set``; ``ours_single`` / ``ours_bag5``: the same with
-  ``n_bags=1`` / ``5``;
+  ``n_bags=1`` / ``5``; ``--options '{"diag": false}'`` passes keyword arguments to these three
+  (the other models ignore it);
 - ``xgboost`` / ``lightgbm``: pandas ``category`` columns (training categories; unseen → missing);
   ``catboost``: ``cat_features`` with a missing cell as its own text value. 2000 trees (CatBoost
   3000), learning rate 0.05, early stopping 100;
@@ -121,8 +122,21 @@ def impute(parts: list, text: list[str], one_hot: bool) -> list:
     return out
 
 
-def fit_peer(model: str, parts: list, ys: tuple, text: list[str], classify: bool, seed: int):
-    """Fit ``model``; returns (test scores: probabilities (n, K) or predictions (n,), fit s)."""
+def fit_peer(
+    model: str,
+    parts: list,
+    ys: tuple,
+    text: list[str],
+    classify: bool,
+    seed: int,
+    options: dict | None = None,
+):
+    """Fit ``model``; returns (test scores: probabilities (n, K) or predictions (n,), fit s).
+
+    ``options``: keyword arguments for our estimators (the ``ours*`` models only).
+    """
+    if options and not model.startswith("ours"):
+        raise ValueError(f"--options applies to the ours* models only, not {model!r}")
     import torch
 
     ytr, yva, _ = ys
@@ -131,6 +145,7 @@ def fit_peer(model: str, parts: list, ys: tuple, text: list[str], classify: bool
         from xrfm_torch import XRFMClassifier, XRFMRegressor
 
         kw = {"ours_single": {"n_bags": 1}, "ours_bag5": {"n_bags": 5}}.get(model, {})
+        kw = {**kw, **(options or {})}
         m = (XRFMClassifier if classify else XRFMRegressor)(random_state=seed, **kw)
         m.fit(parts[0], ytr, eval_set=(parts[1], yva))
     elif model in ("xgboost", "lightgbm"):
@@ -215,7 +230,7 @@ def fit_peer(model: str, parts: list, ys: tuple, text: list[str], classify: bool
     return out.reshape(len(ys[2]), -1) if classify else out.ravel(), fit_s
 
 
-def measure(path: Path, seed: int, model: str, threads: int) -> dict:
+def measure(path: Path, seed: int, model: str, threads: int, options: dict | None = None) -> dict:
     """Fit and score one (table, seed, model) in this process."""
     import torch
 
@@ -226,7 +241,7 @@ def measure(path: Path, seed: int, model: str, threads: int) -> dict:
     if classify:  # labels 0 .. K-1 for every peer (string labels are the estimators' own test)
         classes = np.unique(ys[0])
         ys = tuple(np.searchsorted(classes, y) for y in ys)
-    out, fit_s = fit_peer(model, parts, ys, text, classify, seed)
+    out, fit_s = fit_peer(model, parts, ys, text, classify, seed, options)
     yt = ys[2]
     row: dict = {"fit_s": fit_s}
     if classify:
@@ -271,11 +286,13 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--options", default="{}", help="JSON keyword arguments for the ours* models")
     ap.add_argument("--out", type=Path, default=Path("bench-peers"))
     ap.add_argument("--one", nargs=3, metavar=("PATH", "SEED", "MODEL"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        print(json.dumps(measure(Path(a.one[0]), int(a.one[1]), a.one[2], a.threads)))
+        options = json.loads(a.options)
+        print(json.dumps(measure(Path(a.one[0]), int(a.one[1]), a.one[2], a.threads, options)))
         return
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -286,6 +303,9 @@ def main() -> None:
                     path = a.data_dir / f"{tab}.csv.gz"
                     args = ["--one", str(path), str(seed), model, "--threads", str(a.threads)]
                     row = {"table": tab, "seed": seed, "model": model}
+                    if model.startswith("ours") and a.options != "{}":
+                        args += ["--options", a.options]
+                        row["options"] = json.loads(a.options)
                     try:
                         row.update(run_module_child("bench.peers", args))
                     except SystemExit as err:  # one failing peer does not end the run
