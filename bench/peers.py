@@ -290,8 +290,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench-peers"))
     ap.add_argument("--one", nargs=3, metavar=("PATH", "SEED", "MODEL"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    options = json.loads(a.options)
     if a.one:
-        options = json.loads(a.options)
         print(json.dumps(measure(Path(a.one[0]), int(a.one[1]), a.one[2], a.threads, options)))
         return
     a.out.mkdir(parents=True, exist_ok=True)
@@ -303,9 +303,9 @@ def main() -> None:
                     path = a.data_dir / f"{tab}.csv.gz"
                     args = ["--one", str(path), str(seed), model, "--threads", str(a.threads)]
                     row = {"table": tab, "seed": seed, "model": model}
-                    if model.startswith("ours") and a.options != "{}":
+                    if model.startswith("ours") and options:
                         args += ["--options", a.options]
-                        row["options"] = json.loads(a.options)
+                        row["options"] = options
                     try:
                         row.update(run_module_child("bench.peers", args))
                     except SystemExit as err:  # one failing peer does not end the run
