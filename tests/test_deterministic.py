@@ -2,10 +2,10 @@
 
 PyTorch raises for a floating ``cumsum``, a ``median``/``nanmedian`` along a dimension, a
 weighted ``bincount``, the NLL of ``cross_entropy``, ``histc``, ``put_`` and a ``scatter_reduce``
-product on CUDA tensors in deterministic mode. Without a GPU here, two checks stand in: the helpers of
-:mod:`xrfm_torch.numerics.deterministic` give torch's values on their host path, and a fit
-(regression, weighted classification, CART splits, soft routing) calls those ops from nowhere
-else, so no fit path reaches one of them on a CUDA tensor unguarded.
+product on CUDA tensors in deterministic mode. Without a GPU here, two checks stand in: the
+helpers of :mod:`xrfm_torch.numerics.deterministic` give torch's values on their host path, and
+a fit (regression, weighted classification, CART splits, soft routing) calls those ops from
+nowhere else, so no fit path reaches one of them on a CUDA tensor unguarded.
 """
 
 from __future__ import annotations
