@@ -10,7 +10,8 @@ import torch
 from test_parallel import _assert_same, _run
 from xrfm_torch import BaggedTree, LeafConfig, XRFMClassifier, XRFMRegressor, xRFMTree
 from xrfm_torch.tree import export_program, load_model, save_model
-from xrfm_torch.tree.bagging import bag_list, cross_folds, model_from_config
+from xrfm_torch.tree.bagging import cross_folds
+from xrfm_torch.tree.blend import bag_list, model_from_config
 from xrfm_torch.tree.parallel import leaf_seeds
 
 
@@ -197,7 +198,7 @@ def test_estimators_take_n_bags():
     assert isinstance(reg.tree_, BaggedTree) and len(bag_list(reg.tree_)) == 3
     assert reg.score(X, y) > 0.9
     labels = np.where(X[:, 0] > 0, "a", "b")
-    clf = XRFMClassifier(n_iters=2, n_bags=2, input_transform="identity", random_state=0)
+    clf = XRFMClassifier("laplace", n_iters=2, n_bags=2, input_transform="identity", random_state=0)
     p = clf.fit(X, labels).predict_proba(X[:50])
     x = torch.tensor(clf.encoder_.transform(X[:50]), dtype=torch.float32)
     bags = bag_list(clf.tree_)
@@ -248,7 +249,7 @@ def test_classifier_bags_small_fits_by_default_and_not_large_ones():
     rng = np.random.default_rng(1)
     X = rng.normal(size=(300, 2))
     labels = (X[:, 0] > 0).astype(int)
-    clf = XRFMClassifier(n_iters=1, input_transform="identity", random_state=0)
+    clf = XRFMClassifier("laplace", n_iters=1, input_transform="identity", random_state=0)
     assert clf.n_bags == "auto"
     clf.fit(X[:200], labels[:200], eval_set=(X[200:], labels[200:]))
     assert isinstance(clf.tree_, BaggedTree) and clf.tree_.n_bags == AUTO_BAGS

@@ -91,7 +91,10 @@ def test_every_option_composes_and_instantiates(group, option, tmp_path):
     tree = hydra.utils.instantiate(cfg.model)
     assert isinstance(tree, xRFMTree)
     system = hydra.utils.instantiate(cfg.system, tree=tree, feature_names=["f0", "f1", "f2"])
-    if cfg.system.get("n_bags", 1) > 1:  # the system wraps the configured tree in bags
+    if cfg.system.get("blend_kernels"):  # the system fits the tree once per kernel
+        assert system.tree.kernels == tuple(cfg.system.blend_kernels)
+        assert system.tree.get_config()["model"] == tree.get_config()
+    elif cfg.system.get("n_bags", 1) > 1:  # the system wraps the configured tree in bags
         assert system.tree.get_config()["tree"] == tree.get_config()
         assert system.tree.n_bags == cfg.system.n_bags
     else:

@@ -19,7 +19,8 @@ from xrfm_torch import KERNELS, LeafConfig, load_model, save_model, xRFMTree
 from xrfm_torch.lit import TabularDataModule, XRFMLitModule
 from xrfm_torch.lit.head import XRFMHeadModule
 from xrfm_torch.numerics.config import CONFIG_TARGETS, from_config
-from xrfm_torch.tree.bagging import BaggedTree, model_from_config
+from xrfm_torch.tree.bagging import BaggedTree
+from xrfm_torch.tree.blend import KernelBlend, model_from_config
 from xrfm_torch.tree.splits import AGOPSplit, CARTSplit, PCASplit, RandomSplit
 
 
@@ -100,6 +101,9 @@ def test_the_allow_list_is_exactly_what_configs_emit():
     bagged = BaggedTree(xRFMTree(), n_bags=3).get_config()
     collect(bagged)
     assert model_from_config(bagged).get_config() == bagged
+    blend = KernelBlend(BaggedTree(xRFMTree(), n_bags=3), kernels=["laplace", "gaussian"])
+    collect(blend.get_config())
+    assert model_from_config(blend.get_config()).get_config() == blend.get_config()
     assert emitted == set(CONFIG_TARGETS)
 
 

@@ -25,6 +25,7 @@ from xrfm_torch.leaf import LeafConfig, LeafRFM
 from xrfm_torch.tree import (
     BaggedTree,
     ExportableTree,
+    KernelBlend,
     export_onnx,
     export_program,
     load_model,
@@ -43,6 +44,7 @@ __all__ = [
     "GaussianKernel",
     "InputMap",
     "Kernel",
+    "KernelBlend",
     "LaplaceKernel",
     "LeafConfig",
     "LeafRFM",

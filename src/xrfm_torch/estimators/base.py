@@ -24,7 +24,7 @@ from xrfm_torch.data.tabular import (
 )
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafConfig
-from xrfm_torch.tree import BaggedTree, xRFMTree
+from xrfm_torch.tree import BaggedTree, KernelBlend, xRFMTree
 from xrfm_torch.tree.config import DEFAULTS
 from xrfm_torch.tree.targets import Task
 
@@ -53,7 +53,12 @@ class _XRFMEstimator(BaseEstimator):
     """Shared parameters, fitting and prediction of the two estimators.
 
     Args:
-        kernel: ``"laplace"``, ``"lpq"``, ``"product_laplace"``, ``"gaussian"`` or a ``Kernel``.
+        kernel: ``"laplace"``, ``"lpq"``, ``"product_laplace"``, ``"gaussian"`` or a ``Kernel``;
+            or a tuple of names, such as the classifier's default ``("laplace", "gaussian")``:
+            the model (one tree or its bags) is fitted once per kernel, and the fits are mixed
+            with weights in ``{0, 0.25, ..., 1}`` chosen on their honest outputs (out-of-fold
+            with bags, else the validation rows'; :class:`~xrfm_torch.tree.blend.KernelBlend`,
+            ``tree_``), about one fit's time per kernel.
         max_leaf_size: ``L_max``: a node with more training rows is split.
         n_iters: ``tau``: most AGOP updates per leaf (leaves stop when their validation error
             levels off).
@@ -105,7 +110,7 @@ class _XRFMEstimator(BaseEstimator):
 
     def __init__(
         self,
-        kernel: str | Kernel = "laplace",
+        kernel: str | Kernel | tuple[str, ...] = "laplace",
         *,
         max_leaf_size: int = _TREE.max_leaf_size,
         n_iters: int = _LEAF.n_iters,
@@ -169,13 +174,26 @@ class _XRFMEstimator(BaseEstimator):
             raise ValueError(f"n_bags must be an int >= 1 or 'auto', got {n!r}")
         return int(n)
 
-    def _new_tree(self, y: np.ndarray) -> xRFMTree | BaggedTree:
+    def _kernels(self) -> list[str | Kernel]:
+        """``kernel`` as a list: one name or ``Kernel``, or the names of a blend."""
+        k = self.kernel
+        if isinstance(k, (str, Kernel)):
+            return [k]
+        names: list[str | Kernel] = list(k) if isinstance(k, (list, tuple)) else []
+        if not names or not all(isinstance(n, str) for n in names):
+            raise ValueError(
+                f"kernel must be a kernel name, a Kernel or a tuple of names, got {k!r}"
+            )
+        return names
+
+    def _new_tree(self, y: np.ndarray) -> xRFMTree | BaggedTree | KernelBlend:
+        kernels = self._kernels()
         n_bags = self._bags(y)
         leaf = LeafConfig(**{k: getattr(self, k) for k in LEAF_PARAMS})
         tree_args = {k: getattr(self, k) for k in TREE_PARAMS}
         categorical = self.encoder_.categorical or None
         tree = xRFMTree(
-            self.kernel,
+            kernels[0],
             task=self._task,
             leaf=leaf,
             categorical_features=categorical,
@@ -183,7 +201,10 @@ class _XRFMEstimator(BaseEstimator):
             **tree_args,
             **self._task_args(),
         )
-        return tree if n_bags == 1 else BaggedTree(tree, n_bags=n_bags)
+        model = tree if n_bags == 1 else BaggedTree(tree, n_bags=n_bags)
+        if len(kernels) == 1:
+            return model
+        return KernelBlend(model, kernels=[str(k) for k in kernels])
 
     def _task_args(self) -> dict[str, Any]:
         """Tree arguments only one task has."""

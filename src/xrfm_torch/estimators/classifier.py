@@ -32,7 +32,10 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
     Labels may be of any type (str, int, bool); the leaves fit one-hot codes and
     ``predict_proba`` maps their scores to probabilities with a Platt map on the log-scores
     fitted on the validation rows (``xRFMTree(calibration="platt")``), clipped to
-    [1e-3, 1 - 1e-3] and renormalized.
+    [1e-3, 1 - 1e-3] and renormalized. By default the model is fitted with the Laplace and
+    with the Gaussian kernel and the two are mixed by weights chosen on honest outputs
+    (``kernel``; about twice one kernel's fit time): which kernel suits a table varies from table
+    to table (docs/benchmarks.md, the kernel blend).
 
     ``class_weight``: ``None``, ``"balanced"`` (class ``k`` weighs ``n / (K n_k)``, ``n_k`` its
     training rows, as scikit-learn's) or a dict ``{label: weight}`` (labels not named weigh 1).
@@ -41,8 +44,10 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
     class-weighted error too.
 
     Attributes:
-        tree_: The fitted :class:`~xrfm_torch.xRFMTree` (``task="classification"``; a
-            ``BaggedTree`` when ``n_bags > 1``).
+        tree_: The fitted model (``task="classification"``): a
+            :class:`~xrfm_torch.tree.blend.KernelBlend` of the Laplace- and Gaussian-kernel fits
+            (the default), each an :class:`~xrfm_torch.xRFMTree`, or a ``BaggedTree`` when
+            ``n_bags > 1``; with one kernel, that model itself.
         classes_: The labels, sorted; column ``k`` of ``predict_proba`` is ``classes_[k]``.
         n_features_in_: Columns seen in ``fit``; ``feature_names_in_`` for named columns.
     """
@@ -51,7 +56,7 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
 
     def __init__(
         self,
-        kernel: str | Kernel = "laplace",
+        kernel: str | Kernel | tuple[str, ...] = ("laplace", "gaussian"),
         *,
         max_leaf_size: int = _TREE.max_leaf_size,
         n_iters: int = _LEAF.n_iters,

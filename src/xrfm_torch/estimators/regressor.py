@@ -54,7 +54,7 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
 
     def __init__(
         self,
-        kernel: str | Kernel = "laplace",
+        kernel: str | Kernel | tuple[str, ...] = "laplace",
         *,
         max_leaf_size: int = _TREE.max_leaf_size,
         n_iters: int = _LEAF.n_iters,

@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import Callback
 
 from xrfm_torch.lit.module import XRFMLitModule
 from xrfm_torch.tree import BaggedTree, xRFMTree
-from xrfm_torch.tree.bagging import bag_list
+from xrfm_torch.tree.blend import KernelBlend, bag_list, weighted_trees
 from xrfm_torch.tree.interpret import ImportanceSource
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,22 @@ def tree_summary(module: XRFMLitModule) -> dict[str, Any]:
     """Trees and their input maps, depth, leaves, fit seconds, t*, bandwidth and sizes per leaf.
 
     Cross-fitted bags (``n_bags > 1``): ``{"n_bags", "n_leaves", "fit_seconds", "bags": [one
-    such summary per bag]}``.
+    such summary per bag]}``. A kernel blend: its members' ``"kernels"`` and ``"weights"``, and
+    as ``"bags"`` every single tree of every member, with ``"bag_weights"`` (their weights in the
+    prediction).
     """
+    if isinstance(module.tree, KernelBlend):
+        blend = module.tree
+        pairs = weighted_trees(blend)
+        return {
+            "kernels": [blend.kernels[int(i)] for i in blend.member_kernels_.tolist()],
+            "weights": blend.weights_.tolist(),
+            "n_bags": len(pairs),
+            "n_leaves": blend.n_leaves,
+            "fit_seconds": blend.fit_seconds_,
+            "bag_weights": [w for w, _ in pairs],
+            "bags": [_one_tree(t) for _, t in pairs],
+        }
     if isinstance(module.tree, BaggedTree):
         return {
             "n_bags": module.tree.n_bags,

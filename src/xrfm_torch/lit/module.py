@@ -14,7 +14,7 @@ from torchmetrics import MetricCollection
 from xrfm_torch.data.protocol import Task
 from xrfm_torch.lit.metrics import GaussianNLL, make_metrics
 from xrfm_torch.tree import BaggedTree, xRFMTree
-from xrfm_torch.tree.bagging import model_from_config
+from xrfm_torch.tree.blend import KernelBlend, model_from_config
 from xrfm_torch.tree.grow import Progress
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,10 @@ class XRFMLitModule(pl.LightningModule):
             (``system.n_bags=5``; ``experiment=bagged``). The ``val/*`` metrics are then those of
             rows every bag but one trained on; ``val/oof_*`` (the same metrics) score each row by
             the bag that did not.
+        blend_kernels: Two or more kernel names wrap the model (tree or bags) in a
+            :class:`~xrfm_torch.tree.blend.KernelBlend`: one fit per kernel, mixed by weights
+            chosen on the honest outputs (``system.blend_kernels=[laplace,gaussian]``;
+            ``experiment=kernel_blend``). ``None`` (default): the tree's own kernel.
     """
 
     target_mean: Tensor
@@ -111,6 +115,7 @@ class XRFMLitModule(pl.LightningModule):
         feature_names: Sequence[str] | None = None,
         weighted: bool = False,
         n_bags: int = 1,
+        blend_kernels: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         if task not in ("regression", "classification"):
@@ -122,13 +127,16 @@ class XRFMLitModule(pl.LightningModule):
         feature_names = None if feature_names is None else [str(n) for n in feature_names]
         target_mean = _floats(target_mean)
         target_std = _floats(target_std)
+        blend_kernels = None if blend_kernels is None else [str(k) for k in blend_kernels]
         self.save_hyperparameters(ignore=["tree", "encoder"])
         tree = tree if tree is not None else xRFMTree(task=task)
         if isinstance(n_bags, bool) or not isinstance(n_bags, int) or n_bags < 1:
             raise ValueError(f"n_bags must be an int >= 1, got {n_bags!r}")
-        model: xRFMTree | BaggedTree = tree
+        model: xRFMTree | BaggedTree | KernelBlend = tree
         if n_bags > 1:
             model = BaggedTree(tree, n_bags=n_bags, distributed=tree.config.distributed)
+        if blend_kernels is not None:
+            model = KernelBlend(cast(xRFMTree | BaggedTree, model), kernels=blend_kernels)
         if tree.task != task:
             raise ValueError(
                 f"the tree's task is {tree.task!r} but the system's is {task!r}: pass "

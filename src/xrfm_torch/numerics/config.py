@@ -30,6 +30,7 @@ CONFIG_TARGETS: frozenset[str] = frozenset(
     {
         "xrfm_torch.tree.model.xRFMTree",
         "xrfm_torch.tree.bagging.BaggedTree",
+        "xrfm_torch.tree.blend.KernelBlend",
         "xrfm_torch.leaf.config.LeafConfig",
         "xrfm_torch.kernels.lpq.LpqLaplaceKernel",
         "xrfm_torch.kernels.lpq.LaplaceKernel",

@@ -4,6 +4,7 @@ Layer 4: imports :mod:`xrfm_torch.inputs`, :mod:`xrfm_torch.leaf` and the layers
 """
 
 from xrfm_torch.tree.bagging import BaggedTree
+from xrfm_torch.tree.blend import KernelBlend
 from xrfm_torch.tree.export import ExportableBags, ExportableTree, export_onnx, export_program
 from xrfm_torch.tree.io import load_model, save_model
 from xrfm_torch.tree.model import xRFMTree
@@ -12,6 +13,7 @@ __all__ = [
     "BaggedTree",
     "ExportableBags",
     "ExportableTree",
+    "KernelBlend",
     "export_onnx",
     "export_program",
     "load_model",

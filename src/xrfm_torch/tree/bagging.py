@@ -16,9 +16,10 @@ the cost is ``K`` fits (spread over ``torch.distributed`` ranks with ``distribut
 from __future__ import annotations
 
 import copy
+import importlib
 import logging
 import time
-from collections.abc import Sequence
+import warnings
 from typing import Any, Literal, cast, overload
 
 import torch
@@ -26,10 +27,10 @@ from torch import Tensor, nn
 
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import check_int
-from xrfm_torch.numerics.config import from_config
 from xrfm_torch.numerics.deprecation import renamed
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
+from xrfm_torch.tree.honest import HasHonestOutputs, HonestOutputs
 from xrfm_torch.tree.interpret import ImportanceSource, input_grads
 from xrfm_torch.tree.model import xRFMTree
 from xrfm_torch.tree.parallel import assign_by_cost, leaf_seeds, run_leaf_jobs, world
@@ -57,7 +58,7 @@ def cross_folds(n: int, k: int, generator: torch.Generator, labels: Tensor | Non
     return folds
 
 
-class BaggedTree(nn.Module):
+class BaggedTree(HasHonestOutputs, nn.Module):
     """``n_bags`` cross-fitted :class:`~xrfm_torch.xRFMTree` s, averaged (see the module docstring).
 
     Args:
@@ -244,6 +245,7 @@ class BaggedTree(nn.Module):
         self.bags = nn.ModuleList(bags)
         self.folds_ = folds
         self.oof_ = self._out_of_fold(Xp, folds)
+        self._honest = HonestOutputs(self.oof_, yp, w)
         self.fit_seconds_ = time.perf_counter() - start
         log.info(
             "fitted %d cross-fitted bags (%d leaves) in %.2fs", self.n_bags, self.n_leaves,
@@ -367,23 +369,29 @@ class BaggedTree(nn.Module):
         )
 
 
-def model_from_config(cfg: dict[str, Any]) -> xRFMTree | BaggedTree:
-    """Build an unfitted ``xRFMTree`` or ``BaggedTree`` from ``get_config`` output (allow-listed).
-
-    Raises:
-        ValueError: ``cfg`` names a ``_target_`` outside the package's allow-list.
-        TypeError: ``cfg`` builds something else.
-    """
-    model = from_config(cfg)
-    if not isinstance(model, (xRFMTree, BaggedTree)):
-        raise TypeError(f"the config builds a {type(model).__name__}, not an xrfm_torch model")
-    return model
+def _blend_module() -> Any:
+    # by name, at call time: xrfm_torch.tree.blend imports this module
+    return importlib.import_module("xrfm_torch.tree.blend")
 
 
-def bag_list(model: nn.Module) -> Sequence[xRFMTree]:
-    """The single trees of ``model``: its bags, or the tree itself."""
-    if isinstance(model, BaggedTree):
-        return model._bags()
-    if isinstance(model, xRFMTree):
-        return [model]
-    raise TypeError(f"expected an xRFMTree or BaggedTree, got {type(model).__name__}")
+def model_from_config(cfg: dict[str, Any]) -> nn.Module:
+    """Deprecated: :func:`xrfm_torch.tree.blend.model_from_config` (which also builds blends)."""
+    blend = _blend_module()
+    warnings.warn(
+        "xrfm_torch.tree.bagging.model_from_config is deprecated; use "
+        "xrfm_torch.tree.blend.model_from_config",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return blend.model_from_config(cfg)
+
+
+def bag_list(model: nn.Module) -> list[xRFMTree]:
+    """Deprecated: :func:`xrfm_torch.tree.blend.bag_list`."""
+    blend = _blend_module()
+    warnings.warn(
+        "xrfm_torch.tree.bagging.bag_list is deprecated; use xrfm_torch.tree.blend.bag_list",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return list(blend.bag_list(model))

@@ -36,6 +36,7 @@ from xrfm_torch.tree.routing import hard_weights, soft_weights
 
 if TYPE_CHECKING:
     from xrfm_torch.tree.bagging import BaggedTree
+    from xrfm_torch.tree.blend import KernelBlend
     from xrfm_torch.tree.model import xRFMTree
 
 #: What an exported model returns: predictions (class scores for classification) or probabilities.
@@ -132,27 +133,39 @@ class ExportableTree(nn.Module):
 
 
 class ExportableBags(nn.Module):
-    """A fitted :class:`~xrfm_torch.tree.bagging.BaggedTree` for export.
+    """A fitted ``BaggedTree`` or :class:`~xrfm_torch.tree.blend.KernelBlend` for export.
 
-    The mean of one :class:`ExportableTree` per bag: scores, or probabilities with
-    ``output="proba"``, as the eager ``forward`` / ``predict_proba``.
+    The weighted mean of one :class:`ExportableTree` per single tree (a bag's weight is its
+    member's over the member's bags): scores, or probabilities with ``output="proba"``, as the
+    eager ``forward`` / ``predict_proba``.
     """
 
+    weights: Tensor
+
     def __init__(
-        self, model: BaggedTree, *, output: Output = "predict", temperature: float | None = None
+        self,
+        model: BaggedTree | KernelBlend,
+        *,
+        output: Output = "predict",
+        temperature: float | None = None,
     ) -> None:
-        from xrfm_torch.tree.bagging import bag_list
+        from xrfm_torch.tree.blend import weighted_trees
 
         super().__init__()
         if not model.is_fitted:
-            raise RuntimeError("ExportableBags needs a fitted BaggedTree; call .fit(X, y) first")
+            raise RuntimeError(
+                f"ExportableBags needs a fitted {type(model).__name__}; call .fit(X, y) first"
+            )
+        pairs = weighted_trees(model)
         self.bags = nn.ModuleList(
-            ExportableTree(b, output=output, temperature=temperature) for b in bag_list(model)
+            ExportableTree(b, output=output, temperature=temperature) for _, b in pairs
         )
+        dtype = pairs[0][1].input_map.dtype
+        self.register_buffer("weights", torch.tensor([w for w, _ in pairs], dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
-        """Mean of the bags' exported outputs (n, c)."""
-        return torch.stack([b(x) for b in self.bags]).mean(0)
+        """Weighted mean of the bags' exported outputs (n, c)."""
+        return torch.einsum("b,bnc->nc", self.weights, torch.stack([b(x) for b in self.bags]))
 
 
 def exportable(
@@ -162,10 +175,11 @@ def exportable(
 ) -> nn.Module:
     """The exportable form of ``model`` (an exportable module is returned as it is)."""
     from xrfm_torch.tree.bagging import BaggedTree
+    from xrfm_torch.tree.blend import KernelBlend
 
     if isinstance(model, (ExportableTree, ExportableBags)):
         return model
-    if isinstance(model, BaggedTree):
+    if isinstance(model, (BaggedTree, KernelBlend)):
         return ExportableBags(model, output=output, temperature=temperature)
     return ExportableTree(cast("xRFMTree", model), output=output, temperature=temperature)
 

@@ -1,6 +1,7 @@
 """Model files: ``save_model`` / ``load_model``, and the state-dict format version.
 
-A model file (an ``xRFMTree`` or a :class:`~xrfm_torch.tree.bagging.BaggedTree`; the ``format``
+A model file (an ``xRFMTree``, a :class:`~xrfm_torch.tree.bagging.BaggedTree` or a
+:class:`~xrfm_torch.tree.blend.KernelBlend`; the ``format``
 string names the file layout, the config the class) is ``torch.save`` of plain data only::
 
     {"format": "xrfm_torch.xRFMTree", "format_version": int, "config": model.get_config(),
@@ -30,14 +31,15 @@ from typing import Any
 
 import torch
 
-from xrfm_torch.tree.bagging import BaggedTree, model_from_config
+from xrfm_torch.tree.bagging import BaggedTree
+from xrfm_torch.tree.blend import KernelBlend, model_from_config
 from xrfm_torch.tree.model import xRFMTree
 from xrfm_torch.tree.state import STATE_FORMAT_VERSION
 
 FILE_FORMAT = "xrfm_torch.xRFMTree"
 
 
-def save_model(model: xRFMTree | BaggedTree, path: str | os.PathLike[str]) -> None:
+def save_model(model: xRFMTree | BaggedTree | KernelBlend, path: str | os.PathLike[str]) -> None:
     """Write a fitted model to ``path`` (plain data; see the module docstring).
 
     Raises:
@@ -58,7 +60,7 @@ def save_model(model: xRFMTree | BaggedTree, path: str | os.PathLike[str]) -> No
 
 def load_model(
     path: str | os.PathLike[str], map_location: str | torch.device | None = None
-) -> xRFMTree | BaggedTree:
+) -> xRFMTree | BaggedTree | KernelBlend:
     """Read a model written by :func:`save_model` (``torch.load(weights_only=True)``).
 
     Args:

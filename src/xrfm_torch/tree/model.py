@@ -30,6 +30,7 @@ from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.config import DEFAULTS, SETTINGS, TreeConfig
 from xrfm_torch.tree.fit import FitPlan, fit_trees, refit_trees
 from xrfm_torch.tree.grow import Progress
+from xrfm_torch.tree.honest import HasHonestOutputs, HonestOutputs
 from xrfm_torch.tree.interpret import (
     ImportanceSource,
     feature_importance,
@@ -55,7 +56,7 @@ from xrfm_torch.tree.uncertainty import (
 log = logging.getLogger(__name__)
 
 
-class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
+class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
     """Tree-partitioned Recursive Feature Machine, fitted in closed form.
 
     ``fit`` grows a supervised median-split tree (each split: top AGOP eigenvector of a small RFM on
@@ -353,6 +354,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
         data = self._fit_data(X, y, X_val, y_val, sample_weight, val_sample_weight, generator)
         weights = [t for t in (data.w, data.w_val) if t is not None]
         check_same_data(self.config.distributed, data.X, data.y, data.X_val, data.y_val, *weights)
+        raw_y_val, raw_w_val = data.y_val, data.w_val  # before the targets' coding
         data = self.targets.fit(data.y, data.w).encode_data(data)
         self.input_map.fit(
             data.X,
@@ -381,7 +383,7 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             self._plan(data.X.shape[0], len(maps)),
             generator=generator,
             progress=progress,
-            val_scores=self.task == "classification",
+            val_scores=True,
             posterior=self.variance is not None,
         )
         if self.variance is not None and grown.val_moments is not None:
@@ -389,8 +391,11 @@ class xRFMTree(nn.Module):  # noqa: N801 (the method's name)
             broadcast_module(self.variance, self.config.distributed)
         if grown.val_scores is not None:
             scores = self.targets.decode(grown.val_scores)
-            chosen = self.targets.calibrate(scores, data.y_val, data.w_val)
-            log.info("probabilities: %s", chosen)
+            if self.task == "classification":
+                chosen = self.targets.calibrate(scores, data.y_val, data.w_val)
+                log.info("probabilities: %s", chosen)
+                scores = self.targets.probabilities(scores)
+            self._honest = HonestOutputs(scores, raw_y_val, raw_w_val)
         self.trees = nn.ModuleList(grown.trees)
         self.input_map.set_maps(grown.maps)
         self.fitted_temperature_ = torch.tensor(0.0, dtype=data.X.dtype, device=data.X.device)

@@ -1,0 +1,396 @@
+"""Kernel blends: one model's settings fitted once per kernel, mixed by weights on honest outputs.
+
+Which kernel suits a table is a property of the table. On the classification suite (issue 35,
+``docs/benchmarks.md``) the Gaussian kernel beats the Laplace kernel by 1-30 % log-loss on about
+half the tables and loses by 10-80 % on others (california, electricity, diamonds), and no
+cheap probe ranks them reliably. So :class:`KernelBlend` fits the model once per kernel on the
+same rows with the same draws (same splits, same folds), and chooses mixing weights, multiples
+of ``1 / weight_steps`` summing to 1, that minimize the loss of the mixed honest outputs
+(:mod:`xrfm_torch.tree.honest`: out-of-fold outputs of a ``BaggedTree``, validation outputs of a
+single tree): log-loss of the mixed probabilities, or the squared error of the mixed
+predictions. Ties go to the earlier kernels. Members of weight 0 are dropped, so a table where
+one kernel wins keeps one model. The cost is one fit per kernel.
+
+Predictions are the weighted means of the members' (probabilities for ``predict_proba``,
+scores or targets for ``forward``); ``return_std`` is the weighted mixture's.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Literal, cast, overload
+
+import torch
+from torch import Tensor, nn
+
+from xrfm_torch.kernels import KERNELS
+from xrfm_torch.numerics.agop import agop_from_grads
+from xrfm_torch.numerics.checks import check_int
+from xrfm_torch.numerics.config import from_config, to_config
+from xrfm_torch.numerics.rng import own_generator
+from xrfm_torch.tree.bagging import BaggedTree
+from xrfm_torch.tree.grow import Progress
+from xrfm_torch.tree.honest import (
+    HasHonestOutputs,
+    HonestOutputs,
+    check_same_rows,
+    mean_loss,
+    row_losses,
+)
+from xrfm_torch.tree.interpret import ImportanceSource, input_grads
+from xrfm_torch.tree.model import xRFMTree
+from xrfm_torch.tree.uncertainty import normal_quantile
+
+log = logging.getLogger(__name__)
+
+#: The models a blend may hold: single trees or cross-fitted bags.
+Member = xRFMTree | BaggedTree
+#: The kernel settings a member keeps from the blend's prototype (where its class takes them).
+KEPT_KERNEL_ARGS = ("bandwidth", "eps", "chunk_bytes")
+
+
+def weight_grid(n_kernels: int, steps: int) -> Tensor:
+    """Every weight vector with entries in ``{0, 1/steps, ..., 1}`` summing to 1, (g, n_kernels).
+
+    Rows run from the first kernel alone down (lexicographically by decreasing weights), so the
+    first minimum of a loss over the rows favours the earlier kernels.
+    """
+    rows = [c for c in itertools.product(range(steps, -1, -1), repeat=n_kernels) if sum(c) == steps]
+    return torch.tensor(rows, dtype=torch.float64) / steps
+
+
+class KernelBlend(HasHonestOutputs, nn.Module):
+    """A model fitted once per kernel, its members mixed by weights chosen on honest outputs.
+
+    Args:
+        model: The settings of every member (an unfitted ``xRFMTree`` or ``BaggedTree``; only
+            its config is used, the kernel replaced by each of ``kernels``, keeping the
+            prototype kernel's bandwidth). Default ``xRFMTree()``.
+        kernels: Names of at least two distinct kernels (:data:`~xrfm_torch.kernels.KERNELS`).
+        weight_steps: The weights are multiples of ``1 / weight_steps`` (4: 0, 0.25, ..., 1).
+
+    Attributes:
+        members: The fitted models of non-zero weight.
+        weights_: Their weights (sum 1).
+        member_kernels_: Each member's index in ``kernels``.
+        honest_losses_: The honest loss of every weight vector tried (not saved).
+
+    Example:
+        >>> blend = KernelBlend(xRFMTree(task="classification"), kernels=("laplace", "gaussian"))
+        >>> blend.get_config()["kernels"]
+        ['laplace', 'gaussian']
+    """
+
+    weights_: Tensor
+    member_kernels_: Tensor
+
+    def __init__(
+        self,
+        model: Member | None = None,
+        *,
+        kernels: Sequence[str] = ("laplace", "gaussian"),
+        weight_steps: int = 4,
+    ) -> None:
+        super().__init__()
+        proto = xRFMTree() if model is None else model
+        if not isinstance(proto, (xRFMTree, BaggedTree)):
+            raise TypeError(f"model must be an xRFMTree or BaggedTree, got {type(proto).__name__}")
+        names = [kernels] if isinstance(kernels, str) else list(kernels)
+        unknown = [k for k in names if not isinstance(k, str) or k not in KERNELS]
+        if unknown:
+            raise ValueError(f"unknown kernel {unknown[0]!r}; choose from {sorted(KERNELS)}")
+        if len(names) < 2 or len(set(names)) != len(names):
+            raise ValueError(f"kernels must name at least 2 distinct kernels, got {names}")
+        self.kernels = tuple(names)
+        self.weight_steps = check_int(weight_steps, "weight_steps", 1)
+        self._model_config = proto.get_config()
+        self.members = nn.ModuleList()
+        self.register_buffer("weights_", torch.zeros(0))
+        self.register_buffer("member_kernels_", torch.zeros(0, dtype=torch.long))
+        self.honest_losses_: dict[tuple[float, ...], float] = {}
+        self.fit_seconds_: float | None = None
+
+    # ---- settings ------------------------------------------------------------------------------
+    def get_config(self) -> dict[str, Any]:
+        """Constructor arguments as plain data (the members' settings as a nested config)."""
+        return {
+            "_target_": f"{type(self).__module__}.{type(self).__qualname__}",
+            "model": copy.deepcopy(self._model_config),
+            "kernels": list(self.kernels),
+            "weight_steps": self.weight_steps,
+        }
+
+    def _tree_config(self) -> dict[str, Any]:
+        cfg = self._model_config
+        return cast(dict[str, Any], cfg.get("tree", cfg))
+
+    def member_config(self, index: int) -> dict[str, Any]:
+        """The config of the member with kernel ``kernels[index]``."""
+        cfg = copy.deepcopy(self._model_config)
+        tree = cfg.get("tree", cfg)
+        kernel = to_config(KERNELS[self.kernels[index]]())
+        proto = tree.get("kernel") or {}
+        for key in KEPT_KERNEL_ARGS:
+            if key in proto and key in kernel:
+                kernel[key] = proto[key]
+        tree["kernel"] = kernel
+        return cfg
+
+    def _new_member(self, index: int) -> Member:
+        return cast(Member, from_config(self.member_config(index)))
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the members spread their work over the default process group's ranks.
+
+        A bagged member spreads its bags, a single tree its leaves.
+        """
+        return bool(self._model_config.get("distributed", False))
+
+    @distributed.setter
+    def distributed(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"distributed must be a bool, got {value!r}")
+        self._model_config["distributed"] = value
+
+    @property
+    def task(self) -> str:
+        """``"regression"`` or ``"classification"`` (the members' task)."""
+        return str(self._tree_config().get("task", "regression"))
+
+    @property
+    def uncertainty(self) -> str:
+        """The members' predictive-variance model."""
+        return str(self._tree_config().get("uncertainty", "none"))
+
+    @property
+    def is_fitted(self) -> bool:
+        """Whether the blend holds its fitted members."""
+        return (
+            len(self.members) > 0
+            and len(self.members) == self.weights_.numel()
+            and all(m.is_fitted for m in self._members())
+        )
+
+    def _members(self) -> list[Member]:
+        return [cast(Member, m) for m in self.members]
+
+    def _check_fitted(self) -> None:
+        if not self.is_fitted:
+            raise RuntimeError("this KernelBlend is not fitted yet; call .fit(X, y) first")
+
+    def weighted_members(self) -> list[tuple[float, Member]]:
+        """``(weight, member)`` pairs of the fitted blend."""
+        self._check_fitted()
+        return list(zip(self.weights_.tolist(), self._members()))
+
+    @property
+    def n_leaves(self) -> int:
+        """Leaves over all members."""
+        return sum(m.n_leaves for m in self._members())
+
+    @property
+    def n_features_in_(self) -> int:
+        """Input columns."""
+        self._check_fitted()
+        return self._members()[0].n_features_in_
+
+    @property
+    def n_outputs_(self) -> int:
+        """Output columns (targets, or classes)."""
+        self._check_fitted()
+        return self._members()[0].n_outputs_
+
+    # ---- fitting -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def fit(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None = None,
+        y_val: Tensor | None = None,
+        *,
+        sample_weight: Tensor | None = None,
+        val_sample_weight: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        progress: Progress | None = None,
+    ) -> KernelBlend:
+        """Fit one member per kernel (same rows, same draws), then choose the weights.
+
+        Arguments as the members' ``fit`` (:meth:`xRFMTree.fit`, :meth:`BaggedTree.fit`); every
+        member starts from the state ``generator`` has at the call, so each is the model its
+        kernel alone would give with that seed.
+        """
+        start = time.perf_counter()
+        generator = own_generator(generator)
+        state = generator.get_state()
+        fitted: list[Member] = []
+        for index in range(len(self.kernels)):
+            member = self._new_member(index)
+            draws = torch.Generator()
+            draws.set_state(state)
+            member.fit(
+                X,
+                y,
+                X_val,
+                y_val,
+                sample_weight=sample_weight,
+                val_sample_weight=val_sample_weight,
+                generator=draws,
+                progress=progress,
+            )
+            fitted.append(member)
+        parts = [m.honest_outputs() for m in fitted]
+        check_same_rows(parts)
+        grid = weight_grid(len(fitted), self.weight_steps)
+        outputs = torch.stack([p.outputs for p in parts]).double()
+        targets, weights = parts[0].targets, parts[0].weights
+        losses = []
+        for w in grid:
+            mixed = torch.einsum("k,knc->nc", w.to(outputs), outputs)
+            losses.append(float(mean_loss(row_losses(mixed, targets, self.task), weights)))
+        best = min(range(len(losses)), key=lambda i: losses[i])
+        chosen = grid[best]
+        keep = (chosen > 0).nonzero().squeeze(1)
+        self.members = nn.ModuleList(fitted[int(k)] for k in keep)
+        self.weights_ = chosen[keep].to(device=X.device, dtype=X.dtype)
+        self.member_kernels_ = keep.to(X.device)
+        self.honest_losses_ = {tuple(w.tolist()): v for w, v in zip(grid, losses)}
+        mixed = torch.einsum("k,knc->nc", chosen.to(outputs), outputs).to(parts[0].outputs)
+        self._honest = HonestOutputs(mixed, targets, weights)
+        self.fit_seconds_ = time.perf_counter() - start
+        log.info(
+            "kernel blend %s (honest %s: %s) in %.2fs",
+            " + ".join(f"{w:.2f} {self.kernels[int(k)]}" for w, k in zip(chosen[keep], keep)),
+            "log-loss" if self.task == "classification" else "MSE",
+            ", ".join(f"{tuple(round(v, 2) for v in w)} {v:.4g}" for w, v in zip(grid.tolist(), losses)),
+            self.fit_seconds_,
+        )  # fmt: skip
+        return self
+
+    # ---- prediction ----------------------------------------------------------------------------
+    @overload
+    def forward(
+        self,
+        x: Tensor,
+        temperature: float | Tensor | None = None,
+        *,
+        return_std: Literal[False] = False,
+    ) -> Tensor: ...
+    @overload
+    def forward(
+        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: Literal[True]
+    ) -> tuple[Tensor, Tensor]: ...
+    def forward(
+        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Weighted mean of the members' outputs (class scores for classification), differentiable.
+
+        Args:
+            x: Inputs (n, d).
+            temperature: Routing temperature for every member (default: each one's fitted one).
+            return_std: Also the standard deviation of the weighted mixture of the members'
+                predictive distributions: ``sqrt(sum_k w_k (s_k^2 + m_k^2) - m^2)``.
+        """
+        pairs = self.weighted_members()
+        if not return_std:
+            return cast(Tensor, sum(w * m(x, temperature) for w, m in pairs))
+        outs = [(w, m(x, temperature, return_std=True)) for w, m in pairs]
+        mean = cast(Tensor, sum(w * ms[0] for w, ms in outs))
+        second = cast(Tensor, sum(w * (ms[1].square() + ms[0].square()) for w, ms in outs))
+        return mean, (second - mean.square()).clamp_min(0.0).sqrt()
+
+    def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """Weighted mean of the members' class probabilities (n, K)."""
+        pairs = self.weighted_members()
+        if self.task != "classification":
+            raise ValueError("predict_proba needs task='classification'")
+        return cast(Tensor, sum(w * m.predict_proba(x, temperature) for w, m in pairs))
+
+    def predict_interval(
+        self, x: Tensor, coverage: float = 0.9, temperature: float | Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``mean -/+ z std`` of the mixture (normal quantile ``z``), each (n, c)."""
+        z = normal_quantile(coverage)
+        mean, std = self(x, temperature, return_std=True)
+        return mean - z * std, mean + z * std
+
+    # ---- interpretation ------------------------------------------------------------------------
+    def input_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """Input gradients of the blended model, shape (n, c, d)."""
+        self._check_fitted()
+        return input_grads(lambda xg: self(xg, temperature), x)
+
+    def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
+        """AGOP of the blend at ``x``, or (default) the weighted mean of the members' AGOPs."""
+        if x is not None:
+            return agop_from_grads(self.input_grads(x), diag=diag)
+        return cast(Tensor, sum(w * m.agop(diag=diag) for w, m in self.weighted_members()))
+
+    def feature_importance(self, source: ImportanceSource = "M") -> Tensor:
+        """Weighted mean of the members' feature importances (sums to 1), shape (d,)."""
+        pairs = self.weighted_members()
+        return cast(Tensor, sum(w * m.feature_importance(source) for w, m in pairs))
+
+    # ---- loading into a fresh module -----------------------------------------------------------
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # the saved members' kernels say which empty members to build; each loads its own keys
+        index = state_dict.get(prefix + "member_kernels_")
+        if isinstance(index, Tensor):
+            picks = [int(i) for i in index.tolist()]
+            if any(not 0 <= i < len(self.kernels) for i in picks):
+                raise ValueError(
+                    f"the state names member kernels {picks}, but this blend has "
+                    f"{len(self.kernels)} kernels {list(self.kernels)}"
+                )
+            self.members = nn.ModuleList(self._new_member(i) for i in picks)
+            self.member_kernels_ = torch.zeros_like(index)
+            weights = state_dict.get(prefix + "weights_")
+            if isinstance(weights, Tensor):
+                self.weights_ = torch.zeros_like(weights)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+
+def model_from_config(cfg: dict[str, Any]) -> xRFMTree | BaggedTree | KernelBlend:
+    """Build an unfitted model (``xRFMTree``, ``BaggedTree`` or ``KernelBlend``) from its config.
+
+    Raises:
+        ValueError: ``cfg`` names a ``_target_`` outside the package's allow-list.
+        TypeError: ``cfg`` builds something else.
+    """
+    model = from_config(cfg)
+    if not isinstance(model, (xRFMTree, BaggedTree, KernelBlend)):
+        raise TypeError(f"the config builds a {type(model).__name__}, not an xrfm_torch model")
+    return model
+
+
+def weighted_trees(model: nn.Module) -> list[tuple[float, xRFMTree]]:
+    """The single trees of ``model`` with their weights in its predictions (summing to 1)."""
+    if isinstance(model, KernelBlend):
+        return [(w * v, t) for w, m in model.weighted_members() for v, t in weighted_trees(m)]
+    if isinstance(model, BaggedTree):
+        bags = model._bags()
+        return [(1.0 / len(bags), b) for b in bags]
+    if isinstance(model, xRFMTree):
+        return [(1.0, model)]
+    raise TypeError(f"expected an xrfm_torch model, got {type(model).__name__}")
+
+
+def bag_list(model: nn.Module) -> Sequence[xRFMTree]:
+    """The single trees of ``model``: its bags (of every member), or the tree itself."""
+    return [t for _, t in weighted_trees(model)]
