@@ -42,7 +42,8 @@ MODELS = ["ours", "xrfm_default", "xrfm_d"]
 #: Ours under :func:`cpu_rules` (``--models ... ours_cpu_rules``): the before of the GPU changes.
 CPU_RULES = "ours_cpu_rules"
 #: Extra configurations of ours (``--variant NAME=JSON``): JSON keyword arguments of xRFMTree,
-#: ``"leaf"`` given as a dict of LeafConfig fields.
+#: ``"leaf"`` given as a dict of LeafConfig fields, ``"blend_kernels"`` (a list of kernel names)
+#: fits a KernelBlend of that tree.
 VARIANTS: dict[str, dict[str, Any]] = {}
 
 
@@ -106,14 +107,17 @@ def fitter(model: str, d: Any, seed: int, device: str) -> Callable[[], Callable[
     """A closure that fits ``model`` on ``d`` and returns its test-prediction function."""
     t = torch.from_numpy
     if model in ("ours", CPU_RULES) or model in VARIANTS:
-        from xrfm_torch import LeafConfig, xRFMTree
+        from xrfm_torch import KernelBlend, LeafConfig, xRFMTree
 
         options = dict(VARIANTS.get(model, {}))
         if isinstance(options.get("leaf"), dict):
             options["leaf"] = LeafConfig(**options["leaf"])
+        blend = options.pop("blend_kernels", None)  # a KernelBlend of the tree over these
 
         def fit() -> Callable[[Any], Any]:
-            m = xRFMTree(**options)
+            m: Any = xRFMTree(**options)
+            if blend:
+                m = KernelBlend(m, kernels=blend)
             dev = [t(a).to(device) for a in (d.X_train, d.y_train, d.X_val, d.y_val)]
             with cpu_rules() if model == CPU_RULES else contextlib.nullcontext():
                 m.fit(*dev, generator=torch.Generator().manual_seed(seed))
