@@ -45,7 +45,9 @@ def scores(p: np.ndarray, y: np.ndarray) -> dict:
     return row
 
 
-def fit_kernel(parts: list, ys: tuple, seed: int, kernel: str, device: str) -> dict:
+def fit_kernel(
+    parts: list, ys: tuple, seed: int, kernel: str, device: str, options: dict | None = None
+) -> dict:
     """One kernel's model: fit seconds, test probabilities, honest probabilities and their labels."""
     import torch
 
@@ -53,7 +55,7 @@ def fit_kernel(parts: list, ys: tuple, seed: int, kernel: str, device: str) -> d
     from xrfm_torch.tree.bagging import BaggedTree
 
     start = time.perf_counter()
-    m = XRFMClassifier(kernel=kernel, random_state=seed, device=device)
+    m = XRFMClassifier(kernel=kernel, random_state=seed, device=device, **(options or {}))
     m.fit(parts[0], ys[0], eval_set=(parts[1], ys[1]))
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -95,13 +97,15 @@ def rules(fits: dict[str, dict]) -> dict[str, tuple[np.ndarray, list[str]]]:
     return {"best_val": (fits[best]["test"], [best]), "mean": (mean, names), "blend": (blend, used)}
 
 
-def run_job(path: Path, seed: int, kernels: list[str], device: str) -> tuple[list[dict], dict]:
+def run_job(
+    path: Path, seed: int, kernels: list[str], device: str, options: dict | None = None
+) -> tuple[list[dict], dict]:
     """Rows and arrays of one (table, seed)."""
     tab = f"{path.parent.name}/{path.name.removesuffix('.csv.gz')}"
     parts, ys, _ = split_table(path, seed)
     classes = np.unique(ys[0])
     ys = tuple(np.searchsorted(classes, y) for y in ys)
-    fits = {k: fit_kernel(parts, ys, seed, k, device) for k in kernels}
+    fits = {k: fit_kernel(parts, ys, seed, k, device, options) for k in kernels}
     rows, arrays = [], {f"{tab}|{seed}|y_test": ys[2]}
     for k, f in fits.items():
         honest = logloss(f["honest"], f["labels"])
@@ -159,6 +163,7 @@ def main() -> None:
     ap.add_argument(
         "--done", type=Path, help="rows file of an earlier run: skip its (table, seed)s"
     )
+    ap.add_argument("--options", default="{}", help="JSON keyword arguments of every model")
     ap.add_argument("--rescore", nargs=2, type=Path, metavar=("ROWS", "ARRAYS"))
     ap.add_argument("--out", type=Path, default=Path("bench-kernel-choice"))
     a = ap.parse_args()
@@ -179,7 +184,9 @@ def main() -> None:
     arrays: dict = {}
     with (a.out / f"rows-{i}.jsonl").open("a") as fh:
         for seed, tab in jobs:
-            rows, arr = run_job(a.data_dir / f"{tab}.csv.gz", seed, a.kernels, a.device)
+            rows, arr = run_job(
+                a.data_dir / f"{tab}.csv.gz", seed, a.kernels, a.device, json.loads(a.options)
+            )
             arrays.update(arr)
             for row in rows:
                 fh.write(json.dumps(row) + "\n")
