@@ -214,3 +214,45 @@ def test_the_old_bagging_helpers_warn_and_forward(classifier_blend):
     assert isinstance(again, KernelBlend)
     with pytest.warns(DeprecationWarning, match="tree.blend.bag_list"):
         assert bagging.bag_list(blend) == [t for _, t in weighted_trees(blend)]
+
+
+def test_sample_weights_weigh_the_honest_losses():
+    X, y = planted(500, d=3, seed=5, noise=0.2)
+    Xv, yv = planted(200, d=3, seed=6, noise=0.2)
+    wv = torch.linspace(0.1, 3.0, 200)  # heavier rows late: a different weighted mean
+    blend = KernelBlend(small_tree(), kernels=KERNELS, weight_steps=4)
+    blend.fit(X, y, Xv, yv, val_sample_weight=wv, generator=torch.Generator().manual_seed(2))
+    preds = {}
+    for name in KERNELS:
+        tree = small_tree(kernel=name).fit(
+            X, y, Xv, yv, val_sample_weight=wv, generator=torch.Generator().manual_seed(2)
+        )
+        preds[name] = tree(Xv)[:, 0].double()
+    grid = weight_grid(2, 4)
+    weighted = [
+        float(((w[0] * preds["laplace"] + w[1] * preds["gaussian"] - yv).square() * wv).sum() / wv.sum())
+        for w in grid
+    ]  # fmt: skip
+    assert list(blend.honest_losses_.values()) == pytest.approx(weighted, rel=1e-4)
+
+
+def test_return_std_is_the_weighted_mixture_of_the_members():
+    X, y = planted(500, d=3, seed=7, noise=0.3)
+    blend = KernelBlend(small_tree(uncertainty="calibrated"), kernels=KERNELS)
+    members = [
+        small_tree(uncertainty="calibrated", kernel=k).fit(
+            X[:400], y[:400], X[400:], y[400:], generator=torch.Generator().manual_seed(3)
+        )
+        for k in KERNELS
+    ]
+    blend.members = torch.nn.ModuleList(members)  # a mixture of both, whatever a fit would pick
+    blend.weights_ = torch.tensor([0.25, 0.75])
+    blend.member_kernels_ = torch.tensor([0, 1])
+    mean, std = blend(X[:7], return_std=True)
+    parts = [(w, m(X[:7], return_std=True)) for w, m in blend.weighted_members()]
+    m_ref = sum(w * ms[0] for w, ms in parts)
+    second = sum(w * (ms[1].square() + ms[0].square()) for w, ms in parts)
+    torch.testing.assert_close(mean, m_ref)
+    torch.testing.assert_close(std, (second - m_ref.square()).clamp_min(0).sqrt())
+    lo, hi = blend.predict_interval(X[:7], coverage=0.9)
+    torch.testing.assert_close((hi - lo) / 2, 1.6448536 * std, rtol=1e-5, atol=1e-6)

@@ -7,7 +7,7 @@ import torch
 
 from conftest import planted
 from test_weights import integer_weights
-from xrfm_torch import LeafConfig, xRFMTree
+from xrfm_torch import LeafConfig, LeafRFM, xRFMTree
 from xrfm_torch.leaf.criteria import fit_platt, fit_softmax_scale
 from xrfm_torch.tree.splits import PCASplit, balanced_split, sse_cut
 from xrfm_torch.tree.temperature import prediction_errors
@@ -73,6 +73,42 @@ def test_equal_weights_fit_the_unweighted_model_bit_for_bit():
     assert plain.n_leaves > 1
     for (k, a), b in zip(plain.state_dict().items(), equal.state_dict().values()):
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, k
+
+
+def test_weights_of_one_set_only_reach_the_leaves_that_borrow_validation_rows(monkeypatch):
+    # split leaves borrow training rows for validation: with weights on one set only, every
+    # validation row still needs one (1 where its set had none); this used to raise
+    X, y = planted(700, d=4)
+    Xv, yv = planted(200, d=4, seed=3)
+    g = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    plain = small_tree().fit(X, y, Xv, yv, generator=g())
+    assert plain.n_leaves > 1
+    ones = small_tree().fit(X, y, Xv, yv, val_sample_weight=torch.ones(200), generator=g())
+    Xq, _ = planted(50, d=4, seed=4)
+    assert torch.equal(ones(Xq), plain(Xq))
+    seen = []  # what each leaf's fit gets: validation rows and their weights
+    fit = LeafRFM.fit
+
+    def spy(leaf, X_, y_, X_val=None, y_val=None, **kw):
+        seen.append((X_val, kw.get("val_sample_weight")))
+        return fit(leaf, X_, y_, X_val, y_val, **kw)
+
+    tilted = torch.linspace(0.2, 3.0, 200)
+    monkeypatch.setattr(LeafRFM, "fit", spy)
+    small_tree().fit(X, y, Xv, yv, val_sample_weight=tilted, generator=g())
+    borrowed = [(xv, wv) for xv, wv in seen if xv is not None and xv.shape[0] > 0]
+    assert borrowed and all(wv is not None and wv.shape[0] == xv.shape[0] for xv, wv in borrowed)
+    # the user's rows keep their (relative) weights, none of which is 1; borrowed rows weigh 1
+    relative = tilted / tilted.mean()
+    user = [torch.isclose(wv[:, None], relative[None, :]).any(1) for _, wv in borrowed]
+    assert all(bool((u | (wv == 1.0)).all()) for u, (_, wv) in zip(user, borrowed))
+    assert any(bool((wv == 1.0).any()) for _, wv in borrowed)  # some leaf borrowed rows
+    assert sum(int(u.sum()) for u in user) >= 200  # the user rows reach the leaves (and splits)
+    monkeypatch.undo()
+    train_only = small_tree().fit(
+        X, y, Xv, yv, sample_weight=torch.full((700,), 2.0), generator=g()
+    )
+    assert torch.equal(train_only(Xq), plain(Xq))  # equal weights: the unweighted model
 
 
 def test_zero_weights_are_the_rows_left_out():

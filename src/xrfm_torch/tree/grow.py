@@ -291,9 +291,13 @@ def fit_leaves(
                 max_borrow_fraction=config.max_borrow_fraction,
                 generator=generator,
             )
+            if wv is not None or w is not None:  # every row keeps its weight (1: its set had none)
+                ones = torch.ones(Xv.shape[0] + borrowed.shape[0], dtype=X.dtype, device=X.device)
+                wv = torch.cat(
+                    [ones[: Xv.shape[0]] if wv is None else wv,
+                     ones[Xv.shape[0] :] if w is None else w[borrowed]]
+                )  # fmt: skip
             Xv, yv = torch.cat([Xv, X[borrowed]]), torch.cat([yv, y[borrowed]])
-            if wv is not None and w is not None:
-                wv = torch.cat([wv, w[borrowed]])
         plans.append((tr, Xv, yv, rows if config.refit_borrowed else torch.cat([tr, extra]), wv))
     seeds = leaf_seeds(generator, len(plans))
     leaves = [new_leaf().to(device=X.device, dtype=X.dtype) for _ in plans]
