@@ -205,6 +205,25 @@ def test_lightning_experiment_kernel_blend_fits_reports_and_reloads(tmp_path):
     assert torch.equal(loaded.predict_step((x,), 0), system.predict_step((x,), 0))
 
 
+def test_lightning_blend_of_bags_logs_its_mixed_out_of_fold_scores(tmp_path):
+    from test_configs import compose_with
+    from xrfm_torch.pipeline import run
+
+    cfg = compose_with(
+        ["experiment=kernel_blend", "system.n_bags=2", "debug=fast", "logger=none",
+         "trainer.enable_progress_bar=false"],
+        tmp_path,
+    )  # fmt: skip
+    result = run(cfg)
+    system, dm = result["objects"]["system"], result["objects"]["datamodule"]
+    blend = system.tree
+    assert isinstance(blend, KernelBlend) and isinstance(blend.members[0], BaggedTree)
+    y = torch.cat([torch.from_numpy(dm.data.y_train), torch.from_numpy(dm.data.y_val)])
+    pred = system.to_output(blend.honest_outputs().outputs)
+    rmse = float((pred - system.original_targets(y.float())).double().square().mean().sqrt())
+    assert result["metrics"]["val/oof_rmse"] == pytest.approx(rmse, rel=1e-6)
+
+
 def test_the_old_bagging_helpers_warn_and_forward(classifier_blend):
     from xrfm_torch.tree import bagging
 

@@ -93,7 +93,8 @@ class XRFMLitModule(pl.LightningModule):
             ``K`` cross-fitted copies on the pooled training and validation rows, averaged
             (``system.n_bags=5``; ``experiment=bagged``). The ``val/*`` metrics are then those of
             rows every bag but one trained on; ``val/oof_*`` (the same metrics) score each row by
-            the bag that did not.
+            the bag that did not (with ``blend_kernels`` too: the blend's mixed out-of-fold
+            outputs).
         blend_kernels: Two or more kernel names wrap the model (tree or bags) in a
             :class:`~xrfm_torch.tree.blend.KernelBlend`: one fit per kernel, mixed by weights
             chosen on the honest outputs (``system.blend_kernels=[laplace,gaussian]``;
@@ -238,8 +239,12 @@ class XRFMLitModule(pl.LightningModule):
                 f"the training rows hold labels 0 .. {self.tree.n_outputs_ - 1}, "
                 f"but num_classes={k}: every class needs training rows"
             )
+        pooled = y if yv is None else torch.cat([y, yv.to(y.dtype)])
         if isinstance(self.tree, BaggedTree):
-            self.log_oof(self.tree.oof_, y if yv is None else torch.cat([y, yv.to(y.dtype)]))
+            self.log_oof(self.tree.oof_, pooled)
+        elif isinstance(self.tree, KernelBlend) and isinstance(self.tree.members[0], BaggedTree):
+            # a blend of bags: its mixed out-of-fold outputs, those its weights were chosen on
+            self.log_oof(self.tree.honest_outputs().outputs, pooled)
 
     @torch.no_grad()
     def log_oof(self, oof: Tensor, y: Tensor) -> None:
