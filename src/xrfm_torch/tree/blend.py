@@ -2,7 +2,7 @@
 
 Which kernel suits a table is a property of the table. On the classification suite (issue 35,
 ``docs/benchmarks.md``) the Gaussian kernel beats the Laplace kernel by 1-30 % log-loss on about
-half the tables and loses by 10-80 % on others (california, electricity, diamonds), and no
+half the tables and loses by 13-81 % on others (diamonds, california, electricity), and no
 cheap probe ranks them reliably. So :class:`KernelBlend` fits the model once per kernel on the
 same rows with the same draws (same splits, same folds), and chooses mixing weights, multiples
 of ``1 / weight_steps`` summing to 1, that minimize the loss of the mixed honest outputs
