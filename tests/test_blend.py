@@ -114,6 +114,12 @@ def test_bagged_members_mix_on_their_out_of_fold_outputs():
     full = torch.zeros(2, dtype=torch.float64)
     full[blend.member_kernels_] = blend.weights_.double()
     torch.testing.assert_close(full, best)
+    torch.testing.assert_close(
+        blend.oof_.double(),
+        sum(full[i] * oof[k] for i, k in enumerate(KERNELS)),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     pairs = weighted_trees(blend)
     assert sum(w for w, _ in pairs) == pytest.approx(1.0)
     torch.testing.assert_close(blend(X[:5]), sum(w * t(X[:5]) for w, t in pairs))
@@ -165,6 +171,8 @@ def test_bad_settings_and_unfitted_use_are_refused():
         blend(torch.zeros(2, 3))
     with pytest.raises(RuntimeError, match="fitted in this session"):
         blend.honest_outputs()
+    with pytest.raises(RuntimeError, match="blend of BaggedTrees"):
+        _ = blend.oof_
 
 
 def test_the_classifier_blends_by_default_and_takes_one_kernel_or_a_tuple():

@@ -75,8 +75,8 @@ class _XRFMEstimator(BaseEstimator):
         n_bags: ``1``: one model. ``K >= 2``: ``K`` cross-fitted bags
             (:class:`~xrfm_torch.tree.bagging.BaggedTree`): the training and ``eval_set`` rows are
             pooled and cut into ``K`` folds, bag ``k`` validating on fold ``k``, predictions
-            averaged; ``tree_.oof_`` holds the out-of-fold predictions (about ``K`` times the
-            fit time). ``"auto"``: ``AUTO_BAGS`` bags when the fit has at most
+            averaged; ``tree_.oof_`` holds the out-of-fold predictions (mixed, for a kernel
+            blend; about ``K`` times the fit time). ``"auto"``: ``AUTO_BAGS`` bags when the fit has at most
             ``AUTO_BAG_ROWS`` rows (training plus ``eval_set``), else one model (the
             classifier's default: on small tables a single model's validation rows are too few
             to calibrate its probabilities, and up to ~20 000 rows the bags still lowered the

@@ -240,11 +240,10 @@ class XRFMLitModule(pl.LightningModule):
                 f"but num_classes={k}: every class needs training rows"
             )
         pooled = y if yv is None else torch.cat([y, yv.to(y.dtype)])
-        if isinstance(self.tree, BaggedTree):
+        if isinstance(self.tree, BaggedTree) or (
+            isinstance(self.tree, KernelBlend) and isinstance(self.tree.members[0], BaggedTree)
+        ):  # a blend of bags: its mixed out-of-fold outputs, those its weights were chosen on
             self.log_oof(self.tree.oof_, pooled)
-        elif isinstance(self.tree, KernelBlend) and isinstance(self.tree.members[0], BaggedTree):
-            # a blend of bags: its mixed out-of-fold outputs, those its weights were chosen on
-            self.log_oof(self.tree.honest_outputs().outputs, pooled)
 
     @torch.no_grad()
     def log_oof(self, oof: Tensor, y: Tensor) -> None:

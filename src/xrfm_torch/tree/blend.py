@@ -189,6 +189,23 @@ class KernelBlend(HasHonestOutputs, nn.Module):
         return list(zip(self.weights_.tolist(), self._members()))
 
     @property
+    def oof_(self) -> Tensor:
+        """Out-of-fold outputs of the pooled rows, mixed by the weights (bagged members only).
+
+        As :attr:`BaggedTree.oof_` (probabilities for classification); not saved.
+
+        Raises:
+            RuntimeError: The members are single trees, or the blend was not fitted in this
+                session (a RuntimeError, not an AttributeError, which ``nn.Module`` would
+                replace by a message without the reason).
+        """
+        if not (len(self.members) and isinstance(self.members[0], BaggedTree)):
+            raise RuntimeError("oof_ needs a fitted blend of BaggedTrees (n_bags > 1)")
+        if self._honest is None:
+            raise RuntimeError("oof_ needs a blend fitted in this session (.fit)")
+        return self._honest.outputs
+
+    @property
     def n_leaves(self) -> int:
         """Leaves over all members."""
         return sum(m.n_leaves for m in self._members())
