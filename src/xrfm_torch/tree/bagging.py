@@ -20,21 +20,20 @@ import importlib
 import logging
 import time
 import warnings
-from typing import Any, Literal, cast, overload
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
-from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import check_int
 from xrfm_torch.numerics.deprecation import renamed
 from xrfm_torch.numerics.rng import own_generator
+from xrfm_torch.tree.ensemble import Ensemble
 from xrfm_torch.tree.grow import Progress
-from xrfm_torch.tree.honest import HasHonestOutputs, HonestOutputs
-from xrfm_torch.tree.interpret import ImportanceSource, input_grads
+from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.model import xRFMTree
 from xrfm_torch.tree.parallel import assign_by_cost, leaf_seeds, run_leaf_jobs, world
-from xrfm_torch.tree.uncertainty import normal_quantile
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ def cross_folds(n: int, k: int, generator: torch.Generator, labels: Tensor | Non
     return folds
 
 
-class BaggedTree(HasHonestOutputs, nn.Module):
+class BaggedTree(Ensemble):
     """``n_bags`` cross-fitted :class:`~xrfm_torch.xRFMTree` s, averaged (see the module docstring).
 
     Args:
@@ -130,26 +129,13 @@ class BaggedTree(HasHonestOutputs, nn.Module):
     def _bags(self) -> list[xRFMTree]:
         return [b for b in self.bags if isinstance(b, xRFMTree)]
 
-    def _check_fitted(self) -> None:
-        if not self.is_fitted:
-            raise RuntimeError("this BaggedTree is not fitted yet; call .fit(X, y) first")
+    def models(self) -> list[xRFMTree]:
+        """The bags."""
+        return self._bags()
 
-    @property
-    def n_leaves(self) -> int:
-        """Leaves over all bags."""
-        return sum(b.n_leaves for b in self._bags())
-
-    @property
-    def n_features_in_(self) -> int:
-        """Input columns."""
-        self._check_fitted()
-        return self._bags()[0].n_features_in_
-
-    @property
-    def n_outputs_(self) -> int:
-        """Output columns (targets, or classes)."""
-        self._check_fitted()
-        return self._bags()[0].n_outputs_
+    def combine(self, parts: Sequence[Tensor]) -> Tensor:
+        """The plain mean over bags."""
+        return torch.stack(list(parts)).mean(0)
 
     # ---- fitting -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -269,82 +255,13 @@ class BaggedTree(HasHonestOutputs, nn.Module):
             out[rows] = pred
         return cast(Tensor, out)
 
-    # ---- prediction ----------------------------------------------------------------------------
+    # ---- prediction (Ensemble: the mean of the bags) -------------------------------------------
     def _bag_output(self, bag: xRFMTree, x: Tensor, temperature: float | Tensor | None) -> Tensor:
         if self.task == "classification":
             return bag.predict_proba(x, temperature)
         return bag(x, temperature)
 
-    @overload
-    def forward(
-        self,
-        x: Tensor,
-        temperature: float | Tensor | None = None,
-        *,
-        return_std: Literal[False] = False,
-    ) -> Tensor: ...
-    @overload
-    def forward(
-        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: Literal[True]
-    ) -> tuple[Tensor, Tensor]: ...
-    def forward(
-        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: bool = False
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Mean of the bags' predictions (class scores for classification), differentiable.
-
-        Args:
-            x: Inputs (n, d).
-            temperature: Routing temperature for every bag (default: each bag's fitted one).
-            return_std: Also the standard deviation of the equal-weight mixture of the bags'
-                predictive distributions: ``sqrt(mean_k(s_k^2 + m_k^2) - m^2)``.
-
-        Returns:
-            (n, c), or ``(mean, std)``.
-        """
-        self._check_fitted()
-        bags = self._bags()
-        if not return_std:
-            return torch.stack([b(x, temperature) for b in bags]).mean(0)
-        pairs = [b(x, temperature, return_std=True) for b in bags]
-        means = torch.stack([m for m, _ in pairs])
-        second = torch.stack([s.square() + m.square() for m, s in pairs]).mean(0)
-        mean = means.mean(0)
-        return mean, (second - mean.square()).clamp_min(0.0).sqrt()
-
-    def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
-        """Mean of the bags' class probabilities (n, K)."""
-        self._check_fitted()
-        if self.task != "classification":
-            raise ValueError("predict_proba needs task='classification'")
-        return torch.stack([b.predict_proba(x, temperature) for b in self._bags()]).mean(0)
-
-    def predict_interval(
-        self, x: Tensor, coverage: float = 0.9, temperature: float | Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """``mean -/+ z std`` of the mixture (normal quantile ``z``), each (n, c)."""
-        z = normal_quantile(coverage)  # checks coverage before the prediction
-        mean, std = self(x, temperature, return_std=True)
-        return mean - z * std, mean + z * std
-
-    # ---- interpretation ------------------------------------------------------------------------
-    def input_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
-        """Input gradients of the averaged model, shape (n, c, d)."""
-        self._check_fitted()
-        return input_grads(lambda xg: self(xg, temperature), x)
-
     get_grads = renamed("input_grads", "get_grads")
-
-    def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
-        """AGOP of the averaged model at ``x``, or (default) the mean of the bags' leaf AGOPs."""
-        self._check_fitted()
-        if x is not None:
-            return agop_from_grads(self.input_grads(x), diag=diag)
-        return torch.stack([b.agop(diag=diag) for b in self._bags()]).mean(0)
-
-    def feature_importance(self, source: ImportanceSource = "M") -> Tensor:
-        """Mean of the bags' :meth:`xRFMTree.feature_importance` (sums to 1), shape (d,)."""
-        self._check_fitted()
-        return torch.stack([b.feature_importance(source) for b in self._bags()]).mean(0)
 
     # ---- loading into a fresh module -----------------------------------------------------------
     def _load_from_state_dict(

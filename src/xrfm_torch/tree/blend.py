@@ -22,28 +22,25 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, Literal, cast, overload
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from xrfm_torch.kernels import KERNELS
-from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import check_int
 from xrfm_torch.numerics.config import from_config, to_config
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.bagging import BaggedTree
+from xrfm_torch.tree.ensemble import Ensemble
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import (
-    HasHonestOutputs,
     HonestOutputs,
     check_same_rows,
     mean_loss,
     row_losses,
 )
-from xrfm_torch.tree.interpret import ImportanceSource, input_grads
 from xrfm_torch.tree.model import xRFMTree
-from xrfm_torch.tree.uncertainty import normal_quantile
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +60,7 @@ def weight_grid(n_kernels: int, steps: int) -> Tensor:
     return torch.tensor(rows, dtype=torch.float64) / steps
 
 
-class KernelBlend(HasHonestOutputs, nn.Module):
+class KernelBlend(Ensemble):
     """A model fitted once per kernel, its members mixed by weights chosen on honest outputs.
 
     Args:
@@ -179,10 +176,6 @@ class KernelBlend(HasHonestOutputs, nn.Module):
     def _members(self) -> list[Member]:
         return [cast(Member, m) for m in self.members]
 
-    def _check_fitted(self) -> None:
-        if not self.is_fitted:
-            raise RuntimeError("this KernelBlend is not fitted yet; call .fit(X, y) first")
-
     def weighted_members(self) -> list[tuple[float, Member]]:
         """``(weight, member)`` pairs of the fitted blend."""
         self._check_fitted()
@@ -205,22 +198,13 @@ class KernelBlend(HasHonestOutputs, nn.Module):
             raise RuntimeError("oof_ needs a blend fitted in this session (.fit)")
         return self._honest.outputs
 
-    @property
-    def n_leaves(self) -> int:
-        """Leaves over all members."""
-        return sum(m.n_leaves for m in self._members())
+    def models(self) -> list[Member]:
+        """The members of non-zero weight."""
+        return self._members()
 
-    @property
-    def n_features_in_(self) -> int:
-        """Input columns."""
-        self._check_fitted()
-        return self._members()[0].n_features_in_
-
-    @property
-    def n_outputs_(self) -> int:
-        """Output columns (targets, or classes)."""
-        self._check_fitted()
-        return self._members()[0].n_outputs_
+    def combine(self, parts: Sequence[Tensor]) -> Tensor:
+        """The weights' mean of one tensor per member."""
+        return cast(Tensor, sum(w * p for w, p in zip(self.weights_.tolist(), parts)))
 
     # ---- fitting -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -288,70 +272,6 @@ class KernelBlend(HasHonestOutputs, nn.Module):
             self.fit_seconds_,
         )  # fmt: skip
         return self
-
-    # ---- prediction ----------------------------------------------------------------------------
-    @overload
-    def forward(
-        self,
-        x: Tensor,
-        temperature: float | Tensor | None = None,
-        *,
-        return_std: Literal[False] = False,
-    ) -> Tensor: ...
-    @overload
-    def forward(
-        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: Literal[True]
-    ) -> tuple[Tensor, Tensor]: ...
-    def forward(
-        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: bool = False
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Weighted mean of the members' outputs (class scores for classification), differentiable.
-
-        Args:
-            x: Inputs (n, d).
-            temperature: Routing temperature for every member (default: each one's fitted one).
-            return_std: Also the standard deviation of the weighted mixture of the members'
-                predictive distributions: ``sqrt(sum_k w_k (s_k^2 + m_k^2) - m^2)``.
-        """
-        pairs = self.weighted_members()
-        if not return_std:
-            return cast(Tensor, sum(w * m(x, temperature) for w, m in pairs))
-        outs = [(w, m(x, temperature, return_std=True)) for w, m in pairs]
-        mean = cast(Tensor, sum(w * ms[0] for w, ms in outs))
-        second = cast(Tensor, sum(w * (ms[1].square() + ms[0].square()) for w, ms in outs))
-        return mean, (second - mean.square()).clamp_min(0.0).sqrt()
-
-    def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
-        """Weighted mean of the members' class probabilities (n, K)."""
-        pairs = self.weighted_members()
-        if self.task != "classification":
-            raise ValueError("predict_proba needs task='classification'")
-        return cast(Tensor, sum(w * m.predict_proba(x, temperature) for w, m in pairs))
-
-    def predict_interval(
-        self, x: Tensor, coverage: float = 0.9, temperature: float | Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """``mean -/+ z std`` of the mixture (normal quantile ``z``), each (n, c)."""
-        z = normal_quantile(coverage)
-        mean, std = self(x, temperature, return_std=True)
-        return mean - z * std, mean + z * std
-
-    # ---- interpretation ------------------------------------------------------------------------
-    def input_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
-        """Input gradients of the blended model, shape (n, c, d)."""
-        self._check_fitted()
-        return input_grads(lambda xg: self(xg, temperature), x)
-
-    def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
-        """AGOP of the blend at ``x``, or (default) the weighted mean of the members' AGOPs."""
-        if x is not None:
-            return agop_from_grads(self.input_grads(x), diag=diag)
-        return cast(Tensor, sum(w * m.agop(diag=diag) for w, m in self.weighted_members()))
-
-    def feature_importance(self, source: ImportanceSource = "M") -> Tensor:
-        """Weighted mean of the members' feature importances (sums to 1), shape (d,)."""
-        pairs = self.weighted_members()
-        return cast(Tensor, sum(w * m.feature_importance(source) for w, m in pairs))
 
     # ---- loading into a fresh module -----------------------------------------------------------
     def _load_from_state_dict(
