@@ -133,6 +133,10 @@ class BaggedTree(Ensemble):
         """The bags."""
         return self._bags()
 
+    def member_weights(self) -> list[float]:
+        """``1 / n_bags`` each."""
+        return [1.0 / len(self.bags)] * len(self.bags)
+
     def combine(self, parts: Sequence[Tensor]) -> Tensor:
         """The plain mean over bags."""
         return torch.stack(list(parts)).mean(0)

@@ -170,16 +170,8 @@ class KernelBlend(Ensemble):
         return (
             len(self.members) > 0
             and len(self.members) == self.weights_.numel()
-            and all(m.is_fitted for m in self._members())
+            and all(m.is_fitted for m in self.models())
         )
-
-    def _members(self) -> list[Member]:
-        return [cast(Member, m) for m in self.members]
-
-    def weighted_members(self) -> list[tuple[float, Member]]:
-        """``(weight, member)`` pairs of the fitted blend."""
-        self._check_fitted()
-        return list(zip(self.weights_.tolist(), self._members()))
 
     @property
     def oof_(self) -> Tensor:
@@ -200,11 +192,15 @@ class KernelBlend(Ensemble):
 
     def models(self) -> list[Member]:
         """The members of non-zero weight."""
-        return self._members()
+        return [cast(Member, m) for m in self.members]
+
+    def member_weights(self) -> list[float]:
+        """``weights_`` as floats."""
+        return [float(w) for w in self.weights_.tolist()]
 
     def combine(self, parts: Sequence[Tensor]) -> Tensor:
         """The weights' mean of one tensor per member."""
-        return cast(Tensor, sum(w * p for w, p in zip(self.weights_.tolist(), parts)))
+        return cast(Tensor, sum(w * p for w, p in zip(self.member_weights(), parts)))
 
     # ---- fitting -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -318,11 +314,8 @@ def model_from_config(cfg: dict[str, Any]) -> xRFMTree | BaggedTree | KernelBlen
 
 def weighted_trees(model: nn.Module) -> list[tuple[float, xRFMTree]]:
     """The single trees of ``model`` with their weights in its predictions (summing to 1)."""
-    if isinstance(model, KernelBlend):
+    if isinstance(model, Ensemble):
         return [(w * v, t) for w, m in model.weighted_members() for v, t in weighted_trees(m)]
-    if isinstance(model, BaggedTree):
-        bags = model._bags()
-        return [(1.0 / len(bags), b) for b in bags]
     if isinstance(model, xRFMTree):
         return [(1.0, model)]
     raise TypeError(f"expected an xrfm_torch model, got {type(model).__name__}")

@@ -24,16 +24,26 @@ class Ensemble(HasHonestOutputs, nn.Module):
     """Base class: a weighted mean of fitted models (:meth:`models` and :meth:`combine`).
 
     Subclasses define :meth:`models` (the fitted models, each with the ``xRFMTree`` prediction
-    interface), :meth:`combine` (their weighted mean), :attr:`is_fitted` and :attr:`task`.
+    interface), :meth:`member_weights` (theirs, summing to 1), :meth:`combine` (the weighted
+    mean), :attr:`is_fitted` and :attr:`task`.
     """
 
     def models(self) -> Sequence[Any]:
         """The fitted models, in order (bags, or a blend's members)."""
         raise NotImplementedError
 
+    def member_weights(self) -> list[float]:
+        """Each model's weight in the mean, in the order of :meth:`models`."""
+        raise NotImplementedError
+
     def combine(self, parts: Sequence[Tensor]) -> Tensor:
         """The weighted mean of one tensor per member (all of one shape)."""
         raise NotImplementedError
+
+    def weighted_members(self) -> list[tuple[float, Any]]:
+        """``(weight, model)`` pairs of the fitted ensemble."""
+        self._check_fitted()
+        return list(zip(self.member_weights(), self.models()))
 
     @property
     def is_fitted(self) -> bool:

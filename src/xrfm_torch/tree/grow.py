@@ -292,11 +292,8 @@ def fit_leaves(
                 generator=generator,
             )
             if wv is not None or w is not None:  # every row keeps its weight (1: its set had none)
-                ones = torch.ones(Xv.shape[0] + borrowed.shape[0], dtype=X.dtype, device=X.device)
-                wv = torch.cat(
-                    [ones[: Xv.shape[0]] if wv is None else wv,
-                     ones[Xv.shape[0] :] if w is None else w[borrowed]]
-                )  # fmt: skip
+                own = X.new_ones(Xv.shape[0]) if wv is None else wv
+                wv = torch.cat([own, X.new_ones(borrowed.shape[0]) if w is None else w[borrowed]])
             Xv, yv = torch.cat([Xv, X[borrowed]]), torch.cat([yv, y[borrowed]])
         plans.append((tr, Xv, yv, rows if config.refit_borrowed else torch.cat([tr, extra]), wv))
     seeds = leaf_seeds(generator, len(plans))

@@ -74,11 +74,6 @@ def mean_loss(losses: Tensor, weights: Tensor | None) -> Tensor:
     return (losses * w).sum() / w.sum()
 
 
-def empty_outputs(like: Tensor) -> HonestOutputs:
-    """No honest outputs yet (an unfitted model)."""
-    return HonestOutputs(like.new_zeros(0, 0), like.new_zeros(0), None)
-
-
 def check_same_rows(parts: list[HonestOutputs]) -> None:
     """Refuse honest outputs of different rows (models fitted on different data or splits)."""
     first = parts[0]
