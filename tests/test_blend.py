@@ -20,7 +20,7 @@ from xrfm_torch import (
     save_model,
     xRFMTree,
 )
-from xrfm_torch.tree.blend import weight_grid, weighted_trees
+from xrfm_torch.tree.blend import bag_list, weight_grid, weighted_trees
 from xrfm_torch.tree.export import export_program
 from xrfm_torch.tree.honest import row_losses
 
@@ -208,6 +208,10 @@ def test_lightning_experiment_kernel_blend_fits_reports_and_reloads(tmp_path):
     system, dm = result["objects"]["system"], result["objects"]["datamodule"]
     assert isinstance(system.tree, KernelBlend) and system.tree.is_fitted
     assert '"kernels"' in (tmp_path / "tree_summary.json").read_text()
+    csv = (tmp_path / "leaf_metrics_test.csv").read_text().splitlines()
+    assert csv[0].startswith("bag,tree,leaf")  # one row per single tree's leaf, told apart
+    n_trees = len(bag_list(system.tree))
+    assert {row.split(",")[0] for row in csv[1:]} == {str(b) for b in range(n_trees)}
     x = torch.from_numpy(dm.data.X_test)
     loaded = XRFMLitModule.load_from_checkpoint(result["checkpoint"], weights_only=True)
     assert torch.equal(loaded.predict_step((x,), 0), system.predict_step((x,), 0))

@@ -176,7 +176,8 @@ class LeafMetrics(_FileCallback):
         path = self.out_dir(trainer) / f"leaf_metrics_{stage}.csv"
         with path.open("w", newline="") as fh:
             w = csv.writer(fh)
-            bagged = isinstance(module.tree, BaggedTree)
+            # several single trees (bags, or a blend's): the first column says which
+            bagged = isinstance(module.tree, (BaggedTree, KernelBlend))
             w.writerow(["bag"] * bagged + ["tree", "leaf", "n_support", "n_rows", name])
             for b, bag in enumerate(bag_list(module.tree)):
                 for tree_id, tree in enumerate(bag.partition_trees()):
