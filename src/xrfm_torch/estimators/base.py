@@ -157,6 +157,16 @@ class _XRFMEstimator(BaseEstimator):
         # a copy: the input may be read-only (memory-mapped), and torch wants writable memory
         return torch.tensor(np.asarray(a), dtype=self._torch_dtype(), device=self.device)
 
+    def _y_tensor(self, y: np.ndarray) -> torch.Tensor:
+        """Targets as a tensor: labels in ``dtype``, regression targets in float64.
+
+        The model standardizes float64 targets before the cast to ``dtype``, so an offset or a
+        scale of the targets costs none of their digits.
+        """
+        if self._task != "regression":
+            return self._tensor(y)
+        return torch.tensor(np.asarray(y), dtype=torch.float64, device=self.device)
+
     def _bags(self, y: np.ndarray) -> int:
         """The number of bags for a fit on the (pooled) targets ``y`` (``"auto"`` resolved).
 
@@ -270,9 +280,9 @@ class _XRFMEstimator(BaseEstimator):
         try:
             self.tree_.fit(
                 self._tensor(X),
-                self._tensor(y),
+                self._y_tensor(y),
                 None if val is None else self._tensor(val[0]),
-                None if val is None else self._tensor(val[1]),
+                None if val is None else self._y_tensor(val[1]),
                 sample_weight=None if sample_weight is None else self._tensor(sample_weight),
                 val_sample_weight=None if w_val is None else self._tensor(w_val),
                 generator=self._generator(),

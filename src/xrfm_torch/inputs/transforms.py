@@ -181,7 +181,11 @@ class Standardize(ResizableBuffers):
 
     @torch.no_grad()
     def fit(self, X: Tensor) -> Standardize:
-        """Fit the statistics to ``X``, shape (n, d) (computed in float64, stored in X's dtype)."""
+        """Fit the statistics to ``X``, shape (n, d) (computed in float64, stored in X's dtype).
+
+        Float64 statistics of float64 data make ``inverse`` return float64 for float32 inputs:
+        the model's regression outputs follow its targets' dtype.
+        """
         X64 = X.double()
         center = X64.nanmean(0).nan_to_num(0.0)  # a column that is all NaN: 0
         std = ((X64 - center) ** 2).nanmean(0).nan_to_num(0.0).sqrt()

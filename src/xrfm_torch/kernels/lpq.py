@@ -312,12 +312,17 @@ class Kernel(nn.Module):
 
 
 class LpqLaplaceKernel(Kernel):
-    """General ``exp(-||x - z||_p^q / L^q)`` with ``0 < q <= p <= 2`` (the xRFM paper's kernel)."""
+    """General ``exp(-||x - z||_p^q / L^q)`` with ``0 < q <= p <= 2`` (the xRFM paper's kernel).
+
+    The default ``p = 1.5`` is what the name ``"lpq"`` means everywhere (``KERNELS``, the Hydra
+    group ``model/kernel=lpq``): a norm between the product (p = 1) and the Euclidean Laplace
+    kernel (p = 2, :class:`LaplaceKernel`, which is faster: its distances are matrix products).
+    """
 
     def __init__(
         self,
         bandwidth: float = BANDWIDTH,
-        p: float = 2.0,
+        p: float = 1.5,
         q: float = 1.0,
         *,
         eps: float = DISTANCE_EPS,

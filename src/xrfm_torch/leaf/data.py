@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets, as_weights
+from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets, as_tensor, as_weights
 
 
 def holdout_rows(
@@ -70,8 +70,13 @@ def fit_data(
     sample_weight: Any | None = None,
     val_sample_weight: Any | None = None,
     relative_weights: bool = False,
+    target_precision: bool = False,
 ) -> FitData:
     """Validate ``fit`` arguments; without validation data, hold out a seeded ``val_fraction``.
+
+    Targets are cast to the inputs' dtype, or with ``target_precision`` to the wider of it and
+    their own (float64 targets stay float64 until they are standardized, so that an offset or
+    scale of the targets does not cost their float32 digits).
 
     ``allow_nan`` lets missing cells (NaN) of ``X`` and ``X_val`` through; targets must be finite.
     Weights (:func:`~xrfm_torch.numerics.checks.as_weights`) must be finite and non-negative,
@@ -81,7 +86,9 @@ def fit_data(
     1 become ``None``, so equal weights fit the unweighted model exactly.
     """
     X = as_float_matrix(X, "X", n_features=n_features, allow_nan=allow_nan)
-    y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
+    y = as_tensor(y, "y", X.device)
+    wide = target_precision and y.dtype == torch.float64
+    y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=torch.float64 if wide else X.dtype)
     X, y, w = weighted_rows(X, y, sample_weight, "sample_weight", relative_weights)
     if X.shape[0] < min_rows:
         what = " of positive weight" if sample_weight is not None else ""
@@ -96,7 +103,7 @@ def fit_data(
         holdout[va] = True
         return FitData(X, y, X[va], y[va], holdout, w, None if w is None else w[va])
     X_val = as_float_matrix(X_val, "X_val", n_features=X.shape[1], allow_nan=allow_nan).to(X.dtype)
-    y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X.dtype)
+    y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=y.dtype)
     if y_val.shape[1] != y.shape[1]:
         raise ValueError(f"y_val has {y_val.shape[1]} outputs but y has {y.shape[1]}")
     X_val, y_val, w_val = weighted_rows(

@@ -12,14 +12,27 @@ import torch
 from torch import Tensor
 
 
-def as_tensor(x: Any, name: str) -> Tensor:
-    """``x`` as a tensor (no copy when it is one); ``TypeError`` naming ``name`` if it cannot be."""
+def as_tensor(x: Any, name: str, device: torch.device | str | None = None) -> Tensor:
+    """``x`` as a tensor (no copy when it is one); ``TypeError`` naming ``name`` if it cannot be.
+
+    Arrays and nested lists are converted (onto ``device`` when given); text or object arrays
+    are refused with a message that names the estimators, which encode them.
+    """
     if isinstance(x, Tensor):
         return x
+    kind = getattr(getattr(x, "dtype", None), "kind", None)  # a numpy dtype's kind
+    if kind in ("U", "S", "O"):
+        raise TypeError(
+            f"{name} holds {x.dtype} values (text or objects), but the core models take numbers: "
+            "class labels 0 .. K-1 and float inputs. XRFMClassifier takes labels of any type "
+            "(classes_), and both estimators encode text columns as categories"
+        )
     try:
-        return torch.as_tensor(x)
+        return torch.as_tensor(x, device=device)
     except (TypeError, ValueError, RuntimeError) as err:
-        raise TypeError(f"{name} must be a tensor or array-like, got {type(x).__name__}") from err
+        raise TypeError(
+            f"{name} must be a tensor or array-like of numbers, got {type(x).__name__}"
+        ) from err
 
 
 def as_float_matrix(

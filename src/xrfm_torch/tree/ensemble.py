@@ -121,7 +121,8 @@ class Ensemble(HasHonestOutputs, nn.Module):
         self._check_fitted()
         if self.task != "classification":
             raise ValueError("predict_proba needs task='classification'")
-        return self.combine([m.predict_proba(x, temperature) for m in self.models()])
+        p = self.combine([m.predict_proba(x, temperature) for m in self.models()])
+        return p / p.sum(1, keepdim=True)  # a weighted mean drifts from 1 by rounding
 
     def predict_interval(
         self, x: Tensor, coverage: float = 0.9, temperature: float | Tensor | None = None

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -49,7 +49,8 @@ class ExportableTree(nn.Module):
     Args:
         model: A fitted ``xRFMTree`` (its buffers are shared, not copied; later changes to the
             model's structure need a new ``ExportableTree``).
-        output: ``"predict"`` (``model(x)``) or ``"proba"`` (``model.predict_proba(x)``).
+        output: ``"predict"`` (``model(x)``) or ``"proba"`` (``model.predict_proba(x)``);
+            ``None``: probabilities for a classification model, else predictions.
         temperature: Routing temperature (default: the model's fitted one; 0 = hard routing).
 
     ``forward(x)`` takes inputs (n, d) of any real dtype and returns (n, c) in the model's
@@ -57,11 +58,12 @@ class ExportableTree(nn.Module):
     """
 
     def __init__(
-        self, model: xRFMTree, *, output: Output = "predict", temperature: float | None = None
+        self, model: xRFMTree, *, output: Output | None = None, temperature: float | None = None
     ) -> None:
         super().__init__()
         if not model.is_fitted:
             raise RuntimeError("ExportableTree needs a fitted xRFMTree; call .fit(X, y) first")
+        output = default_output(model, output)
         if output not in ("predict", "proba"):
             raise ValueError(f"output must be 'predict' or 'proba', got {output!r}")
         if output == "proba" and model.task != "classification":
@@ -146,7 +148,7 @@ class ExportableBags(nn.Module):
         self,
         model: BaggedTree | KernelBlend,
         *,
-        output: Output = "predict",
+        output: Output | None = None,
         temperature: float | None = None,
     ) -> None:
         from xrfm_torch.tree.blend import weighted_trees
@@ -156,6 +158,7 @@ class ExportableBags(nn.Module):
             raise RuntimeError(
                 f"ExportableBags needs a fitted {type(model).__name__}; call .fit(X, y) first"
             )
+        output = default_output(model, output)
         pairs = weighted_trees(model)
         self.bags = nn.ModuleList(
             ExportableTree(b, output=output, temperature=temperature) for _, b in pairs
@@ -168,17 +171,36 @@ class ExportableBags(nn.Module):
         return torch.einsum("b,bnc->nc", self.weights, torch.stack([b(x) for b in self.bags]))
 
 
+def default_output(model: nn.Module, output: Output | None) -> Output:
+    """``output``, or by default probabilities for a classification model, else predictions."""
+    if output is not None:
+        return output
+    return "proba" if getattr(model, "task", "regression") == "classification" else "predict"
+
+
 def exportable(
-    model: xRFMTree | BaggedTree | nn.Module,
-    output: Output = "predict",
+    model: xRFMTree | BaggedTree | nn.Module | Any,
+    output: Output | None = None,
     temperature: float | None = None,
 ) -> nn.Module:
-    """The exportable form of ``model`` (an exportable module is returned as it is)."""
+    """The exportable form of ``model`` (an exportable module is returned as it is).
+
+    ``model`` may be a fitted ``XRFMRegressor`` / ``XRFMClassifier``: its model ``tree_`` is
+    exported. The exported graph takes the estimator's encoded float matrix, as
+    ``estimator.encoder_.transform`` gives it (the table itself for a table of numbers).
+    """
     from xrfm_torch.tree.bagging import BaggedTree
     from xrfm_torch.tree.blend import KernelBlend
 
     if isinstance(model, (ExportableTree, ExportableBags)):
         return model
+    if not isinstance(model, nn.Module) and hasattr(model, "tree_"):  # a fitted estimator
+        return exportable(model.tree_, output, temperature)
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"export needs a fitted xRFMTree, BaggedTree, KernelBlend or estimator, got "
+            f"{type(model).__name__} (an unfitted estimator has no tree_: call fit first)"
+        )
     if isinstance(model, (BaggedTree, KernelBlend)):
         return ExportableBags(model, output=output, temperature=temperature)
     return ExportableTree(cast("xRFMTree", model), output=output, temperature=temperature)
@@ -189,25 +211,28 @@ def _batch_dim() -> dict[str, dict[int, torch.export.Dim]]:
 
 
 def export_program(
-    model: xRFMTree | BaggedTree | nn.Module,
+    model: xRFMTree | BaggedTree | nn.Module | Any,
     example: Tensor,
     *,
-    output: Output = "predict",
+    output: Output | None = None,
     temperature: float | None = None,
 ) -> torch.export.ExportedProgram:
     """``torch.export`` a fitted model for any number of rows.
 
     Args:
-        model: A fitted ``xRFMTree`` or ``BaggedTree``, or an :class:`ExportableTree` /
-            :class:`ExportableBags` (inside a larger module: export that module directly).
+        model: A fitted ``xRFMTree``, ``BaggedTree``, ``KernelBlend`` or estimator
+            (:func:`exportable`), or an :class:`ExportableTree` / :class:`ExportableBags`
+            (inside a larger module: export that module directly).
         example: Example inputs (n, d) with ``n >= 2`` (their values do not matter).
-        output: ``"predict"`` or ``"proba"`` (ignored for an ``ExportableTree``).
+        output: ``"predict"`` or ``"proba"``; by default probabilities for a classification
+            model, else predictions (ignored for an ``ExportableTree``).
         temperature: Routing temperature (ignored for an ``ExportableTree``).
 
     Returns:
         The exported program; ``program.module()(x)`` predicts.
     """
     module = exportable(model, output, temperature)
+    example = torch.as_tensor(example)  # numpy, as the estimators take
     if example.ndim != 2 or example.shape[0] < 2:
         raise ValueError(
             f"example must be (n, d) with n >= 2 rows, got shape {tuple(example.shape)}"
@@ -216,11 +241,11 @@ def export_program(
 
 
 def export_onnx(
-    model: xRFMTree | BaggedTree | nn.Module,
+    model: xRFMTree | BaggedTree | nn.Module | Any,
     path: str | Path,
     example: Tensor,
     *,
-    output: Output = "predict",
+    output: Output | None = None,
     temperature: float | None = None,
 ) -> Path:
     """Write a fitted model as an ONNX file (input ``x`` (n, d), output ``y`` (n, c)).
@@ -237,6 +262,7 @@ def export_onnx(
         raise ImportError(
             'ONNX export needs onnx and onnxscript: pip install "xrfm_torch[onnx]"'
         ) from err
+    example = torch.as_tensor(example)
     program = export_program(model, example, output=output, temperature=temperature)
     path = Path(path)
     onnx_program = torch.onnx.export(

@@ -23,7 +23,12 @@ from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import FitData, fit_data
 from xrfm_torch.numerics.agop import agop_from_grads
-from xrfm_torch.numerics.checks import as_float_targets, as_real_dtype, check_finite
+from xrfm_torch.numerics.checks import (
+    as_float_targets,
+    as_real_dtype,
+    as_tensor,
+    check_finite,
+)
 from xrfm_torch.numerics.config import from_config, to_config
 from xrfm_torch.numerics.deprecation import renamed
 from xrfm_torch.numerics.rng import own_generator
@@ -48,6 +53,7 @@ from xrfm_torch.tree.temperature import temperature_errors
 from xrfm_torch.tree.uncertainty import (
     Uncertainty,
     VarianceModel,
+    calibration_fraction,
     check_uncertainty,
     normal_quantile,
     predictive_mean_std,
@@ -355,7 +361,7 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
         weights = [t for t in (data.w, data.w_val) if t is not None]
         check_same_data(self.config.distributed, data.X, data.y, data.X_val, data.y_val, *weights)
         raw_y_val, raw_w_val = data.y_val, data.w_val  # before the targets' coding
-        data = self.targets.fit(data.y, data.w).encode_data(data)
+        data = self.targets.fit(data.y, data.w, data.y_val).encode_data(data)
         self.input_map.fit(
             data.X,
             knots=self.config.input_transform != "identity",
@@ -422,18 +428,22 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
         n_features: int | None = None,
     ) -> FitData:
         """Checked rows and relative weights of a fit or refit (``leaf.data.fit_data``)."""
+        fraction = self.config.val_fraction
+        if self.variance is not None and X_val is None:
+            fraction = calibration_fraction(len(X), fraction)
         data = fit_data(
             X,
             y,
             X_val,
             y_val,
-            val_fraction=self.config.val_fraction,
+            val_fraction=fraction,
             generator=generator,
             n_features=n_features,
             allow_nan=True,
             sample_weight=sample_weight,
             val_sample_weight=val_sample_weight,
             relative_weights=True,
+            target_precision=self.task == "regression",
         )
         if self.variance is not None and (data.w is not None or data.w_val is not None):
             raise ValueError(
@@ -590,6 +600,7 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
             Predictions, shape (n, c); with ``return_std``, ``(mean, std)``, both (n, c).
         """
         self._check_fitted()
+        x = as_tensor(x, "x", self.fitted_temperature_.device)  # numpy, as fit takes
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:
             raise ValueError(
                 f"expected input of shape (n, {self.n_features_in_}), got {tuple(x.shape)}"
@@ -622,7 +633,7 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
             keep_mass=self.config.keep_mass,
             max_leaves=self.config.max_soft_leaves,
         )
-        return self.targets.decode(mean), std * self.targets.scaler.scale_.to(std.dtype)
+        return self.targets.decode(mean), std * self.targets.scaler.scale_
 
     def predict_interval(
         self, x: Tensor, coverage: float = 0.9, temperature: float | Tensor | None = None

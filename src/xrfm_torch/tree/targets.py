@@ -133,19 +133,34 @@ class TargetCoding(ResizableBuffers):
         return as_long
 
     @torch.no_grad()
-    def fit(self, y: Tensor, weights: Tensor | None = None) -> TargetCoding:
+    def fit(
+        self, y: Tensor, weights: Tensor | None = None, y_val: Tensor | None = None
+    ) -> TargetCoding:
         """Fit to training targets: regression (n, c) statistics, or the number of classes.
 
         ``weights`` (n,) weight the class prior of ``"prevalence"`` codes; the regression
-        statistics only fix the units the leaves work in and stay unweighted.
+        statistics only fix the units the leaves work in and stay unweighted. For
+        classification the labels of the training and validation rows (``y_val``) together must
+        be ``0 .. K-1`` with every class present: a missing label would become a class column no
+        row has (labels 1..3 would give 4 columns), so it is refused, naming the labels.
         """
         if self.task == "regression":
             self.scaler.fit(y)
             return self
         labels = self.labels(y)
-        k = int(labels.max()) + 1
+        seen = labels if y_val is None else torch.cat([labels, self.labels(y_val, "y_val")])
+        present = torch.unique(seen)
+        k = int(present.max()) + 1
         if k < 2:
             raise ValueError(f"classification needs at least 2 classes, got labels 0 .. {k - 1}")
+        if len(present) != k:
+            shown = present[:10].tolist()
+            absent = sorted(set(range(k)) - set(present.tolist()))[:10]
+            raise ValueError(
+                f"classification labels must be 0 .. K-1 with every class present; got labels "
+                f"{shown}{' ...' if len(present) > 10 else ''}, missing {absent}. Map them to "
+                "0 .. K-1 first, or use XRFMClassifier (any labels, kept in classes_)"
+            )
         self.n_classes_ = torch.tensor(k, device=y.device)
         counts = bincount(labels, weights, minlength=k).to(y.dtype)
         prior = counts / counts.sum()
@@ -165,8 +180,14 @@ class TargetCoding(ResizableBuffers):
         return torch.nn.functional.one_hot(labels, k).to(y.dtype) - self.prior_.to(y.dtype)
 
     def encode_data(self, data: FitData) -> FitData:
-        """``data`` with its training and validation targets coded (:meth:`encode`)."""
-        return replace(data, y=self.encode(data.y), y_val=self.encode(data.y_val, "y_val"))
+        """``data`` with its training and validation targets coded (:meth:`encode`).
+
+        The codes are cast to the inputs' dtype after coding: float64 targets are standardized
+        in float64 (the statistics stay float64, so predictions come back in float64).
+        """
+        dtype = data.X.dtype
+        y = self.encode(data.y).to(dtype)
+        return replace(data, y=y, y_val=self.encode(data.y_val, "y_val").to(dtype))
 
     def decode(self, scores: Tensor) -> Tensor:
         """The leaves' outputs in the targets' units (regression) or as class scores (n, K)."""

@@ -21,6 +21,7 @@ All quantities are in the leaves' (standardized) target units; the model rescale
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -237,6 +238,37 @@ def normal_quantile(coverage: float) -> float:
     if not 0.0 < float(coverage) < 1.0:
         raise ValueError(f"coverage must be in (0, 1), got {coverage!r}")
     return float(torch.special.ndtri(torch.tensor(0.5 + float(coverage) / 2, dtype=torch.float64)))
+
+
+#: Without validation data, a model with uncertainty holds out at least this many training rows
+#: to calibrate its variance (10 % of a small table is too few: 90 % intervals fitted on ~35
+#: held-out rows of diabetes covered 0.80 of the test rows, 0.88 with an eval set) ...
+MIN_CALIBRATION_ROWS = 200
+#: ... but never more than this share of them.
+MAX_CALIBRATION_FRACTION = 0.3
+
+
+def calibration_fraction(n_rows: int, val_fraction: float) -> float:
+    """Share of ``n_rows`` training rows to hold out for the variance calibration.
+
+    ``val_fraction``, raised to hold ``MIN_CALIBRATION_ROWS`` rows where at most
+    ``MAX_CALIBRATION_FRACTION`` of the rows does; a ``UserWarning`` says when fewer remain
+    (pass validation rows instead).
+    """
+    fraction = max(val_fraction, min(MIN_CALIBRATION_ROWS / n_rows, MAX_CALIBRATION_FRACTION))
+    if fraction > val_fraction:
+        log.info(
+            "uncertainty: holding out %d of %d rows to calibrate", round(fraction * n_rows), n_rows
+        )
+    if round(fraction * n_rows) < MIN_CALIBRATION_ROWS:
+        warnings.warn(
+            f"uncertainty is calibrated on {round(fraction * n_rows)} held-out rows (fewer than "
+            f"{MIN_CALIBRATION_ROWS}): its intervals may cover less than asked; pass validation "
+            "rows (X_val, y_val / eval_set) to calibrate on more",
+            UserWarning,
+            stacklevel=4,
+        )
+    return fraction
 
 
 def check_uncertainty(value: object, task: str) -> Uncertainty:
