@@ -39,7 +39,7 @@ def test_nan_in_a_later_iteration_keeps_the_best_finished_one(monkeypatch, gener
         return root * float("nan") if calls[0] == 2 else root  # M of iteration 2 is NaN
 
     monkeypatch.setattr(iteration, "sqrt_psd", poisoned)
-    with caplog.at_level(logging.WARNING, logger="xrfm_torch.leaf.iteration"):
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf.iteration"):
         leaf, _ = _fit(generator)
     assert "iter 2: non-finite validation error; stopping" in caplog.text
     errors = leaf.val_errors_
@@ -65,7 +65,7 @@ def test_a_failed_factorization_in_a_later_iteration_keeps_the_best_one(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(iteration, "solve_krr", failing)
-    with caplog.at_level(logging.WARNING, logger="xrfm_torch.leaf.iteration"):
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf.iteration"):
         leaf, _ = _fit(generator)
     assert "iter 2: non-finite validation error; stopping" in caplog.text
     assert int(leaf.best_iter_) == int(torch.argmin(clean.val_errors_[:2]))
@@ -79,7 +79,7 @@ def test_a_degenerate_agop_stops_at_the_plain_kernel_machine(monkeypatch, genera
         "agop_from_grads",
         lambda g, diag, weights=None: torch.full((g.shape[-1],), float("inf")),
     )
-    with caplog.at_level(logging.WARNING, logger="xrfm_torch.leaf.iteration"):
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf.iteration"):
         leaf, Xv = _fit(generator)
     assert "degenerate AGOP (max inf); stopping" in caplog.text
     assert int(leaf.best_iter_) == 0 and int(leaf.val_errors_.isfinite().sum()) == 1
@@ -100,7 +100,7 @@ def test_a_leaf_worse_than_its_mean_predicts_the_mean(generator, caplog):
     # about twice the noise variance, the mean's about once
     X, y = _noise(400, 0)
     Xv, yv = _noise(150, 1)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.DEBUG):
         leaf = LeafRFM("laplace", NOISE_CFG).fit(X, y, Xv, yv, generator=generator)
     assert "predicting the mean" in caplog.text
     assert leaf.is_constant
@@ -132,7 +132,7 @@ def test_a_leaf_worse_than_its_mean_predicts_the_mean(generator, caplog):
 def test_a_leaf_better_than_its_mean_keeps_its_model(generator, caplog):
     X, y = planted(400, d=4)
     Xv, yv = planted(150, d=4, seed=1)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.DEBUG):
         leaf = LeafRFM("laplace", NOISE_CFG).fit(X, y, Xv, yv, generator=generator)
     assert not leaf.is_constant and "predicting the mean" not in caplog.text
     assert leaf.alpha_.abs().max() > 0

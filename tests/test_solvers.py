@@ -69,7 +69,7 @@ def test_jitter_retry_on_singular_matrix(caplog):
     v = torch.randn(50, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     K = v @ v.T  # rank 2: Cholesky with reg=0 fails
     y = torch.randn(50, dtype=torch.float64)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.DEBUG):
         alpha = solve_krr(K, y, 0.0)
     assert "jitter" in caplog.text
     assert torch.isfinite(alpha).all()
@@ -116,7 +116,7 @@ def test_float32_solve_failing_the_residual_bound_is_repeated_in_float64(monkeyp
         return len(calls) == 1
 
     monkeypatch.setattr("xrfm_torch.numerics.solvers._residual_too_large", flag_first)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.DEBUG):
         alpha = solve_krr(K.float(), Y.float(), 1e-3)
     assert calls == [torch.float32]  # the float64 repeat is not checked again
     assert "repeating it in float64" in caplog.text and alpha.dtype == torch.float32
@@ -186,7 +186,7 @@ def test_a_jittered_or_repeated_solve_marks_its_factor_unusable(caplog):
         torch.linalg.solve(K + 1e-2 * torch.eye(40), Y),
     )
     singular = torch.ones(40, 40, dtype=torch.float64)  # rank one: reg 0 fails, jitter succeeds
-    with caplog.at_level(logging.WARNING, logger="xrfm_torch.numerics.solvers"):
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.numerics.solvers"):
         solve_krr(singular, Y, 0.0, workspace=W)
     assert "jitter" in caplog.text
     assert bool(W[0, 0].isnan())

@@ -27,6 +27,29 @@ def _instantiate_group(cfg: DictConfig | None) -> list[Any]:
     return [hydra.utils.instantiate(c) for _, c in cfg.items() if c is not None and "_target_" in c]
 
 
+class _DropTip(logging.Filter):
+    """Drops Lightning's advertising tip ("💡 Tip: ... litlogger"); every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+def quiet_third_party() -> None:
+    """Silence the messages our calls trigger in Lightning that say nothing about the run.
+
+    Each is filtered by its text, so that anything else those libraries say still shows.
+    """
+    # The tree is fitted in closed form, so there is deliberately no optimizer.
+    warnings.filterwarnings("ignore", message=".*this fit will run with no optimizer")
+    # Lightning 2.6's own pytree helper uses a torch API that newer torch deprecates; nothing
+    # of ours calls it, and the user cannot act on it.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    # An advertisement for a cloud logger, printed by every Trainer without one.
+    tip_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropTip) for f in tip_logger.filters):
+        tip_logger.addFilter(_DropTip())
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Fit and evaluate as configured.
 
@@ -39,8 +62,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "checkpoint": str | None, "objects": {...}}`` (``is_global_zero``: this process is rank 0,
         the one that writes ``metrics.yaml`` and the checkpoint).
     """
-    # Expected: the tree is fitted in closed form, so there is deliberately no optimizer.
-    warnings.filterwarnings("ignore", message=".*this fit will run with no optimizer")
+    quiet_third_party()
     pl.seed_everything(int(cfg.seed), workers=True)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -61,7 +83,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ckpt_path = None
     if cfg.get("ckpt", True):
         ckpt_path = str(out_dir / "checkpoints" / "last.ckpt")
-        trainer.save_checkpoint(ckpt_path)
+        # full checkpoint (callbacks' state too), said explicitly: Lightning logs its default
+        trainer.save_checkpoint(ckpt_path, weights_only=False)
     if cfg.get("test", True):
         trainer.test(system, datamodule=dm, verbose=False)
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})

@@ -267,11 +267,14 @@ def read_any(path: Any, target: str | int | None = None, task: str | None = None
     """
     try:
         X, y, names = read_csv(path, -1 if target is None else target)
-    except ValueError as err:  # text or empty cells
-        if importlib.util.find_spec("pandas") is None:
-            raise ValueError(
-                f"{err}; tables with text or empty cells need pandas: "
-                "pip install 'xrfm-torch[tables]'"
-            ) from err
-        return read_table(path, target, task)
-    return Table(X, y, names, [], None)
+    except ValueError as err:  # text or empty cells, or a bad target
+        failed = str(err)
+    else:
+        return Table(X, y, names, [], None)
+    if importlib.util.find_spec("pandas") is None:
+        raise ValueError(
+            f"{failed}; tables with text or empty cells need pandas: "
+            "pip install 'xrfm-torch[tables]'"
+        )
+    # outside the except block: an error pandas raises too (a missing column) is one traceback
+    return read_table(path, target, task)

@@ -24,6 +24,7 @@ from xrfm_torch.data.tabular import (
 )
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafConfig
+from xrfm_torch.numerics.progress import FitBar, on_iteration
 from xrfm_torch.tree import BaggedTree, KernelBlend, xRFMTree
 from xrfm_torch.tree.config import DEFAULTS
 from xrfm_torch.tree.targets import Task
@@ -227,19 +228,8 @@ class _XRFMEstimator(BaseEstimator):
             seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
         return torch.Generator().manual_seed(seed)
 
-    def _progress(self) -> Any:
-        if not self.verbose:
-            return None, None
-        from tqdm.auto import tqdm  # lightning's dependency
-
-        bar = tqdm(desc=f"{type(self).__name__} leaves", unit="leaf")
-
-        def progress(tree: int, done: int, total: int) -> None:
-            bar.set_postfix(tree=tree + 1)
-            bar.total = (bar.total or 0) + (total if done == 1 else 0)
-            bar.update(1)
-
-        return progress, bar
+    def _progress(self) -> FitBar | None:
+        return FitBar(f"{type(self).__name__} fit") if self.verbose else None
 
     # ---- fitting and prediction ----------------------------------------------------------------
     def _weights(self, w: Any, n: int, name: str) -> np.ndarray | None:
@@ -276,18 +266,19 @@ class _XRFMEstimator(BaseEstimator):
         )
         sample_weight, w_val = self._class_weighted(y, sample_weight, val, w_val)
         self.tree_ = self._new_tree(y if val is None else np.concatenate([y, val[1]]))
-        progress, bar = self._progress()
+        bar = self._progress()
         try:
-            self.tree_.fit(
-                self._tensor(X),
-                self._y_tensor(y),
-                None if val is None else self._tensor(val[0]),
-                None if val is None else self._y_tensor(val[1]),
-                sample_weight=None if sample_weight is None else self._tensor(sample_weight),
-                val_sample_weight=None if w_val is None else self._tensor(w_val),
-                generator=self._generator(),
-                progress=progress,
-            )
+            with on_iteration(None if bar is None else bar.iteration):
+                self.tree_.fit(
+                    self._tensor(X),
+                    self._y_tensor(y),
+                    None if val is None else self._tensor(val[0]),
+                    None if val is None else self._y_tensor(val[1]),
+                    sample_weight=None if sample_weight is None else self._tensor(sample_weight),
+                    val_sample_weight=None if w_val is None else self._tensor(w_val),
+                    generator=self._generator(),
+                    progress=None if bar is None else bar.leaf_done,
+                )
         finally:
             if bar is not None:
                 bar.close()

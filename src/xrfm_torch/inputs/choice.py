@@ -172,8 +172,10 @@ def choose_map_set(
         if paired_win(errors[s], errors[chosen], margin):
             chosen = s
     log.info(
-        "input maps %s (probe validation %s %s)",
+        "input maps %s: the simplest set no richer one beats by %g paired standard errors "
+        "(probe validation %s %s)",
         " & ".join(chosen),
+        margin,
         criterion,
         ", ".join(
             f"{' & '.join(s)} {float(e.mean()) / (y_val.shape[1] if criterion == 'mse' else 1):.4g}"

@@ -42,6 +42,7 @@ from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import validation_errors
 from xrfm_torch.leaf.iteration import agop_or_none, failed_candidate, iterate
 from xrfm_torch.leaf.selection import Candidate, beats, kernel_grid, search_grid, search_reg
+from xrfm_torch.numerics.events import count
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,8 @@ def run_approx_iterations(
         try:
             coef, pred, g = fit(sqrt_m, reg, grads)
         except RuntimeError as failure:  # an indefinite system: this step failed
-            log.warning("leaf n=%d: approximate solve failed (%s); stopping", n, failure)
+            count("leaves stopped on a failed approximate solve")
+            log.debug("leaf n=%d: approximate solve failed (%s); stopping", n, failure)
             return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None
         err, sq = validation_errors(pred, y_val, cfg.criterion, w_val)
         bw = float(kernel.bandwidth)

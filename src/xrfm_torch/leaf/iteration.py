@@ -24,6 +24,8 @@ from xrfm_torch.leaf.config import LeafConfig, RidgeRule
 from xrfm_torch.leaf.criteria import Criterion, validation_errors
 from xrfm_torch.leaf.selection import Candidate, select_kernel
 from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd
+from xrfm_torch.numerics.events import count
+from xrfm_torch.numerics.progress import report_iteration
 from xrfm_torch.numerics.solvers import KRRSolveError, krr_workspace, pcg_krr, solve_krr
 
 log = logging.getLogger(__name__)
@@ -171,7 +173,8 @@ def agop_or_none(g: Tensor, diag: bool, n: int, weights: Tensor | None = None) -
     G = agop_from_grads(g, diag=diag, weights=weights)
     top = float(G.max())
     if not math.isfinite(top) or top <= 0.0:
-        log.warning("leaf n=%d: degenerate AGOP (max %g); stopping", n, top)
+        count("leaves stopped on a degenerate AGOP")
+        log.debug("leaf n=%d: degenerate AGOP (max %g); stopping", n, top)
         return None
     return G
 
@@ -335,8 +338,10 @@ def iterate(step: Step, cfg: LeafConfig, n: int) -> tuple[Candidate, Tensor, boo
             log.debug("leaf n=%d: auto chose %s M", n, "diagonal" if mode else "full")
         errors[t] = cand.err
         log.debug("leaf n=%d iter %d: val mse %.6g", n, t, cand.err)
+        report_iteration(t, tau)
         if not math.isfinite(cand.err):
-            log.warning("leaf n=%d iter %d: non-finite validation error; stopping", n, t)
+            count("leaves stopped on a non-finite validation error")
+            log.debug("leaf n=%d iter %d: non-finite validation error; stopping", n, t)
             break
         mult = cfg.early_stop_multiplier
         if best is not None and mult is not None and cand.err > best.err * float(mult):

@@ -38,6 +38,7 @@ from xrfm_torch.leaf.approx import (
 from xrfm_torch.leaf.criteria import Criterion, validation_errors
 from xrfm_torch.leaf.selection import Candidate, paired_win
 from xrfm_torch.leaf.view import LeafKind, LeafView
+from xrfm_torch.numerics.events import count
 from xrfm_torch.numerics.solvers import krr_workspace, solve_bordered, solve_krr
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,8 @@ def mean_beats(
     err, rows = validation_errors(mean, y_val, criterion, w_val)
     if not paired_win(rows, best.sq_err, MEAN_FALLBACK_MARGIN):
         return False
-    log.warning(
+    count("leaves predict their training mean")
+    log.debug(
         "leaf with %d rows: validation %s %.4g of the fitted model is worse than %.4g of "
         "its mean; predicting the mean",
         y.shape[0],

@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from xrfm_torch.lit.module import XRFMLitModule
+from xrfm_torch.numerics.progress import FitBar
 from xrfm_torch.tree import BaggedTree, xRFMTree
 from xrfm_torch.tree.blend import KernelBlend, bag_list, weighted_trees
 from xrfm_torch.tree.interpret import ImportanceSource
@@ -340,37 +341,28 @@ class TemperatureSweep(_FileCallback):
 
 
 class FitProgressBar(Callback):
-    """A tqdm bar for the closed-form fit (leaves done / total), shown when Lightning's bar is."""
+    """A tqdm bar for the closed-form fit, shown when Lightning's bar is.
+
+    It counts leaves and moves with every RFM iteration (:class:`~xrfm_torch.numerics.progress.FitBar`),
+    so a fit of one large leaf shows its iterations instead of standing still.
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self._bar: Any = None
+        self._bar = FitBar("xRFM fit")
+        self._update = self._bar.leaf_done
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = _module(pl_module)
         if trainer.progress_bar_callback is None or not trainer.is_global_zero:
             return
         module.fit_progress.append(self._update)
-
-    def _update(self, tree: int, done: int, total: int) -> None:
-        from tqdm.auto import tqdm  # a Lightning dependency
-
-        if self._bar is None or self._bar.total != total or done == 1:
-            if self._bar is not None:
-                self._bar.close()
-            self._bar = tqdm(
-                total=total,
-                desc=f"xRFM fit (tree {tree + 1})",
-                unit="leaf",
-                dynamic_ncols=True,
-                leave=True,
-            )
-        self._bar.update(done - self._bar.n)
-        if done == total:
-            self._bar.close()
-            self._bar = None
+        module.fit_iterations.append(self._bar.iteration)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = _module(pl_module)
         if self._update in module.fit_progress:
             module.fit_progress.remove(self._update)
+        if self._bar.iteration in module.fit_iterations:
+            module.fit_iterations.remove(self._bar.iteration)
+        self._bar.close()

@@ -13,6 +13,7 @@ from torchmetrics import MetricCollection
 
 from xrfm_torch.data.protocol import Task
 from xrfm_torch.lit.metrics import GaussianNLL, make_metrics
+from xrfm_torch.numerics.progress import IterationHook, on_iteration
 from xrfm_torch.tree import BaggedTree, xRFMTree
 from xrfm_torch.tree.blend import KernelBlend, model_from_config
 from xrfm_torch.tree.grow import Progress
@@ -155,6 +156,7 @@ class XRFMLitModule(pl.LightningModule):
         self.val_nll = GaussianNLL() if tree.uncertainty != "none" else None
         self.test_nll = GaussianNLL() if tree.uncertainty != "none" else None
         self.fit_progress: list[Progress] = []  # filled by callbacks (e.g. FitProgressBar)
+        self.fit_iterations: list[IterationHook] = []  # called after every leaf iteration
         self.fit_data: dict[str, tuple[Tensor, Tensor]] = {}  # model-space data of the last fit
         self.oof_metrics: dict[str, float] = {}  # bags' out-of-fold scores (n_bags > 1)
 
@@ -216,22 +218,27 @@ class XRFMLitModule(pl.LightningModule):
             for fn in self.fit_progress:
                 fn(tree, done, total)
 
+        def iteration(t: int, tau: int) -> None:
+            for fn in self.fit_iterations:
+                fn(t, tau)
+
         log.info(
             "fitting xRFMTree on %d rows (%d validation) on %s",
             len(X),
             0 if Xv is None else len(Xv),
             self.device,
         )
-        self.tree.fit(
-            X,
-            y,
-            Xv,
-            yv,
-            sample_weight=weights.get("train"),
-            val_sample_weight=weights.get("val") if Xv is not None else None,
-            generator=generator,
-            progress=progress,
-        )
+        with on_iteration(iteration):
+            self.tree.fit(
+                X,
+                y,
+                Xv,
+                yv,
+                sample_weight=weights.get("train"),
+                val_sample_weight=weights.get("val") if Xv is not None else None,
+                generator=generator,
+                progress=progress,
+            )
         self.fit_data = data
         k = self.hparams["num_classes"]
         if self.hparams["task"] == "classification" and self.tree.n_outputs_ != k:

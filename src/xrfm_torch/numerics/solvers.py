@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.numerics.checks import check_positive
+from xrfm_torch.numerics.events import count
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,8 @@ def solve_krr(
             L, info = torch.linalg.cholesky_ex(W, out=(W, info_buf))
         if int(info) == 0:
             if attempt > 0:
-                log.warning("KRR Cholesky needed jitter: ridge raised from %g to %g", reg, ridge)
+                log.debug("KRR Cholesky needed jitter: ridge raised from %g to %g", reg, ridge)
+                count("solves needed jitter (ridge raised)")
             rhs = b if m == n else torch.cat([b, b.new_zeros(m - n, b.shape[1])])
             reusable = attempt == 0 and not differentiable
             # two triangular solves: much faster than cholesky_solve for few right-hand sides
@@ -188,7 +190,8 @@ def solve_krr(
                 and dtype != torch.float64
                 and _residual_too_large(K, alpha, b, U, weights)
             ):
-                log.warning(
+                count(f"{dtype} solves repeated in float64")
+                log.debug(
                     "KRR solve in %s is numerically useless for n=%d (residual above ||y||); "
                     "repeating it in float64",
                     dtype,

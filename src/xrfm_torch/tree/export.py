@@ -23,6 +23,7 @@ Recipe (``docs/design.md``, "Export")::
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -265,9 +266,13 @@ def export_onnx(
     example = torch.as_tensor(example)
     program = export_program(model, example, output=output, temperature=temperature)
     path = Path(path)
-    onnx_program = torch.onnx.export(
-        program, (example,), dynamo=True, input_names=["x"], output_names=["y"]
-    )
+    with warnings.catch_warnings():
+        # torch's ONNX exporter calls a pytree API that the same torch deprecates (a
+        # FutureWarning the user can do nothing about); anything else it says still shows
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+        onnx_program = torch.onnx.export(
+            program, (example,), dynamo=True, input_names=["x"], output_names=["y"]
+        )
     if onnx_program is None:  # pragma: no cover - the dynamo exporter always returns one
         raise RuntimeError("torch.onnx.export returned no program")
     onnx_program.save(str(path))

@@ -1,0 +1,40 @@
+"""Numerical fallbacks counted per fit, for one summary line instead of a warning per leaf.
+
+A leaf that predicts its training mean, a Cholesky factorization that needed jitter, a float32
+solve repeated in float64: each is a correct, deliberate fallback, logged at DEBUG where it
+happens and counted with :func:`count`. A model's ``fit`` opens :func:`counting` and logs the
+counts once at INFO (``"3 leaves predict their training mean"``). The counter lives in a
+``contextvars`` variable, so nested fits (a bag's trees) each count their own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+_COUNTS: ContextVar[Counter[str] | None] = ContextVar("xrfm_torch_fit_events", default=None)
+
+
+@contextmanager
+def counting() -> Iterator[Counter[str]]:
+    """Count the events of the fit run inside this block; yields the counter."""
+    counts: Counter[str] = Counter()
+    token = _COUNTS.set(counts)
+    try:
+        yield counts
+    finally:
+        _COUNTS.reset(token)
+
+
+def count(event: str) -> None:
+    """Count one ``event`` (a phrase such as ``"leaves predict their training mean"``)."""
+    counts = _COUNTS.get()
+    if counts is not None:
+        counts[event] += 1
+
+
+def summary(counts: Counter[str]) -> str:
+    """``"3 leaves predict their training mean, 1 solves needed jitter"`` (most frequent first)."""
+    return ", ".join(f"{n} {event}" for event, n in counts.most_common())
