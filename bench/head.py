@@ -88,10 +88,12 @@ def score(task: Task, out: torch.Tensor, split: str = "test") -> dict[str, float
     }
 
 
-def fit_tree(task: Task, H: dict[str, torch.Tensor], seed: int, maps: str) -> torch.Tensor:
+def fit_tree(
+    task: Task, H: dict[str, torch.Tensor], seed: int, maps: str, calibration: str = "platt"
+) -> torch.Tensor:
     """xRFMTree on features ``H`` (train/val/test); its test outputs (predictions or probabilities)."""
     kind = "classification" if task.classes else "regression"
-    tree = xRFMTree(task=kind, input_transform=maps)  # type: ignore[arg-type]
+    tree = xRFMTree(task=kind, input_transform=maps, calibration=calibration)  # type: ignore[arg-type]
     (_, y), (_, yv) = task.splits["train"], task.splits["val"]
     tree.fit(H["train"], y, H["val"], yv, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
@@ -162,7 +164,10 @@ def xrfm_head(
 ) -> torch.Tensor:
     pl.seed_everything(seed, verbose=False)
     kind = "classification" if task.classes else "regression"
-    tree = xRFMTree(task=kind, input_transform="identity", temperature=0.0)  # type: ignore[arg-type]
+    # The head's probabilities: a softmax scale fitted on the validation rows. The default Platt
+    # map (a slope and a bias per class) moved a head's argmax on digits seed 2 (accuracy 97.8 %
+    # against 99.4 %, log-loss 0.073 against 0.038; seeds 0-1 0.032 / 0.026 against 0.035 / 0.027).
+    tree = xRFMTree(task=kind, input_transform="identity", temperature=0.0, calibration="softmax")  # type: ignore[arg-type]
     module = XRFMHeadModule(
         tree,
         encoder=make_encoder(task),
@@ -186,7 +191,7 @@ def xrfm_head(
     trainer.fit(module, datamodule=Data(task, batch, seed))
     module.eval()
     with torch.no_grad():
-        return module.to_output(module(task.splits["test"][0]))
+        return module.predict_output(task.splits["test"][0])  # probabilities for classification
 
 
 def run(task: Task, seed: int, models: list[str], a: argparse.Namespace) -> list[dict]:
@@ -231,7 +236,8 @@ def run(task: Task, seed: int, models: list[str], a: argparse.Namespace) -> list
             if model == "probe_linear":
                 record(model, linear_probe(task, {k: v.numpy() for k, v in H.items()}), start)
             else:
-                record(model, fit_tree(task, H, seed, maps), start)
+                # a head on learned features: the softmax calibration, as xrfm_head's
+                record(model, fit_tree(task, H, seed, maps, calibration="softmax"), start)
         else:
             loss = {"head_sgd": "head", "head_batch_krr": "batch_krr", "head_linear": "linear"}[
                 model

@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from xrfm_torch import xRFMTree
+from xrfm_torch.tree.defaults import auto_kernels
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = [
@@ -91,10 +92,15 @@ def test_every_option_composes_and_instantiates(group, option, tmp_path):
     tree = hydra.utils.instantiate(cfg.model)
     assert isinstance(tree, xRFMTree)
     system = hydra.utils.instantiate(cfg.system, tree=tree, feature_names=["f0", "f1", "f2"])
-    if cfg.system.get("blend_kernels"):  # the system fits the tree once per kernel
-        assert system.tree.kernels == tuple(cfg.system.blend_kernels)
+    kernels = cfg.system.get("blend_kernels")
+    if kernels == "auto":  # the task's default: regression (this system's task) fits one kernel
+        kernels = auto_kernels(tree.task)
+    n_bags = cfg.system.get("n_bags")
+    n_bags = 1 if n_bags in (None, "auto") else n_bags  # no rows given: no bags
+    if kernels:  # the system fits the tree once per kernel
+        assert system.tree.kernels == tuple(kernels)
         assert system.tree.get_config()["model"] == tree.get_config()
-    elif cfg.system.get("n_bags", 1) > 1:  # the system wraps the configured tree in bags
+    elif n_bags > 1:  # the system wraps the configured tree in bags
         assert system.tree.get_config()["tree"] == tree.get_config()
         assert system.tree.n_bags == cfg.system.n_bags
     else:

@@ -19,6 +19,7 @@ from test_configs import compose_with
 from xrfm_torch import LeafConfig, xRFMTree
 from xrfm_torch.lit import TabularDataModule, XRFMLitModule
 from xrfm_torch.pipeline import run
+from xrfm_torch.tree.blend import KernelBlend, weighted_trees
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -258,9 +259,13 @@ def test_a_csv_table_with_text_missing_cells_and_text_labels(tmp_path):
     result = run(cfg)
     dm, system = result["objects"]["datamodule"], result["objects"]["system"]
     assert dm.task == "classification" and dm.categorical_features == [0] and dm.has_missing
-    tree = system.tree
-    assert tree.config.categorical_features == (0,) and tree.missing_values == "any"
-    assert tree.input_map.missing_columns == [2]  # z: missing numbers get an indicator
+    # the classification default, as XRFMClassifier's: the two kernels' blend of 5 bags
+    assert isinstance(system.tree, KernelBlend) and system.tree.kernels == ("laplace", "gaussian")
+    trees = [tree for _, tree in weighted_trees(system.tree)]
+    assert len(trees) in (5, 10)  # a kernel of weight 0 is dropped
+    for tree in trees:
+        assert tree.config.categorical_features == (0,) and tree.missing_values == "any"
+        assert tree.input_map.missing_columns == [2]  # z: missing numbers get an indicator
     assert result["metrics"]["test/accuracy"] > 0.9
 
 

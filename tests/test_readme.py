@@ -136,8 +136,8 @@ def test_readme_command_runs_as_written(step, tmp_path):
     argv = runnable(step, tmp_path)
     assert argv is not None
     cwd = tmp_path
-    if argv[0] in ("ruff", "mypy") or "pytest" in argv:
-        cwd = ROOT  # the Development commands run in the project
+    if argv[0] in ("ruff", "mypy") or "pytest" in argv or "".join(argv[2:3]).startswith("bench."):
+        cwd = ROOT  # the Development commands and the benchmarks run in the project
     elif argv[0] == "pre-commit":
         subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
         (tmp_path / ".pre-commit-config.yaml").write_text(
@@ -154,6 +154,14 @@ def test_readme_command_runs_as_written(step, tmp_path):
         assert runs, f"no output under {tmp_path}/outputs"
         if kind == "multiruns":  # one folder per job (2 trials or the listed kernels)
             assert len([p for p in runs[0].iterdir() if p.is_dir()]) >= 2
+        else:  # what the README says a run folder holds
+            said = README.read_text().split("A run writes into", 1)[1].split("\n\n", 1)[0]
+            names = [n for n in re.findall(r"`([^`\s]+)`", said) if not n.startswith("outputs")]
+            for name in names:
+                first = re.sub(r"\{(\w+),\w+\}", r"\1", name)  # {val,test} -> val
+                if "temperature_sweep" not in first:  # only where routing matters
+                    assert (runs[0] / first).exists(), f"README names {name}; not in {runs[0]}"
+            assert len(names) >= 8
 
 
 def planted_namespace() -> dict:

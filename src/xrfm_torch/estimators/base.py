@@ -27,6 +27,7 @@ from xrfm_torch.leaf import LeafConfig
 from xrfm_torch.numerics.progress import FitBar, on_iteration
 from xrfm_torch.tree import BaggedTree, KernelBlend, xRFMTree
 from xrfm_torch.tree.config import DEFAULTS
+from xrfm_torch.tree.defaults import AUTO_BAG_ROWS, AUTO_BAGS, auto_bags  # noqa: F401 (re-exported)
 from xrfm_torch.tree.targets import Task
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,6 @@ _TREE = DEFAULTS
 _LEAF = DEFAULTS.leaf
 #: The leaf settings the estimators expose; the others keep LeafConfig's defaults.
 LEAF_PARAMS = ("n_iters", "reg", "diag", "linear_mix")
-#: ``n_bags="auto"``: this many cross-fitted bags for a fit of at most ``AUTO_BAG_ROWS`` rows.
-AUTO_BAGS = 5
-AUTO_BAG_ROWS = 20_000
 #: The tree arguments the estimators expose.
 TREE_PARAMS = (
     "max_leaf_size",
@@ -176,11 +174,10 @@ class _XRFMEstimator(BaseEstimator):
         """
         n = self.n_bags
         if isinstance(n, str) and n == "auto":
-            if not 4 * AUTO_BAGS <= len(y) <= AUTO_BAG_ROWS:
-                return 1
-            if self._task == "classification" and np.unique(y, return_counts=True)[1].min() < 2:
-                return 1
-            return AUTO_BAGS
+            classes = self._task == "classification"
+            return auto_bags(
+                len(y), int(np.unique(y, return_counts=True)[1].min()) if classes else None
+            )
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"n_bags must be an int >= 1 or 'auto', got {n!r}")
         return int(n)

@@ -157,7 +157,11 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
         seed: int = 0,
         feature_names: Sequence[str] | None = None,
         weighted: bool = False,
+        n_fit_rows: int | None = None,
+        rarest_class_rows: int | None = None,
     ) -> None:
+        # n_fit_rows, rarest_class_rows: the datamodule's facts for an ensemble; a head is one
+        # tree (kept as arguments: save_hyperparameters reads them from this frame)
         if weighted:
             raise ValueError(
                 "XRFMHeadModule does not take sample weights yet (a dataset weight column); "
@@ -180,6 +184,8 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
             target_std=target_std,
             seed=seed,
             feature_names=feature_names,
+            n_bags=1,  # a head refits one tree's leaves on new features
+            blend_kernels=None,
         )
         if not 0 < support_fraction < 1:
             raise ValueError(f"support_fraction must be in (0, 1), got {support_fraction!r}")

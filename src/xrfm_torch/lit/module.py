@@ -16,6 +16,7 @@ from xrfm_torch.lit.metrics import GaussianNLL, make_metrics
 from xrfm_torch.numerics.progress import IterationHook, on_iteration
 from xrfm_torch.tree import BaggedTree, xRFMTree
 from xrfm_torch.tree.blend import KernelBlend, model_from_config
+from xrfm_torch.tree.defaults import auto_bags, auto_kernels, default_bags
 from xrfm_torch.tree.grow import Progress
 
 log = logging.getLogger(__name__)
@@ -95,11 +96,19 @@ class XRFMLitModule(pl.LightningModule):
             (``system.n_bags=5``; ``experiment=bagged``). The ``val/*`` metrics are then those of
             rows every bag but one trained on; ``val/oof_*`` (the same metrics) score each row by
             the bag that did not (with ``blend_kernels`` too: the blend's mixed out-of-fold
-            outputs).
+            outputs). ``"auto"``: 5 bags up to 20 000 fit rows (``n_fit_rows``), else one
+            model. ``None`` (default): the task's default, as ``XRFMClassifier`` /
+            ``XRFMRegressor`` build it (:mod:`xrfm_torch.tree.defaults`): ``"auto"`` for
+            classification, 1 for regression.
         blend_kernels: Two or more kernel names wrap the model (tree or bags) in a
             :class:`~xrfm_torch.tree.blend.KernelBlend`: one fit per kernel, mixed by weights
             chosen on the honest outputs (``system.blend_kernels=[laplace,gaussian]``;
-            ``experiment=kernel_blend``). ``None`` (default): the tree's own kernel.
+            ``experiment=kernel_blend``). ``None``: the tree's own kernel. ``"auto"`` (default):
+            the task's default (classification blends the Laplace and the Gaussian kernel;
+            regression uses the tree's kernel).
+        n_fit_rows: Training plus validation rows (the datamodule passes it; ``n_bags="auto"``).
+        rarest_class_rows: Rows of the rarest class among them (classification; no bags below
+            2).
     """
 
     target_mean: Tensor
@@ -116,8 +125,10 @@ class XRFMLitModule(pl.LightningModule):
         seed: int = 0,
         feature_names: Sequence[str] | None = None,
         weighted: bool = False,
-        n_bags: int = 1,
-        blend_kernels: Sequence[str] | None = None,
+        n_bags: int | str | None = None,
+        blend_kernels: Sequence[str] | str | None = "auto",
+        n_fit_rows: int | None = None,
+        rarest_class_rows: int | None = None,
     ) -> None:
         super().__init__()
         if task not in ("regression", "classification"):
@@ -129,11 +140,25 @@ class XRFMLitModule(pl.LightningModule):
         feature_names = None if feature_names is None else [str(n) for n in feature_names]
         target_mean = _floats(target_mean)
         target_std = _floats(target_std)
-        blend_kernels = None if blend_kernels is None else [str(k) for k in blend_kernels]
+        if isinstance(blend_kernels, str):
+            if blend_kernels != "auto":
+                raise ValueError(
+                    f"blend_kernels must be 'auto', a list of names or None, got {blend_kernels!r}"
+                )
+        elif blend_kernels is not None:
+            blend_kernels = [str(k) for k in blend_kernels]
         self.save_hyperparameters(ignore=["tree", "encoder"])
         tree = tree if tree is not None else xRFMTree(task=task)
+        # the task's default ensemble, as the estimators build it (xrfm_torch.tree.defaults)
+        if n_bags is None:
+            n_bags = default_bags(task)
+        if n_bags == "auto":
+            n_bags = auto_bags(n_fit_rows, rarest_class_rows if task == "classification" else None)
+        if blend_kernels == "auto":
+            auto = auto_kernels(task)
+            blend_kernels = None if auto is None else list(auto)
         if isinstance(n_bags, bool) or not isinstance(n_bags, int) or n_bags < 1:
-            raise ValueError(f"n_bags must be an int >= 1, got {n_bags!r}")
+            raise ValueError(f"n_bags must be an int >= 1, 'auto' or None, got {n_bags!r}")
         model: xRFMTree | BaggedTree | KernelBlend = tree
         if n_bags > 1:
             model = BaggedTree(tree, n_bags=n_bags, distributed=tree.config.distributed)

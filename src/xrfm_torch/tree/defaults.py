@@ -1,0 +1,46 @@
+"""The default ensemble per task, one rule for every entry point.
+
+``XRFMClassifier()``, ``XRFMLitModule`` (and so ``python train.py``) build the same model for a
+task: classification fits the Laplace and the Gaussian kernel and mixes them
+(:class:`~xrfm_torch.tree.blend.KernelBlend`), each as ``AUTO_BAGS`` cross-fitted bags when the
+fit has at most ``AUTO_BAG_ROWS`` rows (on small tables one model's validation rows are too few to
+calibrate its probabilities); regression fits one tree. ``xRFMTree`` itself is always one tree:
+it is the building block the ensembles wrap (docs/design.md: defaults). The classifier's default
+costs about 10 single trees below ``AUTO_BAG_ROWS`` rows (2 kernels x 5 bags), 2 above.
+"""
+
+from __future__ import annotations
+
+from xrfm_torch.tree.targets import Task
+
+#: ``n_bags="auto"``: this many cross-fitted bags for a fit of at most ``AUTO_BAG_ROWS`` rows.
+AUTO_BAGS = 5
+AUTO_BAG_ROWS = 20_000
+#: ``kernel="auto"`` for classification: these kernels, blended.
+CLASSIFICATION_KERNELS: tuple[str, ...] = ("laplace", "gaussian")
+
+
+def default_bags(task: Task) -> int | str:
+    """``n_bags`` of the default model: ``"auto"`` (:func:`auto_bags`) for classification, else 1."""
+    return "auto" if task == "classification" else 1
+
+
+def auto_bags(n_rows: int | None, rarest_class_rows: int | None = None) -> int:
+    """``n_bags="auto"`` resolved: ``AUTO_BAGS`` or 1.
+
+    ``AUTO_BAGS`` for a fit of ``4 * AUTO_BAGS`` to ``AUTO_BAG_ROWS`` rows (training plus
+    validation) whose rarest class, if any, has 2 rows or more (every bag trains on every class),
+    else 1. ``n_rows=None`` (unknown): 1.
+    """
+    if n_rows is None:
+        return 1
+    if not 4 * AUTO_BAGS <= n_rows <= AUTO_BAG_ROWS:
+        return 1
+    if rarest_class_rows is not None and rarest_class_rows < 2:
+        return 1
+    return AUTO_BAGS
+
+
+def auto_kernels(task: Task) -> tuple[str, ...] | None:
+    """Kernels the default model blends (``None``: the tree's own kernel alone)."""
+    return CLASSIFICATION_KERNELS if task == "classification" else None
