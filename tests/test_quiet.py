@@ -95,3 +95,15 @@ def test_default_train_run_prints_no_warning_or_tip(tmp_path):
     assert "test/rmse" in text and (tmp_path / "outputs" / "train" / "runs").is_dir()
     rmse = float(text.split("test/rmse")[1].split()[0])
     assert np.isfinite(rmse) and rmse < 2.5
+
+
+def test_a_missing_column_is_one_error_not_a_chain(tmp_path):
+    pytest.importorskip("pandas")
+    from xrfm_torch.data.tabular import read_any
+
+    path = tmp_path / "data.csv"
+    path.write_text("a,b,price\n1,x,2\n3,y,4\n")  # text cells: the numeric reader hands over
+    with pytest.raises(ValueError, match="no column named 'prize'") as err:
+        read_any(path, "prize")
+    # before: the numeric reader's error, then "During handling ... another exception occurred"
+    assert err.value.__context__ is None and err.value.__cause__ is None
