@@ -236,17 +236,6 @@ def test_lightning_blend_of_bags_logs_its_mixed_out_of_fold_scores(tmp_path):
     assert result["metrics"]["val/oof_rmse"] == pytest.approx(rmse, rel=1e-6)
 
 
-def test_the_old_bagging_helpers_warn_and_forward(classifier_blend):
-    from xrfm_torch.tree import bagging
-
-    blend, _ = classifier_blend
-    with pytest.warns(DeprecationWarning, match="tree.blend.model_from_config"):
-        again = bagging.model_from_config(blend.get_config())
-    assert isinstance(again, KernelBlend)
-    with pytest.warns(DeprecationWarning, match="tree.blend.bag_list"):
-        assert bagging.bag_list(blend) == [t for _, t in weighted_trees(blend)]
-
-
 def test_sample_weights_weigh_the_honest_losses():
     X, y = planted(500, d=3, seed=5, noise=0.2)
     Xv, yv = planted(200, d=3, seed=6, noise=0.2)

@@ -47,7 +47,22 @@ def imports(path: Path) -> set[str]:
                 found |= {f"{node.module}.{a.name}" for a in node.names} & MODULES
         elif isinstance(node, ast.ImportFrom) and node.level > 0:
             raise AssertionError(f"{path}: relative import; use the absolute module path")
+        elif (name := dynamic_import(node)) is not None and name.split(".")[0] == "xrfm_torch":
+            found.add(name)  # importlib.import_module("xrfm_torch...") counts as an import
     return found
+
+
+def dynamic_import(node: ast.AST) -> str | None:
+    """The module an ``import_module(...)`` / ``__import__(...)`` call names: its literal
+    argument, or ``"?"`` when the argument is computed."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in ("import_module", "__import__"):
+        return None
+    arg = node.args[0]
+    return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else "?"
 
 
 def layer(module: str) -> int:
@@ -134,3 +149,18 @@ def test_the_layer_rule_catches_an_upward_import(tmp_path):
     )
     assert imports(bad) == {"xrfm_torch.tree"}
     assert layer("xrfm_torch.tree") > layer("xrfm_torch.leaf.model")
+
+
+def test_dynamic_imports_count_and_computed_ones_are_only_the_config_builder(tmp_path):
+    planted = tmp_path / "dyn.py"
+    planted.write_text(
+        "import importlib\nblend = importlib.import_module('xrfm_torch.tree.blend')\n"
+    )
+    assert imports(planted) == {"xrfm_torch.tree.blend"}
+    computed = sorted(
+        module_name(p)
+        for p in PACKAGE.rglob("*.py")
+        if any(dynamic_import(n) == "?" for n in ast.walk(ast.parse(p.read_text())))
+    )
+    # building a model from a config imports the allow-listed targets by name (CONFIG_TARGETS)
+    assert computed == ["xrfm_torch.numerics.config"]

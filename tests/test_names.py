@@ -1,4 +1,4 @@
-"""One name per thing: the renamed members still answer under their old names, with a warning."""
+"""One name per thing: the old names are gone, but for the reference package's ``get_grads``."""
 
 import pytest
 import torch
@@ -22,27 +22,19 @@ def model():
     return m.fit(X, y, generator=torch.Generator().manual_seed(0))
 
 
-def test_input_grads_everywhere_and_get_grads_warns(model):
+def test_input_grads_everywhere_and_get_grads_is_the_one_alias(model, recwarn):
     x = _data(5, 1)[0]
-    with pytest.warns(
-        DeprecationWarning, match="xRFMTree.get_grads is deprecated; use input_grads"
-    ):
-        old = model.get_grads(x)
-    assert torch.equal(old, model.input_grads(x))
-    leaf = model.leaves()[0]
-    xl = model.input_map(x)[0]
-    with pytest.warns(DeprecationWarning, match="LeafRFM.get_grads"):
-        assert torch.equal(leaf.get_grads(xl), leaf.input_grads(xl))
-    k, z, a = LaplaceKernel(), x.flip(0), torch.ones(5, 1, dtype=x.dtype)
-    with pytest.warns(DeprecationWarning, match="function_grads is deprecated; use input_grads"):
-        assert torch.equal(k.function_grads(x, z, a), k.input_grads(x, z, a))
+    assert torch.equal(model.get_grads(x), model.input_grads(x))  # the reference xrfm's name
+    assert not recwarn.list  # a plain alias, not a deprecation
+    leaf, k = model.leaves()[0], LaplaceKernel()
+    # the deprecated names of 0.14 are gone (pre-1.0)
+    assert not hasattr(leaf, "get_grads") and not hasattr(k, "function_grads")
+    assert not hasattr(model, "current_temperature")
 
 
 def test_temperature_in_use_is_temperature_underscore(model):
     assert float(model.temperature_) == pytest.approx(0.4)
     assert model.temperature_ is model.fitted_temperature_
-    with pytest.warns(DeprecationWarning, match="current_temperature is deprecated"):
-        assert model.current_temperature is model.temperature_
     # trainable routing: the in-use temperature is softplus(raw), starting at the fitted one
     X, y = _data()
     t = (
@@ -72,5 +64,4 @@ def test_bagged_input_grads_and_alias():
     bag = BaggedTree(xRFMTree(leaf=LeafConfig(n_iters=1), max_leaf_size=150).double(), n_bags=2)
     bag.fit(X, y, generator=torch.Generator().manual_seed(0))
     x = X[:4]
-    with pytest.warns(DeprecationWarning, match="BaggedTree.get_grads"):
-        assert torch.equal(bag.get_grads(x), bag.input_grads(x))
+    assert torch.equal(bag.get_grads(x), bag.input_grads(x))

@@ -82,10 +82,11 @@ def test_the_fitted_tree_follows_its_config():
     assert all(leaf.config == model.config.leaf for leaf in model.leaves())
 
 
-def test_split_rule_protocol_is_exported_and_the_split_result_is_deprecated():
+def test_split_rule_protocol_is_exported_and_the_split_result_is_not():
     assert "SplitRule" in xrfm_torch.__all__ and "Split" not in xrfm_torch.__all__
-    with pytest.warns(DeprecationWarning, match="xrfm_torch.Split is deprecated"):
-        assert xrfm_torch.Split is Split
+    assert Split.__module__ == "xrfm_torch.tree.splits"
+    with pytest.raises(AttributeError, match="no attribute 'Split'"):
+        xrfm_torch.Split  # noqa: B018 (the 0.14 deprecation has ended)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert xrfm_torch.SplitRule is xrfm_torch.tree.splits.SplitRule

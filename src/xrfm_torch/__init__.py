@@ -8,7 +8,6 @@ datasets in :mod:`xrfm_torch.data` (numpy). The scikit-learn estimators ``XRFMRe
 ``XRFMClassifier`` (:mod:`xrfm_torch.estimators`) load scikit-learn on first use.
 """
 
-import warnings
 from typing import Any
 
 from xrfm_torch.__about__ import __version__
@@ -72,14 +71,4 @@ def __getattr__(name: str) -> Any:
         from xrfm_torch import estimators
 
         return getattr(estimators, name)
-    if name == "Split":  # a split rule's result, exported among the rules until 0.14
-        warnings.warn(
-            "xrfm_torch.Split is deprecated: it is a split rule's result, not a rule; import it "
-            "from xrfm_torch.tree.splits (the rules' protocol is xrfm_torch.SplitRule)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        from xrfm_torch.tree import splits
-
-        return splits.Split
     raise AttributeError(f"module 'xrfm_torch' has no attribute {name!r}")

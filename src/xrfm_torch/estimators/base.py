@@ -27,7 +27,12 @@ from xrfm_torch.leaf import LeafConfig
 from xrfm_torch.numerics.progress import FitBar, on_iteration
 from xrfm_torch.tree import BaggedTree, KernelBlend, xRFMTree
 from xrfm_torch.tree.config import DEFAULTS
-from xrfm_torch.tree.defaults import AUTO_BAG_ROWS, AUTO_BAGS, auto_bags  # noqa: F401 (re-exported)
+from xrfm_torch.tree.defaults import (  # noqa: F401 (AUTO_*: re-exported)
+    AUTO_BAG_ROWS,
+    AUTO_BAGS,
+    auto_bags,
+    build_model,
+)
 from xrfm_torch.tree.targets import Task
 
 log = logging.getLogger(__name__)
@@ -209,10 +214,7 @@ class _XRFMEstimator(BaseEstimator):
             **tree_args,
             **self._task_args(),
         )
-        model = tree if n_bags == 1 else BaggedTree(tree, n_bags=n_bags)
-        if len(kernels) == 1:
-            return model
-        return KernelBlend(model, kernels=[str(k) for k in kernels])
+        return build_model(tree, n_bags, None if len(kernels) == 1 else [str(k) for k in kernels])
 
     def _task_args(self) -> dict[str, Any]:
         """Tree arguments only one task has."""

@@ -44,7 +44,6 @@ from xrfm_torch.kernels.distance import (
     transform,
 )
 from xrfm_torch.numerics.checks import check_positive
-from xrfm_torch.numerics.deprecation import renamed
 
 #: The default bandwidth ``L`` of every kernel here (the reference xrfm's and the paper's).
 BANDWIDTH = 10.0
@@ -307,8 +306,6 @@ class Kernel(nn.Module):
         ]
         g = torch.cat(parts)  # (n, c, d), gradient w.r.t. S x
         return chain_rule(g, sqrt_m)
-
-    function_grads = renamed("input_grads", "function_grads")
 
 
 class LpqLaplaceKernel(Kernel):

@@ -22,7 +22,6 @@ from xrfm_torch.leaf.selection import Candidate
 from xrfm_torch.leaf.state import upgrade_leaf_state
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
-from xrfm_torch.numerics.deprecation import renamed
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.numerics.state import ResizableBuffers
 
@@ -387,8 +386,6 @@ class LeafRFM(ResizableBuffers):
         """Input gradients of the leaf predictor, shape (n, c, d) (no autograd needed)."""
         self._check_input(x)
         return self._solve().grads(self, x)
-
-    get_grads = renamed("input_grads", "get_grads")
 
     def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
         """AGOP of the fitted predictor at ``x`` (default: its support points, self-terms excluded).

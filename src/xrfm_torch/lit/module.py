@@ -16,7 +16,7 @@ from xrfm_torch.lit.metrics import GaussianNLL, make_metrics
 from xrfm_torch.numerics.progress import IterationHook, on_iteration
 from xrfm_torch.tree import BaggedTree, xRFMTree
 from xrfm_torch.tree.blend import KernelBlend, model_from_config
-from xrfm_torch.tree.defaults import auto_bags, auto_kernels, default_bags
+from xrfm_torch.tree.defaults import auto_bags, auto_kernels, build_model, default_bags
 from xrfm_torch.tree.grow import Progress
 
 log = logging.getLogger(__name__)
@@ -159,11 +159,7 @@ class XRFMLitModule(pl.LightningModule):
             blend_kernels = None if auto is None else list(auto)
         if isinstance(n_bags, bool) or not isinstance(n_bags, int) or n_bags < 1:
             raise ValueError(f"n_bags must be an int >= 1, 'auto' or None, got {n_bags!r}")
-        model: xRFMTree | BaggedTree | KernelBlend = tree
-        if n_bags > 1:
-            model = BaggedTree(tree, n_bags=n_bags, distributed=tree.config.distributed)
-        if blend_kernels is not None:
-            model = KernelBlend(cast(xRFMTree | BaggedTree, model), kernels=blend_kernels)
+        model = build_model(tree, n_bags, blend_kernels)
         if tree.task != task:
             raise ValueError(
                 f"the tree's task is {tree.task!r} but the system's is {task!r}: pass "

@@ -16,10 +16,8 @@ the cost is ``K`` fits (spread over ``torch.distributed`` ranks with ``distribut
 from __future__ import annotations
 
 import copy
-import importlib
 import logging
 import time
-import warnings
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -27,7 +25,6 @@ import torch
 from torch import Tensor, nn
 
 from xrfm_torch.numerics.checks import check_int
-from xrfm_torch.numerics.deprecation import renamed
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.ensemble import Ensemble
 from xrfm_torch.tree.grow import Progress
@@ -265,8 +262,6 @@ class BaggedTree(Ensemble):
             return bag.predict_proba(x, temperature)
         return bag(x, temperature)
 
-    get_grads = renamed("input_grads", "get_grads")
-
     # ---- loading into a fresh module -----------------------------------------------------------
     def _load_from_state_dict(
         self,
@@ -288,31 +283,3 @@ class BaggedTree(Ensemble):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
-
-
-def _blend_module() -> Any:
-    # by name, at call time: xrfm_torch.tree.blend imports this module
-    return importlib.import_module("xrfm_torch.tree.blend")
-
-
-def model_from_config(cfg: dict[str, Any]) -> nn.Module:
-    """Deprecated: :func:`xrfm_torch.tree.blend.model_from_config` (which also builds blends)."""
-    blend = _blend_module()
-    warnings.warn(
-        "xrfm_torch.tree.bagging.model_from_config is deprecated; use "
-        "xrfm_torch.tree.blend.model_from_config",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return blend.model_from_config(cfg)
-
-
-def bag_list(model: nn.Module) -> list[xRFMTree]:
-    """Deprecated: :func:`xrfm_torch.tree.blend.bag_list`."""
-    blend = _blend_module()
-    warnings.warn(
-        "xrfm_torch.tree.bagging.bag_list is deprecated; use xrfm_torch.tree.blend.bag_list",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return list(blend.bag_list(model))

@@ -11,6 +11,11 @@ costs about 10 single trees below ``AUTO_BAG_ROWS`` rows (2 kernels x 5 bags), 2
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from xrfm_torch.tree.bagging import BaggedTree
+from xrfm_torch.tree.blend import KernelBlend
+from xrfm_torch.tree.model import xRFMTree
 from xrfm_torch.tree.targets import Task
 
 #: ``n_bags="auto"``: this many cross-fitted bags for a fit of at most ``AUTO_BAG_ROWS`` rows.
@@ -44,3 +49,17 @@ def auto_bags(n_rows: int | None, rarest_class_rows: int | None = None) -> int:
 def auto_kernels(task: Task) -> tuple[str, ...] | None:
     """Kernels the default model blends (``None``: the tree's own kernel alone)."""
     return CLASSIFICATION_KERNELS if task == "classification" else None
+
+
+def build_model(
+    tree: xRFMTree, n_bags: int = 1, kernels: Sequence[str] | None = None
+) -> xRFMTree | BaggedTree | KernelBlend:
+    """The one place a tree becomes an ensemble (the estimators and the LightningModule use it).
+
+    ``n_bags`` cross-fitted bags of ``tree`` (1: the tree itself), fitted once per kernel of
+    ``kernels`` and blended (``None``: the tree's kernel alone).
+    """
+    model: xRFMTree | BaggedTree = tree
+    if n_bags > 1:
+        model = BaggedTree(tree, n_bags=n_bags, distributed=tree.config.distributed)
+    return model if not kernels else KernelBlend(model, kernels=list(kernels))

@@ -138,6 +138,10 @@ class Ensemble(HasHonestOutputs, nn.Module):
         self._check_fitted()
         return input_grads(lambda xg: self(xg, temperature), x)
 
+    def get_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """:meth:`input_grads` under the reference ``xrfm``'s name (the one alias kept)."""
+        return self.input_grads(x, temperature)
+
     def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
         """AGOP of the averaged model at ``x``, or (default) the mean of the members' AGOPs."""
         self._check_fitted()

@@ -30,7 +30,6 @@ from xrfm_torch.numerics.checks import (
     check_finite,
 )
 from xrfm_torch.numerics.config import from_config, to_config
-from xrfm_torch.numerics.deprecation import renamed
 from xrfm_torch.numerics.events import counting, summary
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.config import DEFAULTS, SETTINGS, TreeConfig
@@ -303,8 +302,6 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
             return F.softplus(self.raw_temperature)
         return self.fitted_temperature_
 
-    current_temperature = renamed("temperature_", "current_temperature", attribute=True)
-
     def _set_temperature(self, value: float) -> None:
         if self.config.trainable_routing and value <= 0:
             positive = [t for t in self.config.temperature_grid if t > 0]
@@ -533,7 +530,9 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
         self._check_fitted()
         return input_grads(lambda xg: self(xg, temperature), x)
 
-    get_grads = renamed("input_grads", "get_grads")
+    def get_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """:meth:`input_grads` under the reference ``xrfm``'s name (the one alias kept)."""
+        return self.input_grads(x, temperature)
 
     def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
         """The tree's AGOP, at ``x`` or (default) averaged over the leaves.
