@@ -122,7 +122,7 @@ def test_approximate_to_fit_halves_the_centres_until_the_estimate_fits():
 def test_estimate_bounds_a_measured_leaf_fit():
     # one process per measurement (peak RSS is per process); float32, default LeafConfig
     out = subprocess.run(
-        [sys.executable, "-m", "bench.leaf_memory", "--one", "3000", "--threads", "1"],
+        [sys.executable, "-m", "tools.leaf_memory", "--one", "3000", "--threads", "1"],
         capture_output=True,
         text=True,
         cwd=ROOT,

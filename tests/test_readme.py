@@ -269,7 +269,9 @@ def bench_commands() -> list[str]:
     found = []
     for doc in sorted((ROOT / "docs").glob("*.md")):
         for command in shell_commands(doc.read_text()):
-            found += [s for s in steps(command) if s.startswith("python -m bench.")]
+            found += [
+                s for s in steps(command) if s.startswith(("python -m bench.", "python -m tools."))
+            ]
     return [c for c in found if "<" not in c.split()[2]]  # not a pattern such as bench.<name>
 
 

@@ -6,7 +6,7 @@ its own process with the same thread count, and compares every ``state_dict`` te
 predictions exactly (``torch.equal``; ``--upgrade`` when the commit saved an older state format:
 its state is first loaded into this checkout's model, whose loader renames and fills entries)::
 
-    python -m bench.same_models --against HEAD~3 --datasets cpu_act houses house_16H \
+    python -m tools.same_models --against HEAD~3 --datasets cpu_act houses house_16H \
         --classification california --uncertainty cpu_act --data-dir DIR
 
 Regression tables come from ``DIR/reg_num`` (cpu_act also ships with the package), the

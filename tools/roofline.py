@@ -1,6 +1,6 @@
 """How close the leaf fit gets to this machine's dense limit.
 
-    python -m bench.roofline --n 2000 4000 8000
+    python -m tools.roofline --n 2000 4000 8000
 
 For each n: GFLOP/s of a bare float32 ``torch.linalg.cholesky`` (n^3/3 flops) and of a GEMM
 (2 n^3), and the Cholesky-equivalent rate of a whole LeafRFM fit (``fits * n^3 / 3`` over its wall

@@ -1,6 +1,6 @@
 """Peak resident memory of one leaf fit against n^2: what tree/memory.py's estimate rests on.
 
-    python -m bench.leaf_memory --n 2000 4000 8000 12000 --d 20 --out bench/results/leaf-memory
+    python -m tools.leaf_memory --n 2000 4000 8000 12000 --d 20 --out bench/results/leaf-memory
 
 Each size runs in its own process: ``LeafRFM()`` with the default ``LeafConfig`` fitted on ``n``
 planted rows (float32) with 1500 validation rows; the peak RSS growth during the fit (Linux ``VmHWM``, reset first)
@@ -90,7 +90,7 @@ def main() -> None:
     with (a.out / "results.jsonl").open("a") as fh:
         for n in a.n:
             r = run_module_child(
-                "bench.leaf_memory", ["--one", str(n), "--d", str(a.d), "--threads", str(a.threads)]
+                "tools.leaf_memory", ["--one", str(n), "--d", str(a.d), "--threads", str(a.threads)]
             )
             fh.write(json.dumps(r) + "\n")
             print(json.dumps(r), flush=True)
@@ -98,7 +98,7 @@ def main() -> None:
                 f"| {n} | {r['peak_mb']:.0f} | {r['matrices']:.2f} | "
                 f"{r['estimate_mb']:.0f} | {r['fit_s']:.1f} |"
             )
-    write_table(a.out, "bench.leaf_memory", lines)
+    write_table(a.out, "tools.leaf_memory", lines)
 
 
 if __name__ == "__main__":
