@@ -1,0 +1,55 @@
+"""One contract: xRFMTree, BaggedTree and KernelBlend implement every member of
+``xrfm_torch.tree.contract.Model`` with the same parameters, and what build_model returns keeps it."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from xrfm_torch import BaggedTree, KernelBlend, LeafConfig, xRFMTree
+from xrfm_torch.tree.contract import Model
+from xrfm_torch.tree.defaults import build_model
+
+CLASSES = [xRFMTree, BaggedTree, KernelBlend]
+MEMBERS = [n for n in dir(Model) if not n.startswith("_")]
+
+
+def parameters(fn) -> list[tuple[str, object, object]]:
+    """(name, kind, default) of each parameter: annotations and return types may differ."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def test_the_contract_lists_the_shared_api():
+    assert {"fit", "forward", "predict_proba", "predict_interval", "input_grads", "agop"} <= set(
+        MEMBERS
+    )
+    assert {"feature_importance", "honest_outputs", "get_config", "state_dict"} <= set(MEMBERS)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("member", MEMBERS)
+def test_every_model_class_implements_each_member_alike(cls, member):
+    ours, contract = getattr(cls, member, None), getattr(Model, member)
+    assert ours is not None, f"{cls.__name__} lacks {member}"
+    if isinstance(contract, property):
+        assert isinstance(ours, property) or not callable(ours), f"{cls.__name__}.{member}"
+    elif member != "state_dict":  # nn.Module's own
+        assert parameters(ours) == parameters(contract), f"{cls.__name__}.{member}"
+
+
+@pytest.mark.parametrize(
+    ("n_bags", "kernels"), [(1, None), (2, None), (2, ["laplace", "gaussian"])]
+)
+def test_what_build_model_returns_keeps_the_contract_when_fitted(n_bags, kernels):
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(200, 3, generator=g)
+    y = X[:, 0].sin()
+    model = build_model(xRFMTree(leaf=LeafConfig(n_iters=1)), n_bags, kernels)
+    assert not model.is_fitted
+    fitted = model.fit(X, y, generator=torch.Generator().manual_seed(0))
+    # (isinstance reads the properties on Python < 3.12, and an unfitted model's raise)
+    assert fitted is model and isinstance(model, Model) and model.n_features_in_ == 3
+    torch.testing.assert_close(model.get_grads(X[:3]), model.input_grads(X[:3]))
+    assert model.feature_importance().sum().item() == pytest.approx(1.0, rel=1e-5)
