@@ -53,3 +53,10 @@ def test_what_build_model_returns_keeps_the_contract_when_fitted(n_bags, kernels
     assert fitted is model and isinstance(model, Model) and model.n_features_in_ == 3
     torch.testing.assert_close(model.get_grads(X[:3]), model.input_grads(X[:3]))
     assert model.feature_importance().sum().item() == pytest.approx(1.0, rel=1e-5)
+    # its single trees mix to its predictions (a kernel of weight 0 is dropped from a blend)
+    pairs = model.single_trees()
+    assert all(isinstance(t, xRFMTree) for _, t in pairs) and len(pairs) % n_bags == 0
+    assert sum(w for w, _ in pairs) == pytest.approx(1.0)
+    if model.task == "regression":
+        mixed = sum(w * t(X[:5]) for w, t in pairs)
+        torch.testing.assert_close(mixed, model(X[:5]), rtol=1e-5, atol=1e-6)

@@ -24,6 +24,7 @@ from xrfm_torch.lit.module import XRFMLitModule
 from xrfm_torch.numerics.progress import FitBar
 from xrfm_torch.tree import BaggedTree, xRFMTree
 from xrfm_torch.tree.blend import KernelBlend, bag_list, weighted_trees
+from xrfm_torch.tree.export import is_ensemble
 from xrfm_torch.tree.interpret import ImportanceSource
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,7 @@ class LeafMetrics(_FileCallback):
         with path.open("w", newline="") as fh:
             w = csv.writer(fh)
             # several single trees (bags, or a blend's): the first column says which
-            bagged = isinstance(module.tree, (BaggedTree, KernelBlend))
+            bagged = is_ensemble(module.tree)
             w.writerow(["bag"] * bagged + ["tree", "leaf", "n_support", "n_rows", name])
             for b, bag in enumerate(bag_list(module.tree)):
                 for tree_id, tree in enumerate(bag.partition_trees()):
@@ -295,22 +296,23 @@ class TemperatureSweep(_FileCallback):
         if "val" not in module.fit_data:
             log.warning("TemperatureSweep: the fit had no validation data; nothing to sweep")
             return
-        if not isinstance(module.tree, xRFMTree):
+        if is_ensemble(module.tree):
             log.info(
                 "TemperatureSweep: cross-fitted bags each tuned their temperature on their own "
                 "fold (tree_summary.json); the validation rows are training rows of the other "
                 "bags, so no sweep is written"
             )
             return
-        if module.tree.n_leaves == len(module.tree.trees):
+        tree = module.tree.single_trees()[0][1]  # the model itself: one tree
+        if tree.n_leaves == len(tree.trees):
             log.info(
                 "TemperatureSweep: every tree is a single leaf, so routing plays no part and "
                 "the temperature changes nothing; no sweep written"
             )
             return
         Xv, yv = module.fit_data["val"]
-        grid = list(self.grid or module.tree.config.temperature_grid)
-        errs = module.tree.temperature_errors(Xv, yv, grid)
+        grid = list(self.grid or tree.config.temperature_grid)
+        errs = tree.temperature_errors(Xv, yv, grid)
         out = self.out_dir(trainer)
         with (out / "temperature_sweep.csv").open("w", newline="") as fh:
             w = csv.writer(fh)
@@ -328,7 +330,7 @@ class TemperatureSweep(_FileCallback):
         if hard:
             ax.axhline(hard[0], color="tab:red", ls="--", label="hard routing (T=0)")
         ax.axvline(
-            float(module.tree.temperature_) or (min(t for t in grid if t > 0) if soft else 1),
+            float(tree.temperature_) or (min(t for t in grid if t > 0) if soft else 1),
             color="gray",
             lw=0.8,
         )

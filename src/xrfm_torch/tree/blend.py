@@ -314,11 +314,10 @@ def model_from_config(cfg: dict[str, Any]) -> xRFMTree | BaggedTree | KernelBlen
 
 def weighted_trees(model: nn.Module) -> list[tuple[float, xRFMTree]]:
     """The single trees of ``model`` with their weights in its predictions (summing to 1)."""
-    if isinstance(model, Ensemble):
-        return [(w * v, t) for w, m in model.weighted_members() for v, t in weighted_trees(m)]
-    if isinstance(model, xRFMTree):
-        return [(1.0, model)]
-    raise TypeError(f"expected an xrfm_torch model, got {type(model).__name__}")
+    single = getattr(model, "single_trees", None)
+    if single is None:
+        raise TypeError(f"expected an xrfm_torch model, got {type(model).__name__}")
+    return cast(list[tuple[float, xRFMTree]], single())
 
 
 def bag_list(model: nn.Module) -> Sequence[xRFMTree]:

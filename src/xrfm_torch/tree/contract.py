@@ -22,6 +22,8 @@ from xrfm_torch.tree.interpret import ImportanceSource
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from xrfm_torch.tree.model import xRFMTree
+
 
 @runtime_checkable
 class Model(Protocol):
@@ -100,6 +102,9 @@ class Model(Protocol):
 
     def honest_outputs(self) -> HonestOutputs:
         """The last fit's outputs of rows it did not train on."""
+
+    def single_trees(self) -> list[tuple[float, xRFMTree]]:
+        """Its single trees with their weights in its predictions (summing to 1)."""
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data."""

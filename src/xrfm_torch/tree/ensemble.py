@@ -142,6 +142,10 @@ class Ensemble(HasHonestOutputs, nn.Module):
         """:meth:`input_grads` under the reference ``xrfm``'s name (the one alias kept)."""
         return self.input_grads(x, temperature)
 
+    def single_trees(self) -> list[tuple[float, Any]]:
+        """Every single tree of every member, with its weight in the predictions (summing to 1)."""
+        return [(w * v, t) for w, m in self.weighted_members() for v, t in m.single_trees()]
+
     def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
         """AGOP of the averaged model at ``x``, or (default) the mean of the members' AGOPs."""
         self._check_fitted()

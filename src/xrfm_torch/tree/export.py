@@ -38,6 +38,7 @@ from xrfm_torch.tree.routing import hard_weights, soft_weights
 if TYPE_CHECKING:
     from xrfm_torch.tree.bagging import BaggedTree
     from xrfm_torch.tree.blend import KernelBlend
+    from xrfm_torch.tree.contract import Model
     from xrfm_torch.tree.model import xRFMTree
 
 #: What an exported model returns: predictions (class scores for classification) or probabilities.
@@ -172,6 +173,11 @@ class ExportableBags(nn.Module):
         return torch.einsum("b,bnc->nc", self.weights, torch.stack([b(x) for b in self.bags]))
 
 
+def is_ensemble(model: Model) -> bool:
+    """Whether a fitted ``model`` is made of other trees (bags, blends), not one tree itself."""
+    return any(tree is not model for _, tree in model.single_trees())
+
+
 def default_output(model: nn.Module, output: Output | None) -> Output:
     """``output``, or by default probabilities for a classification model, else predictions."""
     if output is not None:
@@ -190,20 +196,21 @@ def exportable(
     exported. The exported graph takes the estimator's encoded float matrix, as
     ``estimator.encoder_.transform`` gives it (the table itself for a table of numbers).
     """
-    from xrfm_torch.tree.bagging import BaggedTree
-    from xrfm_torch.tree.blend import KernelBlend
-
     if isinstance(model, (ExportableTree, ExportableBags)):
         return model
     if not isinstance(model, nn.Module) and hasattr(model, "tree_"):  # a fitted estimator
         return exportable(model.tree_, output, temperature)
-    if not isinstance(model, nn.Module):
+    if not isinstance(model, nn.Module) or not hasattr(model, "single_trees"):
         raise TypeError(
             f"export needs a fitted xRFMTree, BaggedTree, KernelBlend or estimator, got "
             f"{type(model).__name__} (an unfitted estimator has no tree_: call fit first)"
         )
-    if isinstance(model, (BaggedTree, KernelBlend)):
-        return ExportableBags(model, output=output, temperature=temperature)
+    if not cast("Model", model).is_fitted:
+        raise RuntimeError(f"{type(model).__name__} is not fitted; call .fit(X, y) first")
+    if is_ensemble(cast("Model", model)):  # made of single trees (the contract's single_trees)
+        return ExportableBags(
+            cast("BaggedTree | KernelBlend", model), output=output, temperature=temperature
+        )
     return ExportableTree(cast("xRFMTree", model), output=output, temperature=temperature)
 
 

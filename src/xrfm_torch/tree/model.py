@@ -534,6 +534,10 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
         """:meth:`input_grads` under the reference ``xrfm``'s name (the one alias kept)."""
         return self.input_grads(x, temperature)
 
+    def single_trees(self) -> list[tuple[float, xRFMTree]]:
+        """``[(1.0, self)]``: the contract's single trees (an ensemble has several)."""
+        return [(1.0, self)]
+
     def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
         """The tree's AGOP, at ``x`` or (default) averaged over the leaves.
 
