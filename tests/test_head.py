@@ -290,6 +290,9 @@ def test_batch_krr_training_lowers_the_in_batch_krr_loss():
 
 
 def test_linear_sgd_loss_trains_the_encoder_then_the_tree_is_fitted_on_its_final_features():
+    # the encoder's and the probe's initial weights come from the global generator: seeded here
+    # (unseeded, the loss ratio below ran 0.46-0.82 with whatever state earlier tests left)
+    torch.manual_seed(0)
     dm = TabularDataModule("synthetic", n_samples=1500, n_features=6, seed=0, batch_size=128)
     dm.setup()
     tree = xRFMTree(
