@@ -50,6 +50,8 @@ def test_beats_mean_predictor(synthetic_run):
     )
     assert result["metrics"]["test/rmse"] < 0.4 * mean_rmse
     assert result["metrics"]["test/r2"] > 0.8
+    # one tree: its honest outputs are the validation rows only, so no out-of-fold scores
+    assert not [k for k in result["metrics"] if k.startswith("val/oof_")]
 
 
 def test_checkpoint_reload_gives_identical_predictions(synthetic_run):

@@ -14,8 +14,8 @@ from torchmetrics import MetricCollection
 from xrfm_torch.data.protocol import Task
 from xrfm_torch.lit.metrics import GaussianNLL, make_metrics
 from xrfm_torch.numerics.progress import IterationHook, on_iteration
-from xrfm_torch.tree import BaggedTree, xRFMTree
-from xrfm_torch.tree.blend import KernelBlend, model_from_config
+from xrfm_torch.tree import xRFMTree
+from xrfm_torch.tree.blend import model_from_config
 from xrfm_torch.tree.defaults import auto_bags, auto_kernels, build_model, default_bags
 from xrfm_torch.tree.grow import Progress
 
@@ -268,10 +268,11 @@ class XRFMLitModule(pl.LightningModule):
                 f"but num_classes={k}: every class needs training rows"
             )
         pooled = y if yv is None else torch.cat([y, yv.to(y.dtype)])
-        if isinstance(self.tree, BaggedTree) or (
-            isinstance(self.tree, KernelBlend) and isinstance(self.tree.members[0], BaggedTree)
-        ):  # a blend of bags: its mixed out-of-fold outputs, those its weights were chosen on
-            self.log_oof(self.tree.oof_, pooled)
+        honest = self.tree.honest_outputs()
+        if len(honest.outputs) == len(pooled):
+            # out-of-fold outputs of every pooled row (bags, or a blend of bags: its mixed ones,
+            # those its weights were chosen on); a single tree's cover only its validation rows
+            self.log_oof(honest.outputs, pooled)
 
     @torch.no_grad()
     def log_oof(self, oof: Tensor, y: Tensor) -> None:
