@@ -22,8 +22,7 @@ from lightning.pytorch.callbacks import Callback
 
 from xrfm_torch.lit.module import XRFMLitModule
 from xrfm_torch.numerics.progress import FitBar
-from xrfm_torch.tree import BaggedTree, xRFMTree
-from xrfm_torch.tree.blend import KernelBlend, bag_list, weighted_trees
+from xrfm_torch.tree.blend import bag_list
 from xrfm_torch.tree.export import is_ensemble
 from xrfm_torch.tree.interpret import ImportanceSource
 
@@ -60,58 +59,12 @@ class _FileCallback(Callback):
 
 
 def tree_summary(module: XRFMLitModule) -> dict[str, Any]:
-    """Trees and their input maps, depth, leaves, fit seconds, t*, bandwidth and sizes per leaf.
+    """The module's fitted model as plain data (the contract's ``summary()``).
 
-    Cross-fitted bags (``n_bags > 1``): ``{"n_bags", "n_leaves", "fit_seconds", "bags": [one
-    such summary per bag]}``. A kernel blend: its members' ``"kernels"`` and ``"weights"``, and
-    as ``"bags"`` every single tree of every member, with ``"bag_weights"`` (their weights in the
-    prediction).
+    One tree: input maps, depth, leaves, fit seconds, t*, bandwidth and sizes per leaf; bags and
+    blends add theirs (``"n_bags"``, ``"kernels"``, ``"weights"``) and list their single trees.
     """
-    if isinstance(module.tree, KernelBlend):
-        blend = module.tree
-        pairs = weighted_trees(blend)
-        return {
-            "kernels": [blend.kernels[int(i)] for i in blend.member_kernels_.tolist()],
-            "weights": blend.weights_.tolist(),
-            "n_bags": len(pairs),
-            "n_leaves": blend.n_leaves,
-            "fit_seconds": blend.fit_seconds_,
-            "bag_weights": [w for w, _ in pairs],
-            "bags": [_one_tree(t) for _, t in pairs],
-        }
-    if isinstance(module.tree, BaggedTree):
-        return {
-            "n_bags": module.tree.n_bags,
-            "n_leaves": module.tree.n_leaves,
-            "fit_seconds": module.tree.fit_seconds_,
-            "bags": [_one_tree(b) for b in bag_list(module.tree)],
-        }
-    return _one_tree(module.tree)
-
-
-def _one_tree(tree: xRFMTree) -> dict[str, Any]:
-    trees = tree.partition_trees()
-    return {
-        "n_trees": len(trees),
-        "input_maps": tree.input_map.names,
-        "n_leaves": tree.n_leaves,
-        "depth": [t.depth for t in trees],
-        "fit_seconds": tree.fit_seconds_,
-        "temperature": float(tree.temperature_),
-        "leaves": [
-            {
-                "tree": i,
-                "leaf": j,
-                "n_support": int(leaf.support_.shape[0]),
-                "best_iter": int(leaf.best_iter_),
-                "bandwidth": leaf.bandwidth,
-                "diag_m": leaf.sqrt_m_.ndim == 1,
-                "val_errors": [None if math.isnan(e) else e for e in leaf.val_errors_.tolist()],
-            }
-            for i, t in enumerate(trees)
-            for j, leaf in enumerate(t.leaf_list())
-        ],
-    }
+    return module.tree.summary()
 
 
 class TreeSummary(_FileCallback):

@@ -256,6 +256,16 @@ class BaggedTree(Ensemble):
             out[rows] = pred
         return cast(Tensor, out)
 
+    def summary(self) -> dict[str, Any]:
+        """``{"n_bags", "n_leaves", "fit_seconds", "bags": [each bag's summary]}``."""
+        self._check_fitted()
+        return {
+            "n_bags": self.n_bags,
+            "n_leaves": self.n_leaves,
+            "fit_seconds": self.fit_seconds_,
+            "bags": [cast(xRFMTree, bag).summary() for bag in self.bags],
+        }
+
     # ---- prediction (Ensemble: the mean of the bags) -------------------------------------------
     def _bag_output(self, bag: xRFMTree, x: Tensor, temperature: float | Tensor | None) -> Tensor:
         if self.task == "classification":

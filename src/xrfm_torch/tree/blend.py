@@ -112,6 +112,23 @@ class KernelBlend(Ensemble):
         self.fit_seconds_: float | None = None
 
     # ---- settings ------------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """The blend as plain data: its kernels, weights and single trees.
+
+        ``"kernels"`` and ``"weights"`` of the members kept, and as ``"bags"`` every single tree
+        of every member (``"bag_weights"``: their weights in the prediction).
+        """
+        pairs = self.single_trees()
+        return {
+            "kernels": [self.kernels[int(i)] for i in self.member_kernels_.tolist()],
+            "weights": self.weights_.tolist(),
+            "n_bags": len(pairs),
+            "n_leaves": self.n_leaves,
+            "fit_seconds": self.fit_seconds_,
+            "bag_weights": [w for w, _ in pairs],
+            "bags": [tree.summary() for _, tree in pairs],
+        }
+
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (the members' settings as a nested config)."""
         return {

@@ -106,6 +106,9 @@ class Model(Protocol):
     def single_trees(self) -> list[tuple[float, xRFMTree]]:
         """Its single trees with their weights in its predictions (summing to 1)."""
 
+    def summary(self) -> dict[str, Any]:
+        """The fitted model as plain data (``tree_summary.json``)."""
+
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data."""
 

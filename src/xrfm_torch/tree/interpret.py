@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -106,3 +107,33 @@ def _normalized(v: Tensor) -> Tensor:
 
 def _rows(leaves: Sequence[LeafRFM]) -> int:
     return sum(int(leaf.support_.shape[0]) for leaf in leaves)
+
+
+def tree_summary(tree: Any) -> dict[str, Any]:
+    """One fitted ``xRFMTree`` as plain data (``tree_summary.json``; ``xRFMTree.summary``).
+
+    Its trees' input maps, depth, leaves, fit seconds, temperature, and per leaf its support size,
+    ``t*``, bandwidth, ``M``'s shape and validation errors.
+    """
+    trees = tree.partition_trees()
+    return {
+        "n_trees": len(trees),
+        "input_maps": tree.input_map.names,
+        "n_leaves": tree.n_leaves,
+        "depth": [t.depth for t in trees],
+        "fit_seconds": tree.fit_seconds_,
+        "temperature": float(tree.temperature_),
+        "leaves": [
+            {
+                "tree": i,
+                "leaf": j,
+                "n_support": int(leaf.support_.shape[0]),
+                "best_iter": int(leaf.best_iter_),
+                "bandwidth": leaf.bandwidth,
+                "diag_m": leaf.sqrt_m_.ndim == 1,
+                "val_errors": [None if math.isnan(e) else e for e in leaf.val_errors_.tolist()],
+            }
+            for i, t in enumerate(trees)
+            for j, leaf in enumerate(t.leaf_list())
+        ],
+    }

@@ -42,6 +42,7 @@ from xrfm_torch.tree.interpret import (
     input_grads,
     leaves_by_map,
     mean_leaf_agop,
+    tree_summary,
 )
 from xrfm_torch.tree.memory import MemoryBudget
 from xrfm_torch.tree.parallel import broadcast_module, check_same_data
@@ -537,6 +538,11 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
     def single_trees(self) -> list[tuple[float, xRFMTree]]:
         """``[(1.0, self)]``: the contract's single trees (an ensemble has several)."""
         return [(1.0, self)]
+
+    def summary(self) -> dict[str, Any]:
+        """The fitted trees as plain data (:func:`~xrfm_torch.tree.interpret.tree_summary`)."""
+        self._check_fitted()
+        return tree_summary(self)
 
     def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
         """The tree's AGOP, at ``x`` or (default) averaged over the leaves.
