@@ -2,17 +2,23 @@
 
 A leaf that predicts its training mean, a Cholesky factorization that needed jitter, a float32
 solve repeated in float64: each is a correct, deliberate fallback, logged at DEBUG where it
-happens and counted with :func:`count`. A model's ``fit`` opens :func:`counting` and logs the
-counts once at INFO (``"3 leaves predict their training mean"``). The counter lives in a
-``contextvars`` variable, so nested fits (a bag's trees) each count their own.
+happens and counted with :func:`count`. A model's ``fit``, decorated with
+:func:`summarize_fallbacks`, counts inside :func:`counting` and logs the counts once at INFO
+(``"3 leaves predict their training mean"``). The counter lives in a ``contextvars`` variable, so
+nested fits (a bag's trees) each count their own.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any, TypeVar, cast
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _COUNTS: ContextVar[Counter[str] | None] = ContextVar("xrfm_torch_fit_events", default=None)
 
@@ -38,3 +44,22 @@ def count(event: str) -> None:
 def summary(counts: Counter[str]) -> str:
     """``"3 leaves predict their training mean, 1 solves needed jitter"`` (most frequent first)."""
     return ", ".join(f"{n} {event}" for event, n in counts.most_common())
+
+
+def summarize_fallbacks(log: logging.Logger) -> Callable[[F], F]:
+    """Decorate a ``fit``: run it inside :func:`counting`, then log the counts once on ``log``."""
+
+    def wrap(fit: F) -> F:
+        @functools.wraps(fit)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            with counting() as notes:
+                out = fit(*args, **kwargs)
+            if notes:
+                log.info(
+                    "numerical fallbacks in this fit (probe leaves included): %s", summary(notes)
+                )
+            return out
+
+        return cast(F, counted)
+
+    return wrap

@@ -30,7 +30,7 @@ from xrfm_torch.numerics.checks import (
     check_finite,
 )
 from xrfm_torch.numerics.config import from_config, to_config
-from xrfm_torch.numerics.events import counting, summary
+from xrfm_torch.numerics.events import summarize_fallbacks
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.config import DEFAULTS, SETTINGS, TreeConfig
 from xrfm_torch.tree.fit import FitPlan, fit_trees, refit_trees
@@ -315,6 +315,7 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
 
     # ---- fitting -------------------------------------------------------------------------------
     @torch.no_grad()
+    @summarize_fallbacks(log)
     def fit(
         self,
         X: Tensor,
@@ -357,23 +358,6 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
         Numerical fallbacks (a leaf that predicts its mean, a solve that needed jitter) are
         logged at DEBUG and summed up in one INFO line at the end.
         """
-        with counting() as notes:
-            self._fit(X, y, X_val, y_val, sample_weight, val_sample_weight, generator, progress)
-        if notes:
-            log.info("numerical fallbacks in this fit (probe leaves included): %s", summary(notes))
-        return self
-
-    def _fit(
-        self,
-        X: Tensor,
-        y: Tensor,
-        X_val: Tensor | None,
-        y_val: Tensor | None,
-        sample_weight: Tensor | None,
-        val_sample_weight: Tensor | None,
-        generator: torch.Generator | None,
-        progress: Progress | None,
-    ) -> None:
         start = time.perf_counter()
         generator = own_generator(generator)
         data = self._fit_data(X, y, X_val, y_val, sample_weight, val_sample_weight, generator)
@@ -433,6 +417,7 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
             self.n_leaves,
             self.fit_seconds_,
         )
+        return self
 
     def _fit_data(
         self,
