@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import Callback
 from xrfm_torch.lit.module import XRFMLitModule
 from xrfm_torch.numerics.progress import FitBar
 from xrfm_torch.tree.blend import bag_list
-from xrfm_torch.tree.export import is_ensemble
+from xrfm_torch.tree.contract import is_ensemble
 from xrfm_torch.tree.interpret import ImportanceSource
 
 log = logging.getLogger(__name__)

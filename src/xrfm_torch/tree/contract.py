@@ -114,3 +114,8 @@ class Model(Protocol):
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Mapping[str, Any]:
         """The fitted state (``nn.Module``)."""
+
+
+def is_ensemble(model: Model) -> bool:
+    """Whether a fitted ``model`` is made of other trees (bags, blends), not one tree itself."""
+    return any(tree is not model for _, tree in model.single_trees())

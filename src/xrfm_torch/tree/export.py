@@ -32,13 +32,13 @@ from torch import Tensor, nn
 
 from xrfm_torch.leaf.criteria import class_probabilities
 from xrfm_torch.numerics.checks import as_real_dtype
+from xrfm_torch.tree.contract import Model, is_ensemble
 from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.routing import hard_weights, soft_weights
 
 if TYPE_CHECKING:
     from xrfm_torch.tree.bagging import BaggedTree
     from xrfm_torch.tree.blend import KernelBlend
-    from xrfm_torch.tree.contract import Model
     from xrfm_torch.tree.model import xRFMTree
 
 #: What an exported model returns: predictions (class scores for classification) or probabilities.
@@ -171,11 +171,6 @@ class ExportableBags(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Weighted mean of the bags' exported outputs (n, c)."""
         return torch.einsum("b,bnc->nc", self.weights, torch.stack([b(x) for b in self.bags]))
-
-
-def is_ensemble(model: Model) -> bool:
-    """Whether a fitted ``model`` is made of other trees (bags, blends), not one tree itself."""
-    return any(tree is not model for _, tree in model.single_trees())
 
 
 def default_output(model: nn.Module, output: Output | None) -> Output:
