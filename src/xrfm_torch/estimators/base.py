@@ -157,9 +157,9 @@ class _XRFMEstimator(BaseEstimator):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
         return getattr(torch, self.dtype)
 
-    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+    def _tensor(self, a: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
         # a copy: the input may be read-only (memory-mapped), and torch wants writable memory
-        return torch.tensor(np.asarray(a), dtype=self._torch_dtype(), device=self.device)
+        return torch.tensor(np.asarray(a), dtype=dtype or self._torch_dtype(), device=self.device)
 
     def _y_tensor(self, y: np.ndarray) -> torch.Tensor:
         """Targets as a tensor: labels in ``dtype``, regression targets in float64.
@@ -167,9 +167,7 @@ class _XRFMEstimator(BaseEstimator):
         The model standardizes float64 targets before the cast to ``dtype``, so an offset or a
         scale of the targets costs none of their digits.
         """
-        if self._task != "regression":
-            return self._tensor(y)
-        return torch.tensor(np.asarray(y), dtype=torch.float64, device=self.device)
+        return self._tensor(y, torch.float64 if self._task == "regression" else None)
 
     def _bags(self, y: np.ndarray) -> int:
         """The number of bags for a fit on the (pooled) targets ``y`` (``"auto"`` resolved).

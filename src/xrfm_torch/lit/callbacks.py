@@ -305,19 +305,18 @@ class FitProgressBar(Callback):
     def __init__(self) -> None:
         super().__init__()
         self._bar = FitBar("xRFM fit")
-        self._update = self._bar.leaf_done
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = _module(pl_module)
         if trainer.progress_bar_callback is None or not trainer.is_global_zero:
             return
-        module.fit_progress.append(self._update)
+        module.fit_progress.append(self._bar.leaf_done)
         module.fit_iterations.append(self._bar.iteration)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = _module(pl_module)
-        if self._update in module.fit_progress:
-            module.fit_progress.remove(self._update)
+        if self._bar.leaf_done in module.fit_progress:  # bound methods compare equal
+            module.fit_progress.remove(self._bar.leaf_done)
         if self._bar.iteration in module.fit_iterations:
             module.fit_iterations.remove(self._bar.iteration)
         self._bar.close()

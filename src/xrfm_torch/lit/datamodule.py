@@ -209,13 +209,11 @@ class TabularDataModule(pl.LightningDataModule):
         kw: dict[str, Any] = {"task": self.task, "feature_names": self.feature_names}
         if self.sample_weight is not None:
             kw["weighted"] = True
-        fit_rows = np.concatenate(
-            [np.asarray(d.y_train).reshape(-1), np.asarray(d.y_val).reshape(-1)]
-        )
-        kw["n_fit_rows"] = len(fit_rows)  # training plus validation rows: the default ensemble
+        kw["n_fit_rows"] = len(d.y_train) + len(d.y_val)  # what sizes the default ensemble
         if self.task == "classification":
             kw["num_classes"] = self.num_classes
-            kw["rarest_class_rows"] = int(np.unique(fit_rows, return_counts=True)[1].min())
+            labels = np.concatenate([np.asarray(d.y_train), np.asarray(d.y_val)]).reshape(-1)
+            kw["rarest_class_rows"] = int(np.unique(labels, return_counts=True)[1].min())
         elif d.y_scaler is not None:
             kw["target_mean"] = float(d.y_scaler.mean)
             kw["target_std"] = float(d.y_scaler.std)
