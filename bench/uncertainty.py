@@ -2,7 +2,7 @@
 
     python -m bench.uncertainty --seeds 0 1 2
     python -m bench.uncertainty --datasets pol --models ours_gp catboost_unc --seeds 0
-    python -m bench.uncertainty --models ours --agop-ridge 0.1     # seed 001's M = G + lambda_M I
+    python -m bench.uncertainty --models ours --agop-ridge 0.1     # GP-RFM's M = G + lambda_M I
 
 Protocol split (seeded 70/10/20, inputs standardized with training statistics). Every model gets
 the training rows, the validation rows for its choices, and predicts a mean and a standard
@@ -33,7 +33,7 @@ from bench.common import DEFAULT_DATA, fit_on_split, run_module_child, write_tab
 
 MODELS = ["ours", "ours_gp", "catboost_unc"]
 COVERAGES = (0.5, 0.8, 0.9, 0.95)
-#: The issue's anchors: seed 001's GP-RFM NLL (its own protocol) and CatBoost
+#: The issue's anchors: the GP-RFM paper's NLL (its own protocol) and CatBoost
 #: RMSEWithUncertainty measured on this protocol at seed 0 (NLL, 90 % coverage).
 ANCHORS = {
     "cpu_act": (2.21, 2.172),
@@ -123,7 +123,7 @@ def measure(path: Path, seed: int, model: str, threads: int, agop_ridge: float =
 
 def summary(rows: list[dict], datasets: list[str], models: list[str]) -> list[str]:
     """Markdown: mean NLL (90 % coverage) per dataset and model, anchors, wins."""
-    head = ["dataset", *models, "GP-RFM (seed 001)", "CatBoost anchor (seed 0)", "ours ≤ both"]
+    head = ["dataset", *models, "GP-RFM paper", "CatBoost anchor (seed 0)", "ours ≤ both"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
     wins = 0
     covered = 0

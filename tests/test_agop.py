@@ -66,7 +66,7 @@ def test_top_eigenvector_of_planted_matrix():
 
 
 def test_agop_ridge_is_the_gp_rfm_m_plus_lambda_identity():
-    """``M = G / max G + lambda_M I`` (seed 001), in the leaf's iteration as in the function."""
+    """``M = G / max G + lambda_M I`` (Gedon et al., GP-RFM uncertainty), in the leaf's iteration as in the function."""
     G = torch.tensor([[4.0, 2.0], [2.0, 1.0]], dtype=torch.float64)
     expected = torch.tensor([[1.3, 0.5], [0.5, 0.55]], dtype=torch.float64)
     torch.testing.assert_close(normalize_agop(G, 0.0, 0.3), expected)

@@ -73,10 +73,10 @@ class LeafConfig:
             most half of them (``iter_rows``), is the approximate solve ``approx`` of the learned
             kernel (``O(n b^2)`` instead of ``O(n^3)``; :mod:`xrfm_torch.leaf.approx`). Not with
             predictive uncertainty (the leaf posterior is the exact GP's). ``None``: off.
-        approx: ``"nystrom"`` (KRR over ``b`` centres; seed 002's centroid model with the RFM
-            kernel), ``"centroids"`` (seed 002's pseudoinverse of the centres' features) or
+        approx: ``"nystrom"`` (KRR over ``b`` centres; the RBF-centroid linear model with the RFM
+            kernel), ``"centroids"`` (the RBF-centroid model's pseudoinverse of the centres' features) or
             ``"fourier"`` (KRR on ``fourier_features`` random Fourier features of the learned
-            kernel plus its linear part; seed 004; Euclidean kernels only).
+            kernel plus its linear part; the random-features kernel limit; Euclidean kernels only).
         approx_centres: The ``b`` centres of ``"nystrom"`` and ``"centroids"``: the iteration
             rows (``"rows"``) or k-means centres of all rows in the learned space, started from
             them (``"kmeans"``).

@@ -1,7 +1,6 @@
 """Kernel blends: one model's settings fitted once per kernel, mixed by weights on honest outputs.
 
-Which kernel suits a table is a property of the table. On the classification suite (issue 35,
-``docs/benchmarks.md``) the Gaussian kernel beats the Laplace kernel by 1-30 % log-loss on about
+Which kernel suits a table is a property of the table. On the classification suite (``docs/benchmarks.md``) the Gaussian kernel beats the Laplace kernel by 1-30 % log-loss on about
 half the tables and loses by 13-81 % on others (diamonds, california, electricity), and no
 cheap probe ranks them reliably. So :class:`KernelBlend` fits the model once per kernel on the
 same rows with the same draws (same splits, same folds), and chooses mixing weights, multiples
