@@ -73,7 +73,7 @@ def fit_predict(
         from xrfm_torch import LeafConfig, xRFMTree
 
         t = torch.from_numpy
-        from xrfm_torch.tree.bagging import BaggedTree
+        from xrfm_torch.models.bagging import BaggedTree
 
         if isinstance(options.get("leaf"), dict):  # JSON: {"leaf": {"iter_rows": 3000}}
             options = {**options, "leaf": LeafConfig(**options["leaf"])}

@@ -1,4 +1,4 @@
-"""Cross-fitted bagging (xrfm_torch.tree.bagging): folds, bags by definition, averages, OOF rows,
+"""Cross-fitted bagging (xrfm_torch.models.bagging): folds, bags by definition, averages, OOF rows,
 mixture standard deviation, files, export, gradients and bags spread over gloo ranks."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import torch
 
 from test_parallel import _assert_same, _run
 from xrfm_torch import BaggedTree, LeafConfig, XRFMClassifier, XRFMRegressor, xRFMTree
-from xrfm_torch.tree import export_program, load_model, save_model
-from xrfm_torch.tree.bagging import cross_folds
-from xrfm_torch.tree.blend import bag_list, model_from_config
+from xrfm_torch.models import export_program, load_model, save_model
+from xrfm_torch.models.bagging import cross_folds
+from xrfm_torch.models.blend import bag_list, model_from_config
 from xrfm_torch.tree.parallel import leaf_seeds
 
 

@@ -20,8 +20,8 @@ from xrfm_torch import (
     save_model,
     xRFMTree,
 )
-from xrfm_torch.tree.blend import bag_list, weight_grid, weighted_trees
-from xrfm_torch.tree.export import export_program
+from xrfm_torch.models.blend import bag_list, weight_grid, weighted_trees
+from xrfm_torch.models.export import export_program
 from xrfm_torch.tree.honest import row_losses
 
 KERNELS = ("laplace", "gaussian")

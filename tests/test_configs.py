@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from xrfm_torch import xRFMTree
-from xrfm_torch.tree.defaults import auto_kernels
+from xrfm_torch.models.factory import auto_kernels
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = [

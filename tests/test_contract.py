@@ -1,5 +1,5 @@
 """One contract: xRFMTree, BaggedTree and KernelBlend implement every member of
-``xrfm_torch.tree.contract.Model`` with the same parameters, and what build_model returns keeps it."""
+``xrfm_torch.models.contract.Model`` with the same parameters, and what build_model returns keeps it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from xrfm_torch import BaggedTree, KernelBlend, LeafConfig, xRFMTree
-from xrfm_torch.tree.contract import Model
-from xrfm_torch.tree.defaults import build_model
+from xrfm_torch.models.contract import Model
+from xrfm_torch.models.factory import build_model
 
 CLASSES = [xRFMTree, BaggedTree, KernelBlend]
 MEMBERS = [n for n in dir(Model) if not n.startswith("_")]

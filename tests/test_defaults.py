@@ -9,7 +9,7 @@ import torch
 
 from xrfm_torch import BaggedTree, KernelBlend, XRFMClassifier, XRFMRegressor, xRFMTree
 from xrfm_torch.lit import XRFMLitModule
-from xrfm_torch.tree.defaults import AUTO_BAG_ROWS, AUTO_BAGS, CLASSIFICATION_KERNELS
+from xrfm_torch.models.factory import AUTO_BAG_ROWS, AUTO_BAGS, CLASSIFICATION_KERNELS
 
 
 def shape(model) -> tuple:

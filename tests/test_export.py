@@ -10,8 +10,8 @@ from torch import nn
 
 from conftest import planted
 from xrfm_torch import LeafConfig, xRFMTree
+from xrfm_torch.models.export import ExportableTree, export_onnx, export_program
 from xrfm_torch.numerics.special import erfinv_poly
-from xrfm_torch.tree.export import ExportableTree, export_onnx, export_program
 from xrfm_torch.tree.routing import hard_route, hard_weights
 
 FAST = LeafConfig(n_iters=2, min_iters=1, kernel_exponents=None, reg_factors=None)

@@ -1,13 +1,15 @@
-"""Model files and state-dict format versions (xrfm_torch.tree.io)."""
+"""Model files and state-dict format versions (xrfm_torch.models.io)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
 from conftest import planted
-from xrfm_torch import LeafConfig, load_model, save_model, xRFMTree
-from xrfm_torch.tree.state import STATE_FORMAT_VERSION
+from xrfm_torch import BaggedTree, KernelBlend, LeafConfig, load_model, save_model, xRFMTree
+from xrfm_torch.models.state import STATE_FORMAT_VERSION
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +167,18 @@ def test_truncated_and_foreign_files_give_clear_errors(fitted, tmp_path):
         load_model(foreign)
     with pytest.raises(FileNotFoundError):
         load_model(tmp_path / "missing.pt")
+
+
+def test_configs_naming_the_models_old_modules_still_build():
+    """Files saved before the models moved to ``xrfm_torch.models`` name ``xrfm_torch.tree.*``."""
+    from xrfm_torch.numerics.config import MOVED_TARGETS, from_config
+
+    cfg = KernelBlend(BaggedTree(xRFMTree(max_leaf_size=123), n_bags=2)).get_config()
+    old = {new: old for old, new in MOVED_TARGETS.items()}
+    text = json.dumps(cfg)
+    for new, name in old.items():
+        text = text.replace(f'"{new}"', f'"{name}"')
+    assert "xrfm_torch.tree.model.xRFMTree" in text and "xrfm_torch.tree.blend" in text
+    model = from_config(json.loads(text))
+    assert isinstance(model, KernelBlend)
+    assert model.get_config() == cfg

@@ -16,6 +16,7 @@ LAYERS = [
     "leaf",
     "inputs",
     "tree",
+    "models",
     "data",
     "estimators",
     "search",
@@ -154,9 +155,9 @@ def test_the_layer_rule_catches_an_upward_import(tmp_path):
 def test_dynamic_imports_count_and_computed_ones_are_only_the_config_builder(tmp_path):
     planted = tmp_path / "dyn.py"
     planted.write_text(
-        "import importlib\nblend = importlib.import_module('xrfm_torch.tree.blend')\n"
+        "import importlib\nblend = importlib.import_module('xrfm_torch.models.blend')\n"
     )
-    assert imports(planted) == {"xrfm_torch.tree.blend"}
+    assert imports(planted) == {"xrfm_torch.models.blend"}
     computed = sorted(
         module_name(p)
         for p in PACKAGE.rglob("*.py")

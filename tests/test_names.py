@@ -5,8 +5,8 @@ import torch
 
 from xrfm_torch import LeafConfig, xRFMTree
 from xrfm_torch.kernels import LaplaceKernel
-from xrfm_torch.tree.bagging import BaggedTree
-from xrfm_torch.tree.state import upgrade_tree_state
+from xrfm_torch.models.bagging import BaggedTree
+from xrfm_torch.models.state import upgrade_tree_state
 
 
 def _data(n=300, seed=0):

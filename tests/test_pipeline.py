@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 from test_configs import compose_with
 from xrfm_torch import LeafConfig, xRFMTree
 from xrfm_torch.lit import TabularDataModule, XRFMLitModule
+from xrfm_torch.models.blend import KernelBlend, weighted_trees
 from xrfm_torch.pipeline import run
-from xrfm_torch.tree.blend import KernelBlend, weighted_trees
 
 ROOT = Path(__file__).resolve().parents[1]
 

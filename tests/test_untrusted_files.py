@@ -18,9 +18,9 @@ from test_head import head_setup, quiet_trainer
 from xrfm_torch import KERNELS, LeafConfig, load_model, save_model, xRFMTree
 from xrfm_torch.lit import TabularDataModule, XRFMLitModule
 from xrfm_torch.lit.head import XRFMHeadModule
+from xrfm_torch.models.bagging import BaggedTree
+from xrfm_torch.models.blend import KernelBlend, model_from_config
 from xrfm_torch.numerics.config import CONFIG_TARGETS, from_config
-from xrfm_torch.tree.bagging import BaggedTree
-from xrfm_torch.tree.blend import KernelBlend, model_from_config
 from xrfm_torch.tree.splits import AGOPSplit, CARTSplit, PCASplit, RandomSplit
 
 

@@ -132,7 +132,7 @@ def test_a_tree_sees_the_value_block_and_predicts_the_codes_better():
 
 
 def test_the_value_block_exports_and_predicts_as_the_eager_model():
-    from xrfm_torch.tree.export import export_program
+    from xrfm_torch.models.export import export_program
 
     X, y = table(1500, seed=7)
     Xv, yv = table(500, seed=8)

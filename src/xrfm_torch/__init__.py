@@ -2,7 +2,8 @@
 
 Layers, each importing only the ones before it: :mod:`~xrfm_torch.numerics` (tensor functions),
 :mod:`~xrfm_torch.kernels`, :mod:`~xrfm_torch.leaf` (one RFM leaf), :mod:`~xrfm_torch.inputs`
-(input maps), :mod:`~xrfm_torch.tree` (the model). This core imports only torch; the Lightning,
+(input maps), :mod:`~xrfm_torch.tree` (the partition tree), :mod:`~xrfm_torch.models` (the
+models, their factory and files). This core imports only torch; the Lightning,
 Hydra and torchmetrics pieces live in :mod:`xrfm_torch.lit` and :mod:`xrfm_torch.pipeline`, and
 datasets in :mod:`xrfm_torch.data` (numpy). The scikit-learn estimators ``XRFMRegressor`` and
 ``XRFMClassifier`` (:mod:`xrfm_torch.estimators`) load scikit-learn on first use.
@@ -21,7 +22,7 @@ from xrfm_torch.kernels import (
     ProductLaplaceKernel,
 )
 from xrfm_torch.leaf import LeafConfig, LeafRFM
-from xrfm_torch.tree import (
+from xrfm_torch.models import (
     BaggedTree,
     ExportableTree,
     KernelBlend,

@@ -24,15 +24,15 @@ from xrfm_torch.data.tabular import (
 )
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafConfig
-from xrfm_torch.numerics.progress import FitBar, on_iteration
-from xrfm_torch.tree import BaggedTree, KernelBlend, xRFMTree
-from xrfm_torch.tree.config import DEFAULTS
-from xrfm_torch.tree.defaults import (  # noqa: F401 (AUTO_*: re-exported)
+from xrfm_torch.models import BaggedTree, KernelBlend, xRFMTree
+from xrfm_torch.models.factory import (  # noqa: F401 (AUTO_*: re-exported)
     AUTO_BAG_ROWS,
     AUTO_BAGS,
     auto_bags,
     build_model,
 )
+from xrfm_torch.numerics.progress import FitBar, on_iteration
+from xrfm_torch.tree.config import DEFAULTS
 from xrfm_torch.tree.targets import Task
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class _XRFMEstimator(BaseEstimator):
             or a tuple of names, such as the classifier's default ``("laplace", "gaussian")``:
             the model (one tree or its bags) is fitted once per kernel, and the fits are mixed
             with weights in ``{0, 0.25, ..., 1}`` chosen on their honest outputs (out-of-fold
-            with bags, else the validation rows'; :class:`~xrfm_torch.tree.blend.KernelBlend`,
+            with bags, else the validation rows'; :class:`~xrfm_torch.models.blend.KernelBlend`,
             ``tree_``), about one fit's time per kernel.
         max_leaf_size: ``L_max``: a node with more training rows is split.
         n_iters: ``tau``: most AGOP updates per leaf (leaves stop when their validation error
@@ -77,7 +77,7 @@ class _XRFMEstimator(BaseEstimator):
         val_fraction: Share of the training rows held out for the validation-based choices when
             ``fit`` gets no ``eval_set``.
         n_bags: ``1``: one model. ``K >= 2``: ``K`` cross-fitted bags
-            (:class:`~xrfm_torch.tree.bagging.BaggedTree`): the training and ``eval_set`` rows are
+            (:class:`~xrfm_torch.models.bagging.BaggedTree`): the training and ``eval_set`` rows are
             pooled and cut into ``K`` folds, bag ``k`` validating on fold ``k``, predictions
             averaged; ``tree_.oof_`` holds the out-of-fold predictions (mixed, for a kernel
             blend; about ``K`` times the fit time). ``"auto"``: ``AUTO_BAGS`` bags when the fit has at most

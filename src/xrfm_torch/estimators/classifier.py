@@ -21,7 +21,7 @@ from xrfm_torch.estimators.base import (
     _XRFMEstimator,
 )
 from xrfm_torch.kernels import Kernel
-from xrfm_torch.tree.defaults import CLASSIFICATION_KERNELS
+from xrfm_torch.models.factory import CLASSIFICATION_KERNELS
 from xrfm_torch.tree.targets import Task
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
 
     Attributes:
         tree_: The fitted model (``task="classification"``): a
-            :class:`~xrfm_torch.tree.blend.KernelBlend` of the Laplace- and Gaussian-kernel fits
+            :class:`~xrfm_torch.models.blend.KernelBlend` of the Laplace- and Gaussian-kernel fits
             (the default), each an :class:`~xrfm_torch.xRFMTree`, or a ``BaggedTree`` when
             ``n_bags > 1``; with one kernel, that model itself.
         classes_: The labels, sorted; column ``k`` of ``predict_proba`` is ``classes_[k]``.

@@ -1,6 +1,6 @@
 """Older layouts of a leaf's saved state, brought to the current one on load.
 
-The tree's format version and its own upgrades are in :mod:`xrfm_torch.tree.state`; a leaf
+The tree's format version and its own upgrades are in :mod:`xrfm_torch.models.state`; a leaf
 upgrades its entries itself (its ``_load_from_state_dict``), before torch copies the tensors.
 """
 

@@ -21,9 +21,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from xrfm_torch.lit.module import XRFMLitModule
+from xrfm_torch.models.blend import bag_list
+from xrfm_torch.models.contract import is_ensemble
 from xrfm_torch.numerics.progress import FitBar
-from xrfm_torch.tree.blend import bag_list
-from xrfm_torch.tree.contract import is_ensemble
 from xrfm_torch.tree.interpret import ImportanceSource
 
 log = logging.getLogger(__name__)

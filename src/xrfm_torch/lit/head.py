@@ -24,8 +24,8 @@ from torch import Tensor, nn
 from xrfm_torch.data.protocol import Task
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.lit.module import XRFMLitModule, collect, collect_indexed
+from xrfm_torch.models import xRFMTree
 from xrfm_torch.numerics.state import ResizableBuffers
-from xrfm_torch.tree import xRFMTree
 
 log = logging.getLogger(__name__)
 

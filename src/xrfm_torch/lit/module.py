@@ -13,10 +13,10 @@ from torchmetrics import MetricCollection
 
 from xrfm_torch.data.protocol import Task
 from xrfm_torch.lit.metrics import GaussianNLL, make_metrics
+from xrfm_torch.models import xRFMTree
+from xrfm_torch.models.blend import model_from_config
+from xrfm_torch.models.factory import auto_bags, auto_kernels, build_model, default_bags
 from xrfm_torch.numerics.progress import IterationHook, on_iteration
-from xrfm_torch.tree import xRFMTree
-from xrfm_torch.tree.blend import model_from_config
-from xrfm_torch.tree.defaults import auto_bags, auto_kernels, build_model, default_bags
 from xrfm_torch.tree.grow import Progress
 
 log = logging.getLogger(__name__)
@@ -91,17 +91,17 @@ class XRFMLitModule(pl.LightningModule):
         weighted: The batches carry sample weights (4th element; the datamodule's ``weight``
             column): the tree is fitted with them and the metrics are weighted
             (:mod:`xrfm_torch.lit.weighted_metrics`; AUROC stays unweighted).
-        n_bags: ``K >= 2`` wraps the tree in a :class:`~xrfm_torch.tree.bagging.BaggedTree`:
+        n_bags: ``K >= 2`` wraps the tree in a :class:`~xrfm_torch.models.bagging.BaggedTree`:
             ``K`` cross-fitted copies on the pooled training and validation rows, averaged
             (``system.n_bags=5``; ``experiment=bagged``). The ``val/*`` metrics are then those of
             rows every bag but one trained on; ``val/oof_*`` (the same metrics) score each row by
             the bag that did not (with ``blend_kernels`` too: the blend's mixed out-of-fold
             outputs). ``"auto"``: 5 bags up to 20 000 fit rows (``n_fit_rows``), else one
             model. ``None`` (default): the task's default, as ``XRFMClassifier`` /
-            ``XRFMRegressor`` build it (:mod:`xrfm_torch.tree.defaults`): ``"auto"`` for
+            ``XRFMRegressor`` build it (:mod:`xrfm_torch.models.factory`): ``"auto"`` for
             classification, 1 for regression.
         blend_kernels: Two or more kernel names wrap the model (tree or bags) in a
-            :class:`~xrfm_torch.tree.blend.KernelBlend`: one fit per kernel, mixed by weights
+            :class:`~xrfm_torch.models.blend.KernelBlend`: one fit per kernel, mixed by weights
             chosen on the honest outputs (``system.blend_kernels=[laplace,gaussian]``;
             ``experiment=kernel_blend``). ``None``: the tree's own kernel. ``"auto"`` (default):
             the task's default (classification blends the Laplace and the Gaussian kernel;
@@ -149,7 +149,7 @@ class XRFMLitModule(pl.LightningModule):
             blend_kernels = [str(k) for k in blend_kernels]
         self.save_hyperparameters(ignore=["tree", "encoder"])
         tree = tree if tree is not None else xRFMTree(task=task)
-        # the task's default ensemble, as the estimators build it (xrfm_torch.tree.defaults)
+        # the task's default ensemble, as the estimators build it (xrfm_torch.models.factory)
         if n_bags is None:
             n_bags = default_bags(task)
         if n_bags == "auto":

@@ -28,9 +28,9 @@ PLAIN = (str, int, float, bool, type(None))
 #: only: checking a target imports nothing.
 CONFIG_TARGETS: frozenset[str] = frozenset(
     {
-        "xrfm_torch.tree.model.xRFMTree",
-        "xrfm_torch.tree.bagging.BaggedTree",
-        "xrfm_torch.tree.blend.KernelBlend",
+        "xrfm_torch.models.xrfm_tree.xRFMTree",
+        "xrfm_torch.models.bagging.BaggedTree",
+        "xrfm_torch.models.blend.KernelBlend",
         "xrfm_torch.leaf.config.LeafConfig",
         "xrfm_torch.kernels.lpq.LpqLaplaceKernel",
         "xrfm_torch.kernels.lpq.LaplaceKernel",
@@ -42,6 +42,14 @@ CONFIG_TARGETS: frozenset[str] = frozenset(
         "xrfm_torch.tree.splits.CARTSplit",
     }
 )
+
+#: Where the models' classes lived before 0.16 (configs saved then name them): read as the new
+#: names, so every file saved since the config format exists loads unchanged.
+MOVED_TARGETS: dict[str, str] = {
+    "xrfm_torch.tree.model.xRFMTree": "xrfm_torch.models.xrfm_tree.xRFMTree",
+    "xrfm_torch.tree.bagging.BaggedTree": "xrfm_torch.models.bagging.BaggedTree",
+    "xrfm_torch.tree.blend.KernelBlend": "xrfm_torch.models.blend.KernelBlend",
+}
 
 
 def to_config(obj: Any) -> dict[str, Any]:
@@ -79,7 +87,10 @@ def check_targets(cfg: Any, where: str = "config") -> None:
     if isinstance(cfg, dict):
         if "_target_" in cfg:
             target = cfg["_target_"]
-            if not isinstance(target, str) or target not in CONFIG_TARGETS:
+            if (
+                not isinstance(target, str)
+                or MOVED_TARGETS.get(target, target) not in CONFIG_TARGETS
+            ):
                 raise ValueError(
                     f"{where} names _target_ {target!r}, which is not a class xrfm_torch builds "
                     f"from a config; allowed: {sorted(CONFIG_TARGETS)}"
@@ -109,6 +120,7 @@ def from_config(cfg: dict[str, Any]) -> Any:
 def _build(cfg: dict[str, Any]) -> Any:
     cfg = dict(cfg)
     target = cfg.pop("_target_", None)
+    target = MOVED_TARGETS.get(target, target) if isinstance(target, str) else target
     if not isinstance(target, str) or "." not in target:
         raise ValueError(f"config needs a '_target_' class path, got {target!r}")
     module, _, name = target.rpartition(".")

@@ -1,7 +1,7 @@
 """Closed-form fitting of a set of trees: grow each, fit its leaves, tune the routing temperature.
 
 Pure functions over the parts they need (data, input encoding, settings, generator); they return
-the fitted trees, leaves and temperature, and :class:`~xrfm_torch.tree.model.xRFMTree` assigns
+the fitted trees, leaves and temperature, and :class:`~xrfm_torch.models.xrfm_tree.xRFMTree` assigns
 them.
 """
 

@@ -1,11 +1,11 @@
 """Honest outputs: a fitted model's predictions on rows it did not train on, and their losses.
 
 A single tree keeps its outputs on its validation rows (the ``eval`` rows, or the held-out share
-before it joined the leaves); a cross-fitted :class:`~xrfm_torch.tree.bagging.BaggedTree` keeps
+before it joined the leaves); a cross-fitted :class:`~xrfm_torch.models.bagging.BaggedTree` keeps
 its out-of-fold outputs of the pooled rows. Those rows chose the model's settings (iterations,
 ridge, temperature, calibration), so the loss is slightly optimistic, alike for every model
 fitted on them: good enough to weigh models against each other
-(:class:`~xrfm_torch.tree.blend.KernelBlend`).
+(:class:`~xrfm_torch.models.blend.KernelBlend`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What an average of fitted models predicts: the shared part of bags and kernel blends.
 
-:class:`~xrfm_torch.tree.bagging.BaggedTree` (equal weights) and
-:class:`~xrfm_torch.tree.blend.KernelBlend` (weights chosen on honest outputs) differ in how
+:class:`~xrfm_torch.models.bagging.BaggedTree` (equal weights) and
+:class:`~xrfm_torch.models.blend.KernelBlend` (weights chosen on honest outputs) differ in how
 they fit their members, not in how they predict: both are a weighted mean of fitted models, and
 :class:`Ensemble` holds that part once (predictions, the mixture's standard deviation,
 intervals, gradients, AGOP, feature importance, sizes).

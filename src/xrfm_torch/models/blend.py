@@ -27,11 +27,12 @@ import torch
 from torch import Tensor, nn
 
 from xrfm_torch.kernels import KERNELS
+from xrfm_torch.models.bagging import BaggedTree
+from xrfm_torch.models.ensemble import Ensemble
+from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.numerics.checks import check_int
 from xrfm_torch.numerics.config import from_config, to_config
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.tree.bagging import BaggedTree
-from xrfm_torch.tree.ensemble import Ensemble
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import (
     HonestOutputs,
@@ -39,7 +40,6 @@ from xrfm_torch.tree.honest import (
     mean_loss,
     row_losses,
 )
-from xrfm_torch.tree.model import xRFMTree
 
 log = logging.getLogger(__name__)
 

@@ -31,15 +31,15 @@ import torch
 from torch import Tensor, nn
 
 from xrfm_torch.leaf.criteria import class_probabilities
+from xrfm_torch.models.contract import Model, is_ensemble
 from xrfm_torch.numerics.checks import as_real_dtype
-from xrfm_torch.tree.contract import Model, is_ensemble
 from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.routing import hard_weights, soft_weights
 
 if TYPE_CHECKING:
-    from xrfm_torch.tree.bagging import BaggedTree
-    from xrfm_torch.tree.blend import KernelBlend
-    from xrfm_torch.tree.model import xRFMTree
+    from xrfm_torch.models.bagging import BaggedTree
+    from xrfm_torch.models.blend import KernelBlend
+    from xrfm_torch.models.xrfm_tree import xRFMTree
 
 #: What an exported model returns: predictions (class scores for classification) or probabilities.
 Output = Literal["predict", "proba"]
@@ -137,7 +137,7 @@ class ExportableTree(nn.Module):
 
 
 class ExportableBags(nn.Module):
-    """A fitted ``BaggedTree`` or :class:`~xrfm_torch.tree.blend.KernelBlend` for export.
+    """A fitted ``BaggedTree`` or :class:`~xrfm_torch.models.blend.KernelBlend` for export.
 
     The weighted mean of one :class:`ExportableTree` per single tree (a bag's weight is its
     member's over the member's bags): scores, or probabilities with ``output="proba"``, as the
@@ -153,7 +153,7 @@ class ExportableBags(nn.Module):
         output: Output | None = None,
         temperature: float | None = None,
     ) -> None:
-        from xrfm_torch.tree.blend import weighted_trees
+        from xrfm_torch.models.blend import weighted_trees
 
         super().__init__()
         if not model.is_fitted:

@@ -22,6 +22,7 @@ from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import FitData, fit_data
+from xrfm_torch.models.state import check_format, format_state, upgrade_tree_state
 from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import (
     as_float_targets,
@@ -48,7 +49,6 @@ from xrfm_torch.tree.memory import MemoryBudget
 from xrfm_torch.tree.parallel import broadcast_module, check_same_data
 from xrfm_torch.tree.partition import PartitionTree, empty_trees
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
-from xrfm_torch.tree.state import check_format, format_state, upgrade_tree_state
 from xrfm_torch.tree.targets import Calibration, ClassCoding, TargetCoding, Task
 from xrfm_torch.tree.temperature import temperature_errors
 from xrfm_torch.tree.uncertainty import (
@@ -672,7 +672,7 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
 
     # ---- loading into a fresh module -----------------------------------------------------------
     def get_extra_state(self) -> dict[str, int]:
-        """The state-dict format version (:mod:`xrfm_torch.tree.state`)."""
+        """The state-dict format version (:mod:`xrfm_torch.models.state`)."""
         return format_state()
 
     def set_extra_state(self, state: dict[str, int]) -> None:

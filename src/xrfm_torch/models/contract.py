@@ -1,6 +1,6 @@
 """The contract every model keeps: one tree (``xRFMTree``), its bags and its kernel blends.
 
-:class:`Model` is what callers may rely on whatever :func:`~xrfm_torch.tree.defaults.build_model`
+:class:`Model` is what callers may rely on whatever :func:`~xrfm_torch.models.factory.build_model`
 returned: the common ``fit`` signature, predictions (``forward``, ``predict_proba``,
 ``predict_interval``), gradients and the AGOP, feature importance, the honest (out-of-fold or
 validation) outputs of the last fit, the config round trip and, as an ``nn.Module``, the state
@@ -22,7 +22,7 @@ from xrfm_torch.tree.interpret import ImportanceSource
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from xrfm_torch.tree.model import xRFMTree
+    from xrfm_torch.models.xrfm_tree import xRFMTree
 
 
 @runtime_checkable

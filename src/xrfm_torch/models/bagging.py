@@ -24,12 +24,12 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from xrfm_torch.models.ensemble import Ensemble
+from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.numerics.checks import check_int
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.tree.ensemble import Ensemble
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import HonestOutputs
-from xrfm_torch.tree.model import xRFMTree
 from xrfm_torch.tree.parallel import assign_by_cost, leaf_seeds, run_leaf_jobs, world
 
 log = logging.getLogger(__name__)

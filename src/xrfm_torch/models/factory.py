@@ -2,7 +2,7 @@
 
 ``XRFMClassifier()``, ``XRFMLitModule`` (and so ``python train.py``) build the same model for a
 task: classification fits the Laplace and the Gaussian kernel and mixes them
-(:class:`~xrfm_torch.tree.blend.KernelBlend`), each as ``AUTO_BAGS`` cross-fitted bags when the
+(:class:`~xrfm_torch.models.blend.KernelBlend`), each as ``AUTO_BAGS`` cross-fitted bags when the
 fit has at most ``AUTO_BAG_ROWS`` rows (on small tables one model's validation rows are too few to
 calibrate its probabilities); regression fits one tree. ``xRFMTree`` itself is always one tree:
 it is the building block the ensembles wrap (docs/design.md: defaults). The classifier's default
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from xrfm_torch.tree.bagging import BaggedTree
-from xrfm_torch.tree.blend import KernelBlend
-from xrfm_torch.tree.model import xRFMTree
+from xrfm_torch.models.bagging import BaggedTree
+from xrfm_torch.models.blend import KernelBlend
+from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.tree.targets import Task
 
 #: ``n_bags="auto"``: this many cross-fitted bags for a fit of at most ``AUTO_BAG_ROWS`` rows.

@@ -1,7 +1,7 @@
 """Model files: ``save_model`` / ``load_model``, and the state-dict format version.
 
-A model file (an ``xRFMTree``, a :class:`~xrfm_torch.tree.bagging.BaggedTree` or a
-:class:`~xrfm_torch.tree.blend.KernelBlend`; the ``format``
+A model file (an ``xRFMTree``, a :class:`~xrfm_torch.models.bagging.BaggedTree` or a
+:class:`~xrfm_torch.models.blend.KernelBlend`; the ``format``
 string names the file layout, the config the class) is ``torch.save`` of plain data only::
 
     {"format": "xrfm_torch.xRFMTree", "format_version": int, "config": model.get_config(),
@@ -19,7 +19,7 @@ model's standardized units): share it as you would the training data.
 Every ``xRFMTree.state_dict()`` also carries ``_extra_state = {"format_version": N}``; a state
 saved before versions existed (no such key) loads as version 0, and a state from a newer
 version than this package knows is refused with a message naming both versions
-(:mod:`xrfm_torch.tree.state`, which also upgrades older layouts on load).
+(:mod:`xrfm_torch.models.state`, which also upgrades older layouts on load).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from xrfm_torch.tree.bagging import BaggedTree
-from xrfm_torch.tree.blend import KernelBlend, model_from_config
-from xrfm_torch.tree.model import xRFMTree
-from xrfm_torch.tree.state import STATE_FORMAT_VERSION
+from xrfm_torch.models.bagging import BaggedTree
+from xrfm_torch.models.blend import KernelBlend, model_from_config
+from xrfm_torch.models.state import STATE_FORMAT_VERSION
+from xrfm_torch.models.xrfm_tree import xRFMTree
 
 FILE_FORMAT = "xrfm_torch.xRFMTree"
 
