@@ -24,6 +24,9 @@ def test_every_setting_is_a_constructor_argument_with_the_configs_default():
         # None stands for a default object (a LeafConfig(), an AGOPSplit(), the grid)
         if default is not None:
             assert default == getattr(DEFAULTS, name), name
+    # and nothing else: the arguments the model's own modules hold, then the config's fields
+    held = {"kernel", "task", "class_coding", "calibration", "missing_values", "uncertainty"}
+    assert set(params) == held | set(SETTINGS)
     assert xRFMTree().config == dataclasses.replace(
         DEFAULTS, split_rule=xRFMTree().config.split_rule
     )

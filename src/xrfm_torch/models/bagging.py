@@ -243,7 +243,7 @@ class BaggedTree(Ensemble):
     def _new_bag(self, spread_bags: bool) -> xRFMTree:
         bag = xRFMTree.from_config(self._tree_config)
         if spread_bags:  # a bag is fitted whole on its rank
-            bag.distributed = False
+            bag.config = bag.config.replace(distributed=False)
         return bag
 
     def _out_of_fold(self, X: Tensor, folds: Tensor) -> Tensor:

@@ -80,6 +80,9 @@ class Model(Protocol):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Predictions (n, c), class scores for classification (``return_std``: and std)."""
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``forward`` through ``nn.Module`` (hooks included)."""
+
     def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
         """Class probabilities (n, K), rows summing to 1."""
 

@@ -10,17 +10,19 @@ intervals, gradients, AGOP, feature importance, sizes).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, cast, overload
+from typing import TYPE_CHECKING, cast
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from xrfm_torch.numerics.agop import agop_from_grads
-from xrfm_torch.tree.honest import HasHonestOutputs
-from xrfm_torch.tree.interpret import ImportanceSource, input_grads
-from xrfm_torch.tree.uncertainty import normal_quantile
+from xrfm_torch.models.base import ModelBase
+from xrfm_torch.models.contract import Model
+from xrfm_torch.tree.interpret import ImportanceSource
+
+if TYPE_CHECKING:
+    from xrfm_torch.models.xrfm_tree import xRFMTree
 
 
-class Ensemble(HasHonestOutputs, nn.Module):
+class Ensemble(ModelBase):
     """Base class: a weighted mean of fitted models (:meth:`models` and :meth:`combine`).
 
     Subclasses define :meth:`models` (the fitted models, each with the ``xRFMTree`` prediction
@@ -28,7 +30,7 @@ class Ensemble(HasHonestOutputs, nn.Module):
     mean), :attr:`is_fitted` and :attr:`task`.
     """
 
-    def models(self) -> Sequence[Any]:
+    def models(self) -> Sequence[Model]:
         """The fitted models, in order (bags, or a blend's members)."""
         raise NotImplementedError
 
@@ -40,26 +42,10 @@ class Ensemble(HasHonestOutputs, nn.Module):
         """The weighted mean of one tensor per member (all of one shape)."""
         raise NotImplementedError
 
-    def weighted_members(self) -> list[tuple[float, Any]]:
+    def weighted_members(self) -> list[tuple[float, Model]]:
         """``(weight, model)`` pairs of the fitted ensemble."""
         self._check_fitted()
         return list(zip(self.member_weights(), self.models()))
-
-    @property
-    def is_fitted(self) -> bool:
-        """Whether every member is fitted."""
-        raise NotImplementedError
-
-    @property
-    def task(self) -> str:
-        """``"regression"`` or ``"classification"``."""
-        raise NotImplementedError
-
-    def _check_fitted(self) -> None:
-        if not self.is_fitted:
-            raise RuntimeError(
-                f"this {type(self).__name__} is not fitted yet; call .fit(X, y) first"
-            )
 
     @property
     def n_leaves(self) -> int:
@@ -78,40 +64,14 @@ class Ensemble(HasHonestOutputs, nn.Module):
         self._check_fitted()
         return int(self.models()[0].n_outputs_)
 
-    # ---- prediction ----------------------------------------------------------------------------
-    @overload
-    def forward(
-        self,
-        x: Tensor,
-        temperature: float | Tensor | None = None,
-        *,
-        return_std: Literal[False] = False,
-    ) -> Tensor: ...
-    @overload
-    def forward(
-        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: Literal[True]
-    ) -> tuple[Tensor, Tensor]: ...
-    def forward(
-        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: bool = False
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Weighted mean of the members' predictions (class scores for classification).
+    # ---- prediction (ModelBase.forward: _mean, _mean_std) -----------------------------------------
+    def _mean(self, x: Tensor, temperature: float | Tensor | None) -> Tensor:
+        """Weighted mean of the members' predictions (class scores for classification)."""
+        return self.combine([m(x, temperature) for m in self.models()])
 
-        Differentiable, like each member's.
-
-        Args:
-            x: Inputs (n, d).
-            temperature: Routing temperature for every member (default: each one's fitted one).
-            return_std: Also the standard deviation of the weighted mixture of the members'
-                predictive distributions: ``sqrt(sum_k w_k (s_k^2 + m_k^2) - m^2)``.
-
-        Returns:
-            (n, c), or ``(mean, std)``.
-        """
-        self._check_fitted()
-        models = self.models()
-        if not return_std:
-            return self.combine([m(x, temperature) for m in models])
-        pairs = [m(x, temperature, return_std=True) for m in models]
+    def _mean_std(self, x: Tensor, temperature: float | Tensor | None) -> tuple[Tensor, Tensor]:
+        """The mixture's mean and ``sqrt(sum_k w_k (s_k^2 + m_k^2) - m^2)``."""
+        pairs = [m(x, temperature, return_std=True) for m in self.models()]
         mean = self.combine([m for m, _ in pairs])
         second = self.combine([s.square() + m.square() for m, s in pairs])
         return mean, (second - mean.square()).clamp_min(0.0).sqrt()
@@ -124,33 +84,11 @@ class Ensemble(HasHonestOutputs, nn.Module):
         p = self.combine([m.predict_proba(x, temperature) for m in self.models()])
         return p / p.sum(1, keepdim=True)  # a weighted mean drifts from 1 by rounding
 
-    def predict_interval(
-        self, x: Tensor, coverage: float = 0.9, temperature: float | Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """``mean -/+ z std`` of the mixture (normal quantile ``z``), each (n, c)."""
-        z = normal_quantile(coverage)  # checks coverage before the prediction
-        mean, std = self(x, temperature, return_std=True)
-        return mean - z * std, mean + z * std
-
-    # ---- interpretation ------------------------------------------------------------------------
-    def input_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
-        """Input gradients of the averaged model, shape (n, c, d)."""
-        self._check_fitted()
-        return input_grads(lambda xg: self(xg, temperature), x)
-
-    def get_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
-        """:meth:`input_grads` under the reference ``xrfm``'s name (the one alias kept)."""
-        return self.input_grads(x, temperature)
-
-    def single_trees(self) -> list[tuple[float, Any]]:
+    def single_trees(self) -> list[tuple[float, xRFMTree]]:
         """Every single tree of every member, with its weight in the predictions (summing to 1)."""
         return [(w * v, t) for w, m in self.weighted_members() for v, t in m.single_trees()]
 
-    def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
-        """AGOP of the averaged model at ``x``, or (default) the mean of the members' AGOPs."""
-        self._check_fitted()
-        if x is not None:
-            return agop_from_grads(self.input_grads(x), diag=diag)
+    def _mean_agop(self, diag: bool) -> Tensor:
         return self.combine([m.agop(diag=diag) for m in self.models()])
 
     def feature_importance(self, source: ImportanceSource = "M") -> Tensor:

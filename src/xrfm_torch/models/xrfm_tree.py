@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, cast, overload
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -22,25 +22,24 @@ from xrfm_torch.kernels import Kernel, make_kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import FitData, fit_data
+from xrfm_torch.models.base import ModelBase
 from xrfm_torch.models.state import check_format, format_state, upgrade_tree_state
-from xrfm_torch.numerics.agop import agop_from_grads
 from xrfm_torch.numerics.checks import (
     as_float_targets,
     as_real_dtype,
     as_tensor,
     check_finite,
 )
-from xrfm_torch.numerics.config import from_config, to_config
+from xrfm_torch.numerics.config import to_config
 from xrfm_torch.numerics.events import summarize_fallbacks
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.config import DEFAULTS, SETTINGS, TreeConfig
 from xrfm_torch.tree.fit import FitPlan, fit_trees, refit_trees
 from xrfm_torch.tree.grow import Progress
-from xrfm_torch.tree.honest import HasHonestOutputs, HonestOutputs
+from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.interpret import (
     ImportanceSource,
     feature_importance,
-    input_grads,
     leaves_by_map,
     mean_leaf_agop,
     tree_summary,
@@ -56,14 +55,13 @@ from xrfm_torch.tree.uncertainty import (
     VarianceModel,
     calibration_fraction,
     check_uncertainty,
-    normal_quantile,
     predictive_mean_std,
 )
 
 log = logging.getLogger(__name__)
 
 
-class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
+class xRFMTree(ModelBase):  # noqa: N801 (the method's name)
     """Tree-partitioned Recursive Feature Machine, fitted in closed form.
 
     ``fit`` grows a supervised median-split tree (each split: top AGOP eigenvector of a small RFM on
@@ -146,34 +144,14 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
         memory_budget: MemoryBudget = DEFAULTS.memory_budget,
     ) -> None:
         super().__init__()
-        self.config = TreeConfig(
-            leaf=LeafConfig() if leaf is None else leaf,
-            max_leaf_size=max_leaf_size,
-            split_rule=AGOPSplit() if split_rule is None else split_rule,
-            overlap_fraction=overlap_fraction,
-            n_trees=n_trees,
-            temperature=temperature,
-            temperature_grid=(
-                DEFAULTS.temperature_grid if temperature_grid is None else temperature_grid
-            ),
-            keep_mass=keep_mass,
-            max_soft_leaves=max_soft_leaves,
-            val_fraction=val_fraction,
-            min_leaf_val=min_leaf_val,
-            max_borrow_fraction=max_borrow_fraction,
-            refit_borrowed=refit_borrowed,
-            trainable_routing=trainable_routing,
-            input_transform=input_transform,
-            input_margin=input_margin,
-            max_input_maps=max_input_maps,
-            set_leaf_fraction=set_leaf_fraction,
-            categorical_features=categorical_features,
-            value_levels=value_levels,
-            large_fit_rows=large_fit_rows,
-            large_fit_iter_rows=large_fit_iter_rows,
-            distributed=distributed,
-            memory_budget=memory_budget,
-        )
+        # The settings are the arguments TreeConfig names (tests/test_tree_config.py checks the
+        # signature against its fields and defaults); three take a fresh default object here.
+        settings = {name: value for name, value in locals().items() if name in SETTINGS}
+        settings["leaf"] = LeafConfig() if leaf is None else leaf
+        settings["split_rule"] = AGOPSplit() if split_rule is None else split_rule
+        if temperature_grid is None:
+            settings["temperature_grid"] = DEFAULTS.temperature_grid
+        self.config = TreeConfig(**settings)
         self.kernel = make_kernel(kernel)
         self.input_map = InputMap(missing_values=missing_values)
         self.targets = TargetCoding(task, class_coding, calibration)
@@ -186,24 +164,6 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
             self.raw_temperature = nn.Parameter(torch.tensor(0.0))
         self.fit_seconds_: float | None = None
 
-    # The settings read as attributes too (``model.max_leaf_size``: the constructor's arguments,
-    # as scikit-learn and ``get_config`` expect); setting one replaces the frozen config.
-    # nn.Module's own lookup (buffers, submodules: every forward goes through it) comes first.
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            config = self.__dict__.get("config")
-            if config is None or name not in SETTINGS:
-                raise
-            return getattr(config, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in SETTINGS and "config" in self.__dict__:
-            self.__dict__["config"] = self.config.replace(**{name: value})
-            return
-        super().__setattr__(name, value)
-
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (kernel, leaf and split rule as ``_target_`` dicts).
 
@@ -211,22 +171,6 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
         ``model.state_dict()`` loads; Lightning checkpoints store this to rebuild the tree.
         """
         return to_config(self)
-
-    @classmethod
-    def from_config(cls, cfg: dict[str, Any]) -> xRFMTree:
-        """Build an unfitted model from :meth:`get_config` output.
-
-        Only the package's own classes are built (:data:`~xrfm_torch.numerics.config.CONFIG_TARGETS`,
-        checked at every depth before anything is imported): a config from a file cannot run code.
-
-        Raises:
-            ValueError: ``cfg`` names a ``_target_`` outside that list.
-            TypeError: ``cfg`` builds something other than an ``xRFMTree``.
-        """
-        model = from_config(cfg)
-        if not isinstance(model, cls):
-            raise TypeError(f"the config builds a {type(model).__name__}, not a {cls.__name__}")
-        return model
 
     @property
     def calibration(self) -> Calibration:
@@ -262,10 +206,6 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
     def is_fitted(self) -> bool:
         """Whether the model holds fitted trees."""
         return len(self.trees) > 0 and all(leaf.is_fitted for leaf in self.leaves())
-
-    def _check_fitted(self) -> None:
-        if not self.is_fitted:
-            raise RuntimeError("xRFMTree is not fitted; call .fit(X, y) first")
 
     def partition_trees(self) -> list[PartitionTree]:
         """The fitted trees (typed view of ``self.trees``)."""
@@ -511,15 +451,6 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
         name = self.input_map.names[tree]
         return self.partition_trees()[tree].route(self.input_map.encode(x, name))
 
-    def input_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
-        """Input gradients of the whole model (routing included), shape (n, c, d)."""
-        self._check_fitted()
-        return input_grads(lambda xg: self(xg, temperature), x)
-
-    def get_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
-        """:meth:`input_grads` under the reference ``xrfm``'s name (the one alias kept)."""
-        return self.input_grads(x, temperature)
-
     def single_trees(self) -> list[tuple[float, xRFMTree]]:
         """``[(1.0, self)]``: the contract's single trees (an ensemble has several)."""
         return [(1.0, self)]
@@ -529,20 +460,7 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
         self._check_fitted()
         return tree_summary(self)
 
-    def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
-        """The tree's AGOP, at ``x`` or (default) averaged over the leaves.
-
-        At ``x``: mean of ``grad grad^T`` over rows and outputs (routing and input map included),
-        with respect to the inputs. Default: the leaf-size-weighted average of each leaf's AGOP at
-        its support points, over the columns the leaves see (``input_map``: d, or 2d with
-        ``"quantile+raw"``).
-
-        Returns:
-            Shape (d, d), or (d,) when ``diag`` (d' for the leaf average).
-        """
-        self._check_fitted()
-        if x is not None:
-            return agop_from_grads(self.input_grads(x), diag=diag)
+    def _mean_agop(self, diag: bool) -> Tensor:
         return mean_leaf_agop(self._leaves_by_map(), diag=diag)
 
     def feature_importance(self, source: ImportanceSource = "M") -> Tensor:
@@ -585,35 +503,8 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
             criterion=self.config.leaf.criterion,
         )
 
-    # ---- prediction ----------------------------------------------------------------------------
-    @overload
-    def forward(
-        self,
-        x: Tensor,
-        temperature: float | Tensor | None = None,
-        *,
-        return_std: Literal[False] = False,
-    ) -> Tensor: ...
-    @overload
-    def forward(
-        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: Literal[True]
-    ) -> tuple[Tensor, Tensor]: ...
-    def forward(
-        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: bool = False
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Predict, averaging over trees.
-
-        Args:
-            x: Inputs, shape (n, d), on the model's device; any real dtype (cast to the model's).
-            temperature: Override the temperature in use, ``temperature_`` (0 = hard routing).
-            return_std: Also return the predictive standard deviation (a model fitted with
-                ``uncertainty`` other than ``"none"``), in the targets' units; differentiable
-                like the mean.
-
-        Returns:
-            Predictions, shape (n, c); with ``return_std``, ``(mean, std)``, both (n, c).
-        """
-        self._check_fitted()
+    # ---- prediction (ModelBase.forward: _mean, _mean_std) -----------------------------------------
+    def _checked(self, x: Tensor) -> Tensor:
         x = as_tensor(x, "x", self.fitted_temperature_.device)  # numpy, as fit takes
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:
             raise ValueError(
@@ -623,9 +514,12 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
         x = as_real_dtype(x, self.input_map.dtype, "x")
         # infinities are errors; NaN only where the training rows had missing cells (input map)
         check_finite(x, "x", allow_nan=True)
+        return x
+
+    def _mean(self, x: Tensor, temperature: float | Tensor | None) -> Tensor:
+        """The trees' mean prediction (regression targets, or class scores)."""
+        x = self._checked(x)
         temp = self.temperature_ if temperature is None else temperature
-        if return_std:
-            return self._mean_std(x, temp)
         outs = [
             tree(xt, temp, keep_mass=self.config.keep_mass, max_leaves=self.config.max_soft_leaves)
             for tree, xt in zip(self.partition_trees(), self.input_map(x))
@@ -633,7 +527,9 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
         out = outs[0] if len(outs) == 1 else torch.stack(outs).mean(0)
         return self.targets.decode(out)
 
-    def _mean_std(self, x: Tensor, temperature: float | Tensor) -> tuple[Tensor, Tensor]:
+    def _mean_std(self, x: Tensor, temperature: float | Tensor | None) -> tuple[Tensor, Tensor]:
+        x = self._checked(x)
+        temp = self.temperature_ if temperature is None else temperature
         if self.variance is None:
             raise ValueError(
                 "return_std needs a model fitted with uncertainty='calibrated' or 'gp' "
@@ -642,29 +538,12 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
         mean, std = predictive_mean_std(
             self.partition_trees(),
             self.input_map(x),
-            temperature,
+            temp,
             self.variance,
             keep_mass=self.config.keep_mass,
             max_leaves=self.config.max_soft_leaves,
         )
         return self.targets.decode(mean), std * self.targets.scaler.scale_
-
-    def predict_interval(
-        self, x: Tensor, coverage: float = 0.9, temperature: float | Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """Central predictive interval ``mean -/+ z std`` with ``z`` the normal quantile.
-
-        Args:
-            x: Inputs, shape (n, d).
-            coverage: Probability mass inside the interval, in (0, 1).
-            temperature: Override the fitted routing temperature.
-
-        Returns:
-            ``(lower, upper)``, each (n, c), in the targets' units.
-        """
-        z = normal_quantile(coverage)  # checks coverage before the prediction
-        mean, std = self(x, temperature, return_std=True)
-        return mean - z * std, mean + z * std
 
     def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
         """Class probabilities (n, K), rows summing to 1: clipped scores, or their fitted softmax."""
@@ -696,3 +575,21 @@ class xRFMTree(HasHonestOutputs, nn.Module):  # noqa: N801 (the method's name)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+
+
+def _setting(name: str) -> property:
+    """``model.<name>``: the setting in :attr:`xRFMTree.config`; setting it replaces the config."""
+
+    def get(self: xRFMTree) -> Any:
+        return getattr(self.config, name)
+
+    def put(self: xRFMTree, value: Any) -> None:
+        self.config = self.config.replace(**{name: value})
+
+    return property(get, put, doc=f"``config.{name}`` (:class:`TreeConfig`; settable).")
+
+
+# Every TreeConfig field reads (and sets) as an attribute, as the constructor's arguments do in
+# scikit-learn; get_config reads them so. Generated from the config's fields, not written out.
+for _name in SETTINGS:
+    setattr(xRFMTree, _name, _setting(_name))

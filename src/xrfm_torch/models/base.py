@@ -1,0 +1,144 @@
+"""What every model does the same way, written once: the shared half of the contract.
+
+:class:`ModelBase` is the base class of :class:`~xrfm_torch.models.xrfm_tree.xRFMTree` and of
+:class:`~xrfm_torch.models.ensemble.Ensemble` (bags, blends). A subclass says how it predicts
+(:meth:`ModelBase._mean`, and :meth:`ModelBase._mean_std` with predictive variances) and what
+its AGOP averaged over the model is (:meth:`ModelBase._mean_agop`); the base turns that into
+``forward``, intervals, input gradients, the AGOP at given rows and the config round trip.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar, overload
+
+from torch import Tensor, nn
+
+from xrfm_torch.numerics.agop import agop_from_grads
+from xrfm_torch.numerics.config import from_config
+from xrfm_torch.tree.honest import HasHonestOutputs
+from xrfm_torch.tree.interpret import input_grads
+from xrfm_torch.tree.uncertainty import normal_quantile
+
+M = TypeVar("M", bound="ModelBase")
+
+
+class ModelBase(HasHonestOutputs, nn.Module):
+    """Base class of every model (see the module docstring)."""
+
+    @property
+    def is_fitted(self) -> bool:
+        """Whether the model is fitted."""
+        raise NotImplementedError
+
+    @property
+    def task(self) -> str:
+        """``"regression"`` or ``"classification"``."""
+        raise NotImplementedError
+
+    def _check_fitted(self) -> None:
+        if not self.is_fitted:
+            raise RuntimeError(f"this {type(self).__name__} is not fitted; call .fit(X, y) first")
+
+    @classmethod
+    def from_config(cls: type[M], cfg: dict[str, Any]) -> M:
+        """Build an unfitted model from its ``get_config()`` output.
+
+        Only the package's own classes are built (:data:`~xrfm_torch.numerics.config.CONFIG_TARGETS`,
+        checked at every depth before anything is imported): a config from a file cannot run code.
+
+        Raises:
+            ValueError: ``cfg`` names a ``_target_`` outside that list.
+            TypeError: ``cfg`` builds something other than this class.
+        """
+        model = from_config(cfg)
+        if not isinstance(model, cls):
+            raise TypeError(f"the config builds a {type(model).__name__}, not a {cls.__name__}")
+        return model
+
+    # ---- prediction ----------------------------------------------------------------------------
+    @overload
+    def forward(
+        self,
+        x: Tensor,
+        temperature: float | Tensor | None = None,
+        *,
+        return_std: Literal[False] = False,
+    ) -> Tensor: ...
+    @overload
+    def forward(
+        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: Literal[True]
+    ) -> tuple[Tensor, Tensor]: ...
+    def forward(
+        self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Predict: regression targets in their units, or class scores (:meth:`predict_proba`).
+
+        Differentiable with respect to ``x`` (and trainable routing parameters).
+
+        Args:
+            x: Inputs, shape (n, d), on the model's device; any real dtype (cast to the model's).
+            temperature: Routing temperature of every tree (default: each one's fitted one;
+                0 = hard routing).
+            return_std: Also the predictive standard deviation (models fitted with
+                ``uncertainty`` other than ``"none"``), in the targets' units; for an ensemble
+                that of the weighted mixture of its members' predictive distributions.
+
+        Returns:
+            Predictions, shape (n, c); with ``return_std``, ``(mean, std)``, both (n, c).
+        """
+        self._check_fitted()
+        if return_std:
+            return self._mean_std(x, temperature)
+        return self._mean(x, temperature)
+
+    def _mean(self, x: Tensor, temperature: float | Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def _mean_std(self, x: Tensor, temperature: float | Tensor | None) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def predict_interval(
+        self, x: Tensor, coverage: float = 0.9, temperature: float | Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Central predictive interval ``mean -/+ z std`` with ``z`` the normal quantile.
+
+        Args:
+            x: Inputs, shape (n, d).
+            coverage: Probability mass inside the interval, in (0, 1).
+            temperature: Override the fitted routing temperature.
+
+        Returns:
+            ``(lower, upper)``, each (n, c), in the targets' units.
+        """
+        z = normal_quantile(coverage)  # checks coverage before the prediction
+        mean, std = self(x, temperature, return_std=True)
+        return mean - z * std, mean + z * std
+
+    # ---- interpretation ------------------------------------------------------------------------
+    def input_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """Input gradients of the whole model (routing included), shape (n, c, d)."""
+        self._check_fitted()
+        return input_grads(lambda xg: self(xg, temperature), x)
+
+    def get_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """:meth:`input_grads` under the reference ``xrfm``'s name (the one alias kept)."""
+        return self.input_grads(x, temperature)
+
+    def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
+        """The model's AGOP, at ``x`` or (default) averaged over the model.
+
+        At ``x``: mean of ``grad grad^T`` over rows and outputs (routing and input map included),
+        with respect to the inputs. Default: a tree's leaf-size-weighted average of its leaves'
+        AGOPs at their support points, over the columns the leaves see (d, or 2d with
+        ``"quantile+raw"``); an ensemble's weighted mean of its members'.
+
+        Returns:
+            Shape (d, d), or (d,) when ``diag`` (d' for the leaf average).
+        """
+        self._check_fitted()
+        if x is not None:
+            return agop_from_grads(self.input_grads(x), diag=diag)
+        return self._mean_agop(diag)
+
+    def _mean_agop(self, diag: bool) -> Tensor:
+        raise NotImplementedError
