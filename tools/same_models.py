@@ -7,14 +7,18 @@ predictions exactly (``torch.equal``; ``--upgrade`` when the commit saved an old
 its state is first loaded into this checkout's model, whose loader renames and fills entries)::
 
     python -m tools.same_models --against HEAD~3 --datasets cpu_act houses house_16H \
-        --classification california --uncertainty cpu_act --data-dir DIR
+        --classification california --uncertainty cpu_act \
+        --default-classifier clf_suite/breast_cancer --data-dir DIR
 
 Regression tables come from ``DIR/reg_num`` (cpu_act also ships with the package), the
 ``--classification`` tables from ``DIR/clf_num`` (``xRFMTree(task="classification")``; the
 class scores and probabilities are compared), the ``--uncertainty`` ones from ``DIR/reg_num``
 (``xRFMTree(uncertainty="calibrated")``; means and standard deviations compared). Both sides run
 ``xrfm_torch.xRFMTree(**options).fit(X, y, X_val, y_val, generator=...)``: a call every version of
-the package since those options exist accepts. Exits 1 when any model differs.
+the package since those options exist accepts. The ``--default-classifier`` tables (paths under
+DIR, e.g. ``clf_suite/breast_cancer``) are fitted by ``XRFMClassifier(random_state=seed)`` with
+its defaults and the validation rows as ``eval_set`` (a kernel blend of bags on small tables):
+its ``tree_`` state and test probabilities are compared. Exits 1 when any model differs.
 """
 
 from __future__ import annotations
@@ -42,15 +46,22 @@ data, out, seed, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.a
 options = json.loads(sys.argv[5])
 torch.set_num_threads(threads)
 d = {k: torch.from_numpy(v) for k, v in np.load(data).items()}
-model = xRFMTree(**options).fit(d["X_train"], d["y_train"], d["X_val"], d["y_val"],
-                                generator=torch.Generator().manual_seed(seed))
-with torch.no_grad():
-    if options.get("uncertainty", "none") != "none":
-        pred = torch.cat(model(d["X_test"], return_std=True), 1)
-    elif options.get("task") == "classification":
-        pred = torch.cat([model(d["X_test"]), model.predict_proba(d["X_test"])], 1)
-    else:
-        pred = model(d["X_test"])
+if options.get("estimator") == "XRFMClassifier":  # the default classifier: a blend of bags
+    from xrfm_torch import XRFMClassifier
+    n = {k: v.numpy() for k, v in d.items()}
+    est = XRFMClassifier(random_state=seed).fit(
+        n["X_train"], n["y_train"], eval_set=(n["X_val"], n["y_val"]))
+    model, pred = est.tree_, torch.as_tensor(est.predict_proba(n["X_test"]))
+else:
+    model = xRFMTree(**options).fit(d["X_train"], d["y_train"], d["X_val"], d["y_val"],
+                                    generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        if options.get("uncertainty", "none") != "none":
+            pred = torch.cat(model(d["X_test"], return_std=True), 1)
+        elif options.get("task") == "classification":
+            pred = torch.cat([model(d["X_test"]), model.predict_proba(d["X_test"])], 1)
+        else:
+            pred = model(d["X_test"])
 torch.save({"state": model.state_dict(), "pred": pred, "source": xrfm_torch.__file__}, out)
 """
 
@@ -59,6 +70,7 @@ KINDS = {
     "regression": ({}, "reg_num"),
     "classification": ({"task": "classification"}, "clf_num"),
     "uncertainty": ({"uncertainty": "calibrated"}, "reg_num"),
+    "default_classifier": ({"estimator": "XRFMClassifier"}, ""),
 }
 
 
@@ -150,8 +162,8 @@ def upgraded(state: dict, options: dict) -> dict:
 
 def test_score(kind: str, pred: np.ndarray, y: np.ndarray) -> float:
     """Test RMSE of the mean (standardized target), or log-loss of the probabilities."""
-    if kind == "classification":
-        proba = pred[:, pred.shape[1] // 2 :]
+    if kind in ("classification", "default_classifier"):
+        proba = pred[:, pred.shape[1] // 2 :] if kind == "classification" else pred
         return float(-np.mean(np.log(proba[np.arange(len(y)), y.astype(int)])))
     return float(np.sqrt(np.mean((pred[:, 0] - y) ** 2)))
 
@@ -162,6 +174,13 @@ def main() -> None:
     ap.add_argument("--datasets", nargs="*", default=["cpu_act", "houses", "house_16H"])
     ap.add_argument("--classification", nargs="*", default=["california"], help="clf_num tables")
     ap.add_argument("--uncertainty", nargs="*", default=["cpu_act"], help="reg_num tables")
+    ap.add_argument(
+        "--default-classifier",
+        nargs="*",
+        default=[],
+        help="tables (paths under DIR without .csv.gz, e.g. clf_suite/breast_cancer) fitted by "
+        "XRFMClassifier() with its defaults (a kernel blend of bags); probabilities compared",
+    )
     ap.add_argument("--data-dir", type=Path, default=DATASETS, help="holds reg_num/, clf_num/")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
@@ -187,9 +206,11 @@ def main() -> None:
         fits = [("regression", n) for n in a.datasets]
         fits += [("classification", n) for n in a.classification]
         fits += [("uncertainty", n) for n in a.uncertainty]
+        fits += [("default_classifier", n) for n in a.default_classifier]
         for kind, name in fits:
             options, folder = KINDS[kind]
-            split = load(name, a.data_dir / folder, a.seed, kind != "classification")
+            regression = kind in ("regression", "uncertainty")
+            split = load(name, a.data_dir / folder, a.seed, regression)
             np.savez(tmp / "data.npz", **{k: v for k, v in split.items() if k != "y_test"})
             args = (a.seed, a.threads, options)
             before = fit_in(old / "src", tmp / "data.npz", tmp / "a.pt", *args)
