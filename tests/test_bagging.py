@@ -11,7 +11,7 @@ from test_parallel import _assert_same, _run
 from xrfm_torch import BaggedTree, LeafConfig, XRFMClassifier, XRFMRegressor, xRFMTree
 from xrfm_torch.models import export_program, load_model, save_model
 from xrfm_torch.models.bagging import cross_folds
-from xrfm_torch.models.blend import bag_list, model_from_config
+from xrfm_torch.models.factory import model_from_config
 from xrfm_torch.tree.parallel import leaf_seeds
 
 
@@ -195,13 +195,13 @@ def test_estimators_take_n_bags():
     y = np.sin(X[:, 0]) * 10 + X[:, 1]
     reg = XRFMRegressor(n_iters=2, n_bags=3, input_transform="identity", random_state=0)
     reg.fit(X, y)
-    assert isinstance(reg.tree_, BaggedTree) and len(bag_list(reg.tree_)) == 3
+    assert isinstance(reg.tree_, BaggedTree) and len(reg.tree_.single_trees()) == 3
     assert reg.score(X, y) > 0.9
     labels = np.where(X[:, 0] > 0, "a", "b")
     clf = XRFMClassifier("laplace", n_iters=2, n_bags=2, input_transform="identity", random_state=0)
     p = clf.fit(X, labels).predict_proba(X[:50])
     x = torch.tensor(clf.encoder_.transform(X[:50]), dtype=torch.float32)
-    bags = bag_list(clf.tree_)
+    bags = [t for _, t in clf.tree_.single_trees()]
     torch.testing.assert_close(
         torch.from_numpy(p).float(), (bags[0].predict_proba(x) + bags[1].predict_proba(x)) / 2
     )

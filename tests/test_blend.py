@@ -20,7 +20,7 @@ from xrfm_torch import (
     save_model,
     xRFMTree,
 )
-from xrfm_torch.models.blend import bag_list, weight_grid, weighted_trees
+from xrfm_torch.models.blend import weight_grid
 from xrfm_torch.models.export import export_program
 from xrfm_torch.tree.honest import row_losses
 
@@ -120,7 +120,7 @@ def test_bagged_members_mix_on_their_out_of_fold_outputs():
         rtol=1e-5,
         atol=1e-6,
     )
-    pairs = weighted_trees(blend)
+    pairs = blend.single_trees()
     assert sum(w for w, _ in pairs) == pytest.approx(1.0)
     torch.testing.assert_close(blend(X[:5]), sum(w * t(X[:5]) for w, t in pairs))
 
@@ -210,7 +210,7 @@ def test_lightning_experiment_kernel_blend_fits_reports_and_reloads(tmp_path):
     assert '"kernels"' in (tmp_path / "tree_summary.json").read_text()
     csv = (tmp_path / "leaf_metrics_test.csv").read_text().splitlines()
     assert csv[0].startswith("bag,tree,leaf")  # one row per single tree's leaf, told apart
-    n_trees = len(bag_list(system.tree))
+    n_trees = len(system.tree.single_trees())
     assert {row.split(",")[0] for row in csv[1:]} == {str(b) for b in range(n_trees)}
     x = torch.from_numpy(dm.data.X_test)
     loaded = XRFMLitModule.load_from_checkpoint(result["checkpoint"], weights_only=True)

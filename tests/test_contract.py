@@ -13,7 +13,13 @@ from xrfm_torch.models.contract import Model
 from xrfm_torch.models.factory import build_model
 
 CLASSES = [xRFMTree, BaggedTree, KernelBlend]
-MEMBERS = [n for n in dir(Model) if not n.startswith("_")]
+MEMBERS = sorted(
+    {n for n in vars(Model) if not n.startswith("_")} | {"honest_outputs", "state_dict"}
+)
+#: What each kind defines itself (the base raises NotImplementedError); the rest is derived.
+OWN = ["task", "is_fitted", "uncertainty", "n_leaves", "n_features_in_", "n_outputs_", "fit",
+       "predict_proba", "feature_importance", "single_trees", "summary", "get_config",
+       "_mean", "_mean_std", "_mean_agop"]  # fmt: skip
 
 
 def parameters(fn) -> list[tuple[str, object, object]]:
@@ -37,6 +43,13 @@ def test_every_model_class_implements_each_member_alike(cls, member):
         assert isinstance(ours, property) or not callable(ours), f"{cls.__name__}.{member}"
     elif member != "state_dict":  # nn.Module's own
         assert parameters(ours) == parameters(contract), f"{cls.__name__}.{member}"
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_every_model_class_defines_what_the_base_leaves_open(cls):
+    open_ = [m for m in OWN if getattr(cls, m) is getattr(Model, m)]
+    assert open_ == [], f"{cls.__name__} leaves {open_} to the base, which raises"
+    assert issubclass(cls, Model)
 
 
 @pytest.mark.parametrize(

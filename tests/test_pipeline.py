@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from test_configs import compose_with
 from xrfm_torch import LeafConfig, xRFMTree
 from xrfm_torch.lit import TabularDataModule, XRFMLitModule
-from xrfm_torch.models.blend import KernelBlend, weighted_trees
+from xrfm_torch.models.blend import KernelBlend
 from xrfm_torch.pipeline import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -263,7 +263,7 @@ def test_a_csv_table_with_text_missing_cells_and_text_labels(tmp_path):
     assert dm.task == "classification" and dm.categorical_features == [0] and dm.has_missing
     # the classification default, as XRFMClassifier's: the two kernels' blend of 5 bags
     assert isinstance(system.tree, KernelBlend) and system.tree.kernels == ("laplace", "gaussian")
-    trees = [tree for _, tree in weighted_trees(system.tree)]
+    trees = [tree for _, tree in system.tree.single_trees()]
     assert len(trees) in (5, 10)  # a kernel of weight 0 is dropped
     for tree in trees:
         assert tree.config.categorical_features == (0,) and tree.missing_values == "any"

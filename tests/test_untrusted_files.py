@@ -19,7 +19,8 @@ from xrfm_torch import KERNELS, LeafConfig, load_model, save_model, xRFMTree
 from xrfm_torch.lit import TabularDataModule, XRFMLitModule
 from xrfm_torch.lit.head import XRFMHeadModule
 from xrfm_torch.models.bagging import BaggedTree
-from xrfm_torch.models.blend import KernelBlend, model_from_config
+from xrfm_torch.models.blend import KernelBlend
+from xrfm_torch.models.factory import model_from_config
 from xrfm_torch.numerics.config import CONFIG_TARGETS, from_config
 from xrfm_torch.tree.splits import AGOPSplit, CARTSplit, PCASplit, RandomSplit
 

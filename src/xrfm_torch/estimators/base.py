@@ -28,8 +28,8 @@ from xrfm_torch.models import BaggedTree, KernelBlend, xRFMTree
 from xrfm_torch.models.factory import (  # noqa: F401 (AUTO_*: re-exported)
     AUTO_BAG_ROWS,
     AUTO_BAGS,
-    auto_bags,
     build_model,
+    resolve_bags,
 )
 from xrfm_torch.numerics.progress import FitBar, on_iteration
 from xrfm_torch.tree.config import DEFAULTS
@@ -175,15 +175,9 @@ class _XRFMEstimator(BaseEstimator):
         ``"auto"`` keeps one model where bags could not all train on every class (a class of a
         single row) or folds would hold fewer than 4 rows.
         """
-        n = self.n_bags
-        if isinstance(n, str) and n == "auto":
-            classes = self._task == "classification"
-            return auto_bags(
-                len(y), int(np.unique(y, return_counts=True)[1].min()) if classes else None
-            )
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"n_bags must be an int >= 1 or 'auto', got {n!r}")
-        return int(n)
+        classes = self._task == "classification" and self.n_bags == "auto"
+        rarest = int(np.unique(y, return_counts=True)[1].min()) if classes else None
+        return resolve_bags(self.n_bags, self._task, len(y), rarest)
 
     def _kernels(self) -> list[str | Kernel]:
         """``kernel`` as a list: one name or ``Kernel``, or the names of a blend."""

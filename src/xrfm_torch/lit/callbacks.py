@@ -21,7 +21,6 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from xrfm_torch.lit.module import XRFMLitModule
-from xrfm_torch.models.blend import bag_list
 from xrfm_torch.models.contract import is_ensemble
 from xrfm_torch.numerics.progress import FitBar
 from xrfm_torch.tree.interpret import ImportanceSource
@@ -117,7 +116,7 @@ class LeafMetrics(_FileCallback):
         else:
             err = ((pred - y) ** 2).double().reshape(len(x), -1).mean(1)
         xt = module.tree_inputs(x)
-        for b, bag in enumerate(bag_list(module.tree)):
+        for b, bag in enumerate(t for _, t in module.tree.single_trees()):
             for tree in range(len(bag.partition_trees())):
                 ids = bag.leaf_ids(xt, tree)
                 for leaf in ids.unique().tolist():
@@ -134,7 +133,7 @@ class LeafMetrics(_FileCallback):
             # several single trees (bags, or a blend's): the first column says which
             bagged = is_ensemble(module.tree)
             w.writerow(["bag"] * bagged + ["tree", "leaf", "n_support", "n_rows", name])
-            for b, bag in enumerate(bag_list(module.tree)):
+            for b, bag in enumerate(t for _, t in module.tree.single_trees()):
                 for tree_id, tree in enumerate(bag.partition_trees()):
                     for leaf_id, leaf in enumerate(tree.leaf_list()):
                         total, count = self._sums.get((b, tree_id, leaf_id), [0.0, 0])

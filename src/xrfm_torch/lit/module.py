@@ -14,8 +14,13 @@ from torchmetrics import MetricCollection
 from xrfm_torch.data.protocol import Task
 from xrfm_torch.lit.metrics import GaussianNLL, make_metrics
 from xrfm_torch.models import xRFMTree
-from xrfm_torch.models.blend import model_from_config
-from xrfm_torch.models.factory import auto_bags, auto_kernels, build_model, default_bags
+from xrfm_torch.models.contract import Model
+from xrfm_torch.models.factory import (
+    build_model,
+    model_from_config,
+    resolve_bags,
+    resolve_kernels,
+)
 from xrfm_torch.numerics.progress import IterationHook, on_iteration
 from xrfm_torch.tree.grow import Progress
 
@@ -140,32 +145,19 @@ class XRFMLitModule(pl.LightningModule):
         feature_names = None if feature_names is None else [str(n) for n in feature_names]
         target_mean = _floats(target_mean)
         target_std = _floats(target_std)
-        if isinstance(blend_kernels, str):
-            if blend_kernels != "auto":
-                raise ValueError(
-                    f"blend_kernels must be 'auto', a list of names or None, got {blend_kernels!r}"
-                )
-        elif blend_kernels is not None:
-            blend_kernels = [str(k) for k in blend_kernels]
+        if blend_kernels is not None and not isinstance(blend_kernels, str):
+            blend_kernels = [str(k) for k in blend_kernels]  # plain values, not a ListConfig
         self.save_hyperparameters(ignore=["tree", "encoder"])
         tree = tree if tree is not None else xRFMTree(task=task)
         # the task's default ensemble, as the estimators build it (xrfm_torch.models.factory)
-        if n_bags is None:
-            n_bags = default_bags(task)
-        if n_bags == "auto":
-            n_bags = auto_bags(n_fit_rows, rarest_class_rows if task == "classification" else None)
-        if blend_kernels == "auto":
-            auto = auto_kernels(task)
-            blend_kernels = None if auto is None else list(auto)
-        if isinstance(n_bags, bool) or not isinstance(n_bags, int) or n_bags < 1:
-            raise ValueError(f"n_bags must be an int >= 1, 'auto' or None, got {n_bags!r}")
-        model = build_model(tree, n_bags, blend_kernels)
+        bags = resolve_bags(n_bags, task, n_fit_rows, rarest_class_rows)
+        model = build_model(tree, bags, resolve_kernels(blend_kernels, task, "blend_kernels"))
         if tree.task != task:
             raise ValueError(
                 f"the tree's task is {tree.task!r} but the system's is {task!r}: pass "
                 f"xRFMTree(task={task!r}) (the pipeline takes it from the dataset)"
             )
-        self.tree = model
+        self.tree: Model = model
         self.automatic_optimization = False
         self.register_buffer("target_mean", torch.as_tensor(target_mean, dtype=torch.float32))
         self.register_buffer("target_std", torch.as_tensor(target_std, dtype=torch.float32))

@@ -9,13 +9,13 @@ keep (:mod:`~xrfm_torch.models.contract`), the factory that builds them from set
 
 from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.blend import KernelBlend
-from xrfm_torch.models.export import ExportableBags, ExportableTree, export_onnx, export_program
+from xrfm_torch.models.export import ExportableEnsemble, ExportableTree, export_onnx, export_program
 from xrfm_torch.models.io import load_model, save_model
 from xrfm_torch.models.xrfm_tree import xRFMTree
 
 __all__ = [
     "BaggedTree",
-    "ExportableBags",
+    "ExportableEnsemble",
     "ExportableTree",
     "KernelBlend",
     "export_onnx",

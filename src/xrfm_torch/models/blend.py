@@ -313,29 +313,3 @@ class KernelBlend(Ensemble):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
-
-
-def model_from_config(cfg: dict[str, Any]) -> xRFMTree | BaggedTree | KernelBlend:
-    """Build an unfitted model (``xRFMTree``, ``BaggedTree`` or ``KernelBlend``) from its config.
-
-    Raises:
-        ValueError: ``cfg`` names a ``_target_`` outside the package's allow-list.
-        TypeError: ``cfg`` builds something else.
-    """
-    model = from_config(cfg)
-    if not isinstance(model, (xRFMTree, BaggedTree, KernelBlend)):
-        raise TypeError(f"the config builds a {type(model).__name__}, not an xrfm_torch model")
-    return model
-
-
-def weighted_trees(model: nn.Module) -> list[tuple[float, xRFMTree]]:
-    """The single trees of ``model`` with their weights in its predictions (summing to 1)."""
-    single = getattr(model, "single_trees", None)
-    if single is None:
-        raise TypeError(f"expected an xrfm_torch model, got {type(model).__name__}")
-    return cast(list[tuple[float, xRFMTree]], single())
-
-
-def bag_list(model: nn.Module) -> Sequence[xRFMTree]:
-    """The single trees of ``model``: its bags (of every member), or the tree itself."""
-    return [t for _, t in weighted_trees(model)]

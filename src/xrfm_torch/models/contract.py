@@ -1,56 +1,81 @@
-"""The contract every model keeps: one tree (``xRFMTree``), its bags and its kernel blends.
+"""The contract every model keeps, and the behaviour they share, written once.
 
-:class:`Model` is what callers may rely on whatever :func:`~xrfm_torch.models.factory.build_model`
-returned: the common ``fit`` signature, predictions (``forward``, ``predict_proba``,
-``predict_interval``), gradients and the AGOP, feature importance, the honest (out-of-fold or
-validation) outputs of the last fit, the config round trip and, as an ``nn.Module``, the state
-dict. ``tests/test_contract.py`` checks that each model class implements every member with the
-same parameters, so the three cannot drift apart.
+:class:`Model` is the base class of :class:`~xrfm_torch.models.xrfm_tree.xRFMTree` (one model)
+and of :class:`~xrfm_torch.models.ensemble.Ensemble` (bags, kernel blends, any registered kind):
+what callers may rely on whatever :func:`~xrfm_torch.models.factory.build_model` or
+:func:`~xrfm_torch.models.factory.model_from_config` returned. The common ``fit`` signature,
+predictions (``forward``, ``predict_proba``, ``predict_interval``), gradients and the AGOP,
+feature importance, the honest (out-of-fold or validation) outputs of the last fit, the weighted
+single trees, the summary, the config round trip and, as an ``nn.Module``, the state dict.
+
+A subclass says how it fits, how it predicts (:meth:`Model._mean`, and :meth:`Model._mean_std`
+with predictive variances) and what its AGOP averaged over the model is
+(:meth:`Model._mean_agop`); the base turns that into ``forward``, intervals, input gradients, the
+AGOP at given rows and ``from_config``. ``tests/test_contract.py`` checks that each model class
+implements every member with the same parameters, so the kinds cannot drift apart.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Protocol, overload, runtime_checkable
+from typing import Any, Literal, TypeVar, overload
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from xrfm_torch.numerics.agop import agop_from_grads
+from xrfm_torch.numerics.config import from_config
 from xrfm_torch.tree.grow import Progress
-from xrfm_torch.tree.honest import HonestOutputs
-from xrfm_torch.tree.interpret import ImportanceSource
+from xrfm_torch.tree.honest import HasHonestOutputs
+from xrfm_torch.tree.interpret import ImportanceSource, input_grads
+from xrfm_torch.tree.uncertainty import normal_quantile
 
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-
-    from xrfm_torch.models.xrfm_tree import xRFMTree
+M = TypeVar("M", bound="Model")
 
 
-@runtime_checkable
-class Model(Protocol):
-    """A fitted (or to-be-fitted) xRFM model of any kind (see the module docstring)."""
+class Model(HasHonestOutputs, nn.Module):
+    """A fitted (or to-be-fitted) xRFM model of any kind (see the module docstring).
 
+    Attributes:
+        distributed: Whether ``fit`` spreads its work over the default process group's ranks.
+        fit_seconds_: Seconds the last ``fit`` took (``None`` before one).
+    """
+
+    distributed: bool
+    fit_seconds_: float | None
+
+    # ---- what each kind defines ----------------------------------------------------------------
     @property
     def task(self) -> str:
         """``"regression"`` or ``"classification"``."""
+        raise NotImplementedError
 
     @property
     def is_fitted(self) -> bool:
         """Whether ``fit`` has run (or a fitted state was loaded)."""
+        raise NotImplementedError
+
+    @property
+    def uncertainty(self) -> str:
+        """The predictive-variance model: ``"none"``, ``"gp"`` or ``"calibrated"``."""
+        raise NotImplementedError
 
     @property
     def n_leaves(self) -> int:
         """Leaves over every tree the model holds."""
+        raise NotImplementedError
 
     @property
     def n_features_in_(self) -> int:
         """Input columns."""
+        raise NotImplementedError
 
     @property
     def n_outputs_(self) -> int:
         """Output columns (targets, or classes)."""
+        raise NotImplementedError
 
     def fit(
-        self,
+        self: M,
         X: Tensor,
         y: Tensor,
         X_val: Tensor | None = None,
@@ -60,9 +85,57 @@ class Model(Protocol):
         val_sample_weight: Tensor | None = None,
         generator: torch.Generator | None = None,
         progress: Progress | None = None,
-    ) -> Model:
+    ) -> M:
         """Fit in closed form; returns the model."""
+        raise NotImplementedError
 
+    def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """Class probabilities (n, K), rows summing to 1."""
+        raise NotImplementedError
+
+    def feature_importance(self, source: ImportanceSource = "M") -> Tensor:
+        """Per-feature importance (d,), summing to 1."""
+        raise NotImplementedError
+
+    def single_trees(self) -> list[tuple[float, Any]]:
+        """Its single trees (``xRFMTree`` s) with their weights in its predictions (summing to 1).
+
+        Typed ``Any`` here (the contract sits below ``xRFMTree``, which imports it); each kind
+        returns ``list[tuple[float, xRFMTree]]``.
+        """
+        raise NotImplementedError
+
+    def summary(self) -> dict[str, Any]:
+        """The fitted model as plain data (``tree_summary.json``)."""
+        raise NotImplementedError
+
+    def get_config(self) -> dict[str, Any]:
+        """Constructor arguments as plain data (``_target_`` dicts for nested objects)."""
+        raise NotImplementedError
+
+    # ---- what the base derives -----------------------------------------------------------------
+
+    def _check_fitted(self) -> None:
+        if not self.is_fitted:
+            raise RuntimeError(f"this {type(self).__name__} is not fitted; call .fit(X, y) first")
+
+    @classmethod
+    def from_config(cls: type[M], cfg: dict[str, Any]) -> M:
+        """Build an unfitted model from its ``get_config()`` output.
+
+        Only the package's own classes are built (:data:`~xrfm_torch.numerics.config.CONFIG_TARGETS`,
+        checked at every depth before anything is imported): a config from a file cannot run code.
+
+        Raises:
+            ValueError: ``cfg`` names a ``_target_`` outside that list.
+            TypeError: ``cfg`` builds something other than this class.
+        """
+        model = from_config(cfg)
+        if not isinstance(model, cls):
+            raise TypeError(f"the config builds a {type(model).__name__}, not a {cls.__name__}")
+        return model
+
+    # ---- prediction ----------------------------------------------------------------------------
     @overload
     def forward(
         self,
@@ -78,45 +151,77 @@ class Model(Protocol):
     def forward(
         self, x: Tensor, temperature: float | Tensor | None = None, *, return_std: bool = False
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Predictions (n, c), class scores for classification (``return_std``: and std)."""
+        """Predict: regression targets in their units, or class scores (:meth:`predict_proba`).
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """``forward`` through ``nn.Module`` (hooks included)."""
+        Differentiable with respect to ``x`` (and trainable routing parameters).
 
-    def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
-        """Class probabilities (n, K), rows summing to 1."""
+        Args:
+            x: Inputs, shape (n, d), on the model's device; any real dtype (cast to the model's).
+            temperature: Routing temperature of every tree (default: each one's fitted one;
+                0 = hard routing).
+            return_std: Also the predictive standard deviation (models fitted with
+                ``uncertainty`` other than ``"none"``), in the targets' units; for an ensemble
+                that of the weighted mixture of its members' predictive distributions.
+
+        Returns:
+            Predictions, shape (n, c); with ``return_std``, ``(mean, std)``, both (n, c).
+        """
+        self._check_fitted()
+        if return_std:
+            return self._mean_std(x, temperature)
+        return self._mean(x, temperature)
+
+    def _mean(self, x: Tensor, temperature: float | Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def _mean_std(self, x: Tensor, temperature: float | Tensor | None) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
 
     def predict_interval(
         self, x: Tensor, coverage: float = 0.9, temperature: float | Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """Central predictive interval ``(lower, upper)``, each (n, c)."""
+        """Central predictive interval ``mean -/+ z std`` with ``z`` the normal quantile.
 
+        Args:
+            x: Inputs, shape (n, d).
+            coverage: Probability mass inside the interval, in (0, 1).
+            temperature: Override the fitted routing temperature.
+
+        Returns:
+            ``(lower, upper)``, each (n, c), in the targets' units.
+        """
+        z = normal_quantile(coverage)  # checks coverage before the prediction
+        mean, std = self(x, temperature, return_std=True)
+        return mean - z * std, mean + z * std
+
+    # ---- interpretation ------------------------------------------------------------------------
     def input_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
-        """Input gradients (n, c, d)."""
+        """Input gradients of the whole model (routing included), shape (n, c, d)."""
+        self._check_fitted()
+        return input_grads(lambda xg: self(xg, temperature), x)
 
     def get_grads(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
-        """:meth:`input_grads` under the reference ``xrfm``'s name."""
+        """:meth:`input_grads` under the reference ``xrfm``'s name (the one alias kept)."""
+        return self.input_grads(x, temperature)
 
     def agop(self, x: Tensor | None = None, *, diag: bool = False) -> Tensor:
-        """The AGOP (d, d), or its diagonal (d,)."""
+        """The model's AGOP, at ``x`` or (default) averaged over the model.
 
-    def feature_importance(self, source: ImportanceSource = "M") -> Tensor:
-        """Per-input-column importance (d,), summing to 1."""
+        At ``x``: mean of ``grad grad^T`` over rows and outputs (routing and input map included),
+        with respect to the inputs. Default: a tree's leaf-size-weighted average of its leaves'
+        AGOPs at their support points, over the columns the leaves see (d, or 2d with
+        ``"quantile+raw"``); an ensemble's weighted mean of its members'.
 
-    def honest_outputs(self) -> HonestOutputs:
-        """The last fit's outputs of rows it did not train on."""
+        Returns:
+            Shape (d, d), or (d,) when ``diag`` (d' for the leaf average).
+        """
+        self._check_fitted()
+        if x is not None:
+            return agop_from_grads(self.input_grads(x), diag=diag)
+        return self._mean_agop(diag)
 
-    def single_trees(self) -> list[tuple[float, xRFMTree]]:
-        """Its single trees with their weights in its predictions (summing to 1)."""
-
-    def summary(self) -> dict[str, Any]:
-        """The fitted model as plain data (``tree_summary.json``)."""
-
-    def get_config(self) -> dict[str, Any]:
-        """Constructor arguments as plain data."""
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> Mapping[str, Any]:
-        """The fitted state (``nn.Module``)."""
+    def _mean_agop(self, diag: bool) -> Tensor:
+        raise NotImplementedError
 
 
 def is_ensemble(model: Model) -> bool:

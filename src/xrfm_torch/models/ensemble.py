@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, cast
 
 from torch import Tensor
 
-from xrfm_torch.models.base import ModelBase
 from xrfm_torch.models.contract import Model
 from xrfm_torch.tree.interpret import ImportanceSource
 
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
     from xrfm_torch.models.xrfm_tree import xRFMTree
 
 
-class Ensemble(ModelBase):
+class Ensemble(Model):
     """Base class: a weighted mean of fitted models (:meth:`models` and :meth:`combine`).
 
     Subclasses define :meth:`models` (the fitted models, each with the ``xRFMTree`` prediction
@@ -64,7 +63,7 @@ class Ensemble(ModelBase):
         self._check_fitted()
         return int(self.models()[0].n_outputs_)
 
-    # ---- prediction (ModelBase.forward: _mean, _mean_std) -----------------------------------------
+    # ---- prediction (Model.forward: _mean, _mean_std) -----------------------------------------
     def _mean(self, x: Tensor, temperature: float | Tensor | None) -> Tensor:
         """Weighted mean of the members' predictions (class scores for classification)."""
         return self.combine([m(x, temperature) for m in self.models()])

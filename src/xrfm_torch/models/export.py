@@ -38,7 +38,6 @@ from xrfm_torch.tree.routing import hard_weights, soft_weights
 
 if TYPE_CHECKING:
     from xrfm_torch.models.bagging import BaggedTree
-    from xrfm_torch.models.blend import KernelBlend
     from xrfm_torch.models.xrfm_tree import xRFMTree
 
 #: What an exported model returns: predictions (class scores for classification) or probabilities.
@@ -136,44 +135,42 @@ class ExportableTree(nn.Module):
         return out
 
 
-class ExportableBags(nn.Module):
-    """A fitted ``BaggedTree`` or :class:`~xrfm_torch.models.blend.KernelBlend` for export.
+class ExportableEnsemble(nn.Module):
+    """A fitted ensemble (bags, a kernel blend, any registered kind) for export.
 
-    The weighted mean of one :class:`ExportableTree` per single tree (a bag's weight is its
-    member's over the member's bags): scores, or probabilities with ``output="proba"``, as the
-    eager ``forward`` / ``predict_proba``.
+    The weighted mean of one :class:`ExportableTree` per single tree of the contract's
+    ``single_trees()`` (a bag's weight is its member's over the member's bags): scores, or
+    probabilities with ``output="proba"``, as the eager ``forward`` / ``predict_proba``.
     """
 
     weights: Tensor
 
     def __init__(
         self,
-        model: BaggedTree | KernelBlend,
+        model: Model,
         *,
         output: Output | None = None,
         temperature: float | None = None,
     ) -> None:
-        from xrfm_torch.models.blend import weighted_trees
-
         super().__init__()
         if not model.is_fitted:
             raise RuntimeError(
-                f"ExportableBags needs a fitted {type(model).__name__}; call .fit(X, y) first"
+                f"ExportableEnsemble needs a fitted {type(model).__name__}; call .fit(X, y) first"
             )
         output = default_output(model, output)
-        pairs = weighted_trees(model)
-        self.bags = nn.ModuleList(
+        pairs = model.single_trees()
+        self.trees = nn.ModuleList(
             ExportableTree(b, output=output, temperature=temperature) for _, b in pairs
         )
         dtype = pairs[0][1].input_map.dtype
         self.register_buffer("weights", torch.tensor([w for w, _ in pairs], dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
-        """Weighted mean of the bags' exported outputs (n, c)."""
-        return torch.einsum("b,bnc->nc", self.weights, torch.stack([b(x) for b in self.bags]))
+        """Weighted mean of the single trees' exported outputs (n, c)."""
+        return torch.einsum("b,bnc->nc", self.weights, torch.stack([t(x) for t in self.trees]))
 
 
-def default_output(model: nn.Module, output: Output | None) -> Output:
+def default_output(model: Any, output: Output | None) -> Output:
     """``output``, or by default probabilities for a classification model, else predictions."""
     if output is not None:
         return output
@@ -191,7 +188,7 @@ def exportable(
     exported. The exported graph takes the estimator's encoded float matrix, as
     ``estimator.encoder_.transform`` gives it (the table itself for a table of numbers).
     """
-    if isinstance(model, (ExportableTree, ExportableBags)):
+    if isinstance(model, (ExportableTree, ExportableEnsemble)):
         return model
     if not isinstance(model, nn.Module) and hasattr(model, "tree_"):  # a fitted estimator
         return exportable(model.tree_, output, temperature)
@@ -203,9 +200,7 @@ def exportable(
     if not cast("Model", model).is_fitted:
         raise RuntimeError(f"{type(model).__name__} is not fitted; call .fit(X, y) first")
     if is_ensemble(cast("Model", model)):  # made of single trees (the contract's single_trees)
-        return ExportableBags(
-            cast("BaggedTree | KernelBlend", model), output=output, temperature=temperature
-        )
+        return ExportableEnsemble(cast("Model", model), output=output, temperature=temperature)
     return ExportableTree(cast("xRFMTree", model), output=output, temperature=temperature)
 
 
@@ -224,7 +219,7 @@ def export_program(
 
     Args:
         model: A fitted ``xRFMTree``, ``BaggedTree``, ``KernelBlend`` or estimator
-            (:func:`exportable`), or an :class:`ExportableTree` / :class:`ExportableBags`
+            (:func:`exportable`), or an :class:`ExportableTree` / :class:`ExportableEnsemble`
             (inside a larger module: export that module directly).
         example: Example inputs (n, d) with ``n >= 2`` (their values do not matter).
         output: ``"predict"`` or ``"proba"``; by default probabilities for a classification

@@ -1,7 +1,12 @@
-"""The default ensemble per task, one rule for every entry point.
+"""Where models are built: the default per task, the wrapping of a tree, and configs back to models.
 
-``XRFMClassifier()``, ``XRFMLitModule`` (and so ``python train.py``) build the same model for a
-task: classification fits the Laplace and the Gaussian kernel and mixes them
+Every entry point builds its model here: ``XRFMClassifier`` / ``XRFMRegressor`` and
+``XRFMLitModule`` (so ``python train.py``) through :func:`resolve_bags`, :func:`resolve_kernels`
+and :func:`build_model`; :func:`~xrfm_torch.models.io.load_model`, Lightning checkpoints and the
+tests through :func:`model_from_config`. The model classes a config may build are the registered
+ones (:func:`register_model`): a new kind of model is its own file plus one registration.
+
+The default per task: classification fits the Laplace and the Gaussian kernel and mixes them
 (:class:`~xrfm_torch.models.blend.KernelBlend`), each as ``AUTO_BAGS`` cross-fitted bags when the
 fit has at most ``AUTO_BAG_ROWS`` rows (on small tables one model's validation rows are too few to
 calibrate its probabilities); regression fits one tree. ``xRFMTree`` itself is always one tree:
@@ -13,11 +18,51 @@ tree's fit time, ``python -m bench.preset_costs``), 2 above.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, TypeVar, cast
 
 from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.blend import KernelBlend
+from xrfm_torch.models.contract import Model
 from xrfm_torch.models.xrfm_tree import xRFMTree
+from xrfm_torch.numerics.config import allow_target, from_config
 from xrfm_torch.tree.targets import Task
+
+M = TypeVar("M", bound=type[Model])
+
+#: The model classes a config may build (:func:`register_model`), by their ``_target_`` name.
+MODEL_CLASSES: dict[str, type[Model]] = {}
+
+
+def register_model(cls: M) -> M:
+    """Let configs and files build ``cls``: :func:`model_from_config`, ``load_model``, checkpoints.
+
+    ``cls`` keeps the contract (:class:`~xrfm_torch.models.contract.Model`; an ensemble derives
+    from :class:`~xrfm_torch.models.ensemble.Ensemble`) and round-trips ``get_config``. Its name
+    joins the config allow-list (:func:`~xrfm_torch.numerics.config.allow_target`): loading a
+    file still builds only classes registered by code.
+    """
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    allow_target(name)
+    MODEL_CLASSES[name] = cls
+    return cls
+
+
+for _cls in (xRFMTree, BaggedTree, KernelBlend):
+    register_model(_cls)
+
+
+def model_from_config(cfg: dict[str, Any]) -> Model:
+    """Build an unfitted model of a registered class from its ``get_config()`` output.
+
+    Raises:
+        ValueError: ``cfg`` names a ``_target_`` outside the allow-list.
+        TypeError: ``cfg`` builds something other than a registered model class.
+    """
+    model = from_config(cfg)
+    if type(model) not in MODEL_CLASSES.values():
+        raise TypeError(f"the config builds a {type(model).__name__}, not an xrfm_torch model")
+    return cast(Model, model)
+
 
 #: ``n_bags="auto"``: this many cross-fitted bags for a fit of at most ``AUTO_BAG_ROWS`` rows.
 AUTO_BAGS = 5
@@ -50,6 +95,39 @@ def auto_bags(n_rows: int | None, rarest_class_rows: int | None = None) -> int:
 def auto_kernels(task: Task) -> tuple[str, ...] | None:
     """Kernels the default model blends (``None``: the tree's own kernel alone)."""
     return CLASSIFICATION_KERNELS if task == "classification" else None
+
+
+def resolve_bags(
+    n_bags: Any, task: Task, n_rows: int | None, rarest_class_rows: int | None = None
+) -> int:
+    """``n_bags`` as a count: ``None`` the task's default, ``"auto"`` :func:`auto_bags`.
+
+    Raises:
+        ValueError: ``n_bags`` is none of ``None``, ``"auto"`` or an int >= 1.
+    """
+    if n_bags is None:
+        n_bags = default_bags(task)
+    if isinstance(n_bags, str) and n_bags == "auto":
+        return auto_bags(n_rows, rarest_class_rows if task == "classification" else None)
+    if isinstance(n_bags, bool) or not hasattr(n_bags, "__index__") or int(n_bags) < 1:
+        raise ValueError(f"n_bags must be an int >= 1, 'auto' or None, got {n_bags!r}")
+    return int(n_bags)
+
+
+def resolve_kernels(
+    kernels: Sequence[str] | str | None, task: Task, name: str = "kernels"
+) -> list[str] | None:
+    """The kernels to blend: ``"auto"`` the task's (:func:`auto_kernels`), ``None`` none.
+
+    Raises:
+        ValueError: ``kernels`` is a string other than ``"auto"``.
+    """
+    if isinstance(kernels, str):
+        if kernels != "auto":
+            raise ValueError(f"{name} must be 'auto', a list of names or None, got {kernels!r}")
+        auto = auto_kernels(task)
+        return None if auto is None else list(auto)
+    return None if kernels is None else [str(k) for k in kernels]
 
 
 def build_model(

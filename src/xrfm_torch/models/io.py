@@ -31,15 +31,14 @@ from typing import Any
 
 import torch
 
-from xrfm_torch.models.bagging import BaggedTree
-from xrfm_torch.models.blend import KernelBlend, model_from_config
+from xrfm_torch.models.contract import Model
+from xrfm_torch.models.factory import model_from_config
 from xrfm_torch.models.state import STATE_FORMAT_VERSION
-from xrfm_torch.models.xrfm_tree import xRFMTree
 
 FILE_FORMAT = "xrfm_torch.xRFMTree"
 
 
-def save_model(model: xRFMTree | BaggedTree | KernelBlend, path: str | os.PathLike[str]) -> None:
+def save_model(model: Model, path: str | os.PathLike[str]) -> None:
     """Write a fitted model to ``path`` (plain data; see the module docstring).
 
     Raises:
@@ -60,7 +59,7 @@ def save_model(model: xRFMTree | BaggedTree | KernelBlend, path: str | os.PathLi
 
 def load_model(
     path: str | os.PathLike[str], map_location: str | torch.device | None = None
-) -> xRFMTree | BaggedTree | KernelBlend:
+) -> Model:
     """Read a model written by :func:`save_model` (``torch.load(weights_only=True)``).
 
     Args:

@@ -23,7 +23,7 @@ from xrfm_torch.inputs.input_map import (
 )
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
-from xrfm_torch.models.base import ModelBase
+from xrfm_torch.models.contract import Model
 from xrfm_torch.models.state import check_format, format_state, upgrade_tree_state
 from xrfm_torch.numerics.checks import (
     as_float_targets,
@@ -51,7 +51,7 @@ from xrfm_torch.tree.uncertainty import (
 log = logging.getLogger(__name__)
 
 
-class RoutedTrees(ModelBase):
+class RoutedTrees(Model):
     """Base class of :class:`~xrfm_torch.models.xrfm_tree.xRFMTree`: the fitted model's reading side.
 
     Attributes:
@@ -59,7 +59,7 @@ class RoutedTrees(ModelBase):
         kernel: The leaves' kernel prototype.
         input_map: Column maps fitted on the training rows (:class:`InputMap`).
         targets: Target coding and calibration (:class:`TargetCoding`).
-        uncertainty: The predictive-variance model's name; ``variance`` the model (or None).
+        variance: The predictive-variance model (``None`` with ``uncertainty="none"``).
         trees: The fitted :class:`PartitionTree` s, one or more per input map.
     """
 
@@ -67,11 +67,16 @@ class RoutedTrees(ModelBase):
     kernel: Kernel
     input_map: InputMap
     targets: TargetCoding
-    uncertainty: Uncertainty
+    _uncertainty: Uncertainty
     variance: VarianceModel | None
     trees: nn.ModuleList
     fitted_temperature_: Tensor
     raw_temperature: nn.Parameter  # with trainable routing only
+
+    @property
+    def uncertainty(self) -> Uncertainty:
+        """The predictive-variance model (``"none"``, ``"gp"``, ``"calibrated"``)."""
+        return self._uncertainty
 
     @property
     def calibration(self) -> Calibration:
@@ -204,7 +209,7 @@ class RoutedTrees(ModelBase):
             criterion=self.config.leaf.criterion,
         )
 
-    # ---- prediction (ModelBase.forward: _mean, _mean_std) -----------------------------------------
+    # ---- prediction (Model.forward: _mean, _mean_std) -----------------------------------------
     def _checked(self, x: Tensor) -> Tensor:
         x = as_tensor(x, "x", self.fitted_temperature_.device)  # numpy, as fit takes
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:

@@ -43,6 +43,23 @@ CONFIG_TARGETS: frozenset[str] = frozenset(
     }
 )
 
+#: Classes registered by code at run time (``xrfm_torch.models.factory.register_model``).
+_REGISTERED: set[str] = set()
+
+
+def allow_target(name: str) -> None:
+    """Let configs name the class ``name`` (``module.Class``); only code can call this."""
+    _REGISTERED.add(name)
+
+
+def allowed(target: object) -> bool:
+    """Whether a config may name ``target`` (the built-in allow-list, registered classes, old names)."""
+    if not isinstance(target, str):
+        return False
+    target = MOVED_TARGETS.get(target, target)
+    return target in CONFIG_TARGETS or target in _REGISTERED
+
+
 #: Where the models' classes lived before 0.16 (configs saved then name them): read as the new
 #: names, so every file saved since the config format exists loads unchanged.
 MOVED_TARGETS: dict[str, str] = {
@@ -93,7 +110,7 @@ def check_targets(cfg: Any, where: str = "config") -> None:
             ):
                 raise ValueError(
                     f"{where} names _target_ {target!r}, which is not a class xrfm_torch builds "
-                    f"from a config; allowed: {sorted(CONFIG_TARGETS)}"
+                    f"from a config; allowed: {sorted(CONFIG_TARGETS | _REGISTERED)}"
                 )
         for key, value in cfg.items():
             check_targets(value, f"{where}[{key!r}]")
