@@ -15,7 +15,6 @@ the cost is ``K`` fits (spread over ``torch.distributed`` ranks with ``distribut
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Sequence
@@ -75,6 +74,7 @@ class BaggedTree(Ensemble):
 
     oof_: Tensor
     folds_: Tensor
+    prototype: xRFMTree  # the bags' settings (Ensemble._hold_prototype)
 
     def __init__(
         self, tree: xRFMTree | None = None, *, n_bags: int = 5, distributed: bool = False
@@ -87,7 +87,7 @@ class BaggedTree(Ensemble):
         if not isinstance(distributed, bool):
             raise TypeError(f"distributed must be a bool, got {distributed!r}")
         self.distributed = distributed
-        self._tree_config = proto.get_config()
+        self._hold_prototype(proto)
         self.bags = nn.ModuleList()
         self.register_buffer("oof_", torch.zeros(0), persistent=False)
         self.register_buffer("folds_", torch.zeros(0, dtype=torch.long), persistent=False)
@@ -97,13 +97,19 @@ class BaggedTree(Ensemble):
     @property
     def tree(self) -> xRFMTree:
         """A new unfitted tree with the bags' settings."""
-        return xRFMTree.from_config(self._tree_config)
+        return xRFMTree.from_config(self.prototype.get_config())
+
+    def with_kernel(self, name: str) -> BaggedTree:
+        """Unfitted bags of the prototype tree with the kernel ``name`` (:meth:`xRFMTree.with_kernel`)."""
+        return BaggedTree(
+            self.prototype.with_kernel(name), n_bags=self.n_bags, distributed=self.distributed
+        )
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (the tree's as a nested config)."""
         return {
             "_target_": f"{type(self).__module__}.{type(self).__qualname__}",
-            "tree": copy.deepcopy(self._tree_config),
+            "tree": self.prototype.get_config(),
             "n_bags": self.n_bags,
             "distributed": self.distributed,
         }
@@ -111,12 +117,12 @@ class BaggedTree(Ensemble):
     @property
     def task(self) -> str:
         """``"regression"`` or ``"classification"`` (the bags' task)."""
-        return str(self._tree_config.get("task", "regression"))
+        return self.prototype.task
 
     @property
     def uncertainty(self) -> str:
         """The bags' predictive-variance model (``"none"``, ``"gp"``, ``"calibrated"``)."""
-        return str(self._tree_config.get("uncertainty", "none"))
+        return self.prototype.uncertainty
 
     @property
     def is_fitted(self) -> bool:
@@ -241,7 +247,7 @@ class BaggedTree(Ensemble):
         return self
 
     def _new_bag(self, spread_bags: bool) -> xRFMTree:
-        bag = xRFMTree.from_config(self._tree_config)
+        bag = self.tree
         if spread_bags:  # a bag is fitted whole on its rank
             bag.config = bag.config.replace(distributed=False)
         return bag

@@ -16,7 +16,6 @@ scores or targets for ``forward``); ``return_std`` is the weighted mixture's.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 import time
@@ -31,7 +30,6 @@ from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.ensemble import Ensemble
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.numerics.checks import check_int
-from xrfm_torch.numerics.config import from_config, to_config
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import (
@@ -45,8 +43,6 @@ log = logging.getLogger(__name__)
 
 #: The models a blend may hold: single trees or cross-fitted bags.
 Member = xRFMTree | BaggedTree
-#: The kernel settings a member keeps from the blend's prototype (where its class takes them).
-KEPT_KERNEL_ARGS = ("bandwidth", "eps", "chunk_bytes")
 
 
 def weight_grid(n_kernels: int, steps: int) -> Tensor:
@@ -63,9 +59,9 @@ class KernelBlend(Ensemble):
     """A model fitted once per kernel, its members mixed by weights chosen on honest outputs.
 
     Args:
-        model: The settings of every member (an unfitted ``xRFMTree`` or ``BaggedTree``; only
-            its config is used, the kernel replaced by each of ``kernels``, keeping the
-            prototype kernel's bandwidth). Default ``xRFMTree()``.
+        model: The prototype of every member (an ``xRFMTree`` or ``BaggedTree``; a copy of its
+            settings is held, and each member is its ``with_kernel(k)`` for ``k`` in
+            ``kernels``, which keeps the prototype kernel's bandwidth). Default ``xRFMTree()``.
         kernels: Names of at least two distinct kernels (:data:`~xrfm_torch.kernels.KERNELS`).
         weight_steps: The weights are multiples of ``1 / weight_steps`` (4: 0, 0.25, ..., 1).
 
@@ -83,6 +79,7 @@ class KernelBlend(Ensemble):
 
     weights_: Tensor
     member_kernels_: Tensor
+    prototype: Member  # the members' settings (Ensemble._hold_prototype)
 
     def __init__(
         self,
@@ -103,7 +100,7 @@ class KernelBlend(Ensemble):
             raise ValueError(f"kernels must name at least 2 distinct kernels, got {names}")
         self.kernels = tuple(names)
         self.weight_steps = check_int(weight_steps, "weight_steps", 1)
-        self._model_config = proto.get_config()
+        self._hold_prototype(proto)
         self.members = nn.ModuleList()
         self.register_buffer("weights_", torch.zeros(0))
         self.register_buffer("member_kernels_", torch.zeros(0, dtype=torch.long))
@@ -132,29 +129,14 @@ class KernelBlend(Ensemble):
         """Constructor arguments as plain data (the members' settings as a nested config)."""
         return {
             "_target_": f"{type(self).__module__}.{type(self).__qualname__}",
-            "model": copy.deepcopy(self._model_config),
+            "model": self.prototype.get_config(),
             "kernels": list(self.kernels),
             "weight_steps": self.weight_steps,
         }
 
-    def _tree_config(self) -> dict[str, Any]:
-        cfg = self._model_config
-        return cast(dict[str, Any], cfg.get("tree", cfg))
-
-    def member_config(self, index: int) -> dict[str, Any]:
-        """The config of the member with kernel ``kernels[index]``."""
-        cfg = copy.deepcopy(self._model_config)
-        tree = cfg.get("tree", cfg)
-        kernel = to_config(KERNELS[self.kernels[index]]())
-        proto = tree.get("kernel") or {}
-        for key in KEPT_KERNEL_ARGS:
-            if key in proto and key in kernel:
-                kernel[key] = proto[key]
-        tree["kernel"] = kernel
-        return cfg
-
     def _new_member(self, index: int) -> Member:
-        return cast(Member, from_config(self.member_config(index)))
+        """The prototype with the kernel ``kernels[index]``, unfitted (its ``with_kernel``)."""
+        return self.prototype.with_kernel(self.kernels[index])
 
     @property
     def distributed(self) -> bool:
@@ -162,23 +144,23 @@ class KernelBlend(Ensemble):
 
         A bagged member spreads its bags, a single tree its leaves.
         """
-        return bool(self._model_config.get("distributed", False))
+        return self.prototype.distributed
 
     @distributed.setter
     def distributed(self, value: bool) -> None:
         if not isinstance(value, bool):
             raise TypeError(f"distributed must be a bool, got {value!r}")
-        self._model_config["distributed"] = value
+        self.prototype.distributed = value
 
     @property
     def task(self) -> str:
         """``"regression"`` or ``"classification"`` (the members' task)."""
-        return str(self._tree_config().get("task", "regression"))
+        return self.prototype.task
 
     @property
     def uncertainty(self) -> str:
         """The members' predictive-variance model."""
-        return str(self._tree_config().get("uncertainty", "none"))
+        return self.prototype.uncertainty
 
     @property
     def is_fitted(self) -> bool:

@@ -29,6 +29,14 @@ class Ensemble(Model):
     mean), :attr:`is_fitted` and :attr:`task`.
     """
 
+    def _hold_prototype(self, model: Model) -> None:
+        """Keep an unfitted copy of ``model``'s settings: the wrapper builds its members from it.
+
+        Held outside the module tree (not a submodule), so it is no part of the state dict, and
+        later changes to the caller's ``model`` do not reach the wrapper.
+        """
+        self.__dict__["prototype"] = type(model).from_config(model.get_config())
+
     def models(self) -> Sequence[Model]:
         """The fitted models, in order (bags, or a blend's members)."""
         raise NotImplementedError

@@ -16,7 +16,7 @@ from xrfm_torch.inputs.input_map import (
     InputTransform,
     MissingValues,
 )
-from xrfm_torch.kernels import Kernel, make_kernel
+from xrfm_torch.kernels import KERNELS, Kernel, make_kernel
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import FitData, fit_data
 from xrfm_torch.models.routed_trees import RoutedTrees
@@ -39,6 +39,9 @@ from xrfm_torch.tree.uncertainty import (
 )
 
 log = logging.getLogger(__name__)
+
+#: The kernel arguments :meth:`xRFMTree.with_kernel` keeps (where the new kernel class takes them).
+KEPT_KERNEL_ARGS = ("bandwidth", "eps", "chunk_bytes")
 
 
 class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
@@ -151,6 +154,19 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
         ``model.state_dict()`` loads; Lightning checkpoints store this to rebuild the tree.
         """
         return to_config(self)
+
+    def with_kernel(self, name: str) -> xRFMTree:
+        """An unfitted copy with the kernel ``name`` (a wrapper asks its prototype for variants).
+
+        The other settings are this model's; of the kernel's own arguments the bandwidth, ``eps``
+        and ``chunk_bytes`` are kept where the new kernel class takes them.
+        """
+        if name not in KERNELS:
+            raise ValueError(f"unknown kernel {name!r}; choose from {sorted(KERNELS)}")
+        cfg = self.get_config()
+        kernel, old = to_config(KERNELS[name]()), cfg.get("kernel") or {}
+        kernel.update({k: old[k] for k in KEPT_KERNEL_ARGS if k in old and k in kernel})
+        return xRFMTree.from_config({**cfg, "kernel": kernel})
 
     def _plan(self, n_rows: int, n_maps: int = 1) -> FitPlan:
         """The kernel and resolved settings of a fit on ``n_rows`` rows (:meth:`FitPlan.resolve`)."""
