@@ -40,8 +40,8 @@ def measure(path: Path, seed: int, threads: int, options: dict | None = None) ->
     est = (XRFMClassifier if classify else XRFMRegressor)(random_state=seed, **(options or {}))
     start = time.perf_counter()
     est.fit(X.iloc[tr], y[tr], eval_set=(X.iloc[va], y[va]))
-    row: dict = {"fit_s": time.perf_counter() - start, "leaves": est.tree_.n_leaves}
-    trees = getattr(est.tree_, "bags", [est.tree_])  # a BaggedTree's bags, or the one tree
+    row: dict = {"fit_s": time.perf_counter() - start, "leaves": est.model_.n_leaves}
+    trees = getattr(est.model_, "bags", [est.model_])  # a BaggedTree's bags, or the one tree
     row["n_bags"] = len(trees)
     row["input_maps"] = sorted({name for t in trees for name in t.input_map.names})
     row["categorical"] = len(est.encoder_.categorical)

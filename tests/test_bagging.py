@@ -195,13 +195,13 @@ def test_estimators_take_n_bags():
     y = np.sin(X[:, 0]) * 10 + X[:, 1]
     reg = XRFMRegressor(n_iters=2, n_bags=3, input_transform="identity", random_state=0)
     reg.fit(X, y)
-    assert isinstance(reg.tree_, BaggedTree) and len(reg.tree_.single_trees()) == 3
+    assert isinstance(reg.model_, BaggedTree) and len(reg.model_.single_trees()) == 3
     assert reg.score(X, y) > 0.9
     labels = np.where(X[:, 0] > 0, "a", "b")
     clf = XRFMClassifier("laplace", n_iters=2, n_bags=2, input_transform="identity", random_state=0)
     p = clf.fit(X, labels).predict_proba(X[:50])
     x = torch.tensor(clf.encoder_.transform(X[:50]), dtype=torch.float32)
-    bags = [t for _, t in clf.tree_.single_trees()]
+    bags = [t for _, t in clf.model_.single_trees()]
     torch.testing.assert_close(
         torch.from_numpy(p).float(), (bags[0].predict_proba(x) + bags[1].predict_proba(x)) / 2
     )
@@ -227,7 +227,7 @@ def test_lightning_experiment_bagged_logs_out_of_fold_scores(tmp_path):
     )
     result = run(cfg)
     system, dm = result["objects"]["system"], result["objects"]["datamodule"]
-    tree = system.tree
+    tree = system.model
     assert isinstance(tree, BaggedTree) and tree.n_bags == 3
     # the OOF rows are the training rows, then the validation rows; RMSE in original units
     y = torch.cat([torch.from_numpy(dm.data.y_train), torch.from_numpy(dm.data.y_val)])
@@ -252,8 +252,8 @@ def test_classifier_bags_small_fits_by_default_and_not_large_ones():
     clf = XRFMClassifier("laplace", n_iters=1, input_transform="identity", random_state=0)
     assert clf.n_bags == "auto"
     clf.fit(X[:200], labels[:200], eval_set=(X[200:], labels[200:]))
-    assert isinstance(clf.tree_, BaggedTree) and clf.tree_.n_bags == AUTO_BAGS
-    assert clf.tree_.oof_.shape == (300, 2)  # training and eval_set rows pooled
+    assert isinstance(clf.model_, BaggedTree) and clf.model_.n_bags == AUTO_BAGS
+    assert clf.model_.oof_.shape == (300, 2)  # training and eval_set rows pooled
 
     assert clf._bags(np.arange(AUTO_BAG_ROWS + 1) % 2) == 1  # above the threshold: one model
     assert clf._bags(np.r_[np.zeros(50), 1.0]) == 1  # a class of one row cannot be in every bag
@@ -286,7 +286,7 @@ def test_lightning_bagged_classification_scores_out_of_fold_probabilities(tmp_pa
         tmp_path,
     )
     result = run(cfg)
-    tree, dm = result["objects"]["system"].tree, result["objects"]["datamodule"]
+    tree, dm = result["objects"]["system"].model, result["objects"]["datamodule"]
     y = torch.from_numpy(np.concatenate([dm.data.y_train, dm.data.y_val])).long()
     p = tree.oof_.double()
     logloss = float(-p.gather(1, y[:, None]).clamp_min(1e-15).log().mean())

@@ -180,14 +180,14 @@ def test_the_classifier_blends_by_default_and_takes_one_kernel_or_a_tuple():
     labels = np.array(["lo", "mid", "hi"])[y.long().numpy()]
     common = {"n_iters": 1, "input_transform": "identity", "n_bags": 1, "random_state": 0}
     clf = XRFMClassifier(**common).fit(X.numpy(), labels)
-    assert isinstance(clf.tree_, KernelBlend) and clf.tree_.kernels == KERNELS
+    assert isinstance(clf.model_, KernelBlend) and clf.model_.kernels == KERNELS
     x = torch.tensor(clf.encoder_.transform(X[:20].numpy()), dtype=torch.float32)
     torch.testing.assert_close(
-        torch.from_numpy(clf.predict_proba(X[:20].numpy())).float(), clf.tree_.predict_proba(x)
+        torch.from_numpy(clf.predict_proba(X[:20].numpy())).float(), clf.model_.predict_proba(x)
     )
     single = XRFMClassifier(kernel=("gaussian",), **common).fit(X.numpy(), labels)
-    assert isinstance(single.tree_, xRFMTree) and isinstance(single.tree_.kernel, GaussianKernel)
-    assert isinstance(XRFMRegressor(n_iters=1).fit(X.numpy(), y.numpy()).tree_, xRFMTree)
+    assert isinstance(single.model_, xRFMTree) and isinstance(single.model_.kernel, GaussianKernel)
+    assert isinstance(XRFMRegressor(n_iters=1).fit(X.numpy(), y.numpy()).model_, xRFMTree)
     for bad in (("laplace", 3), (), 5):
         with pytest.raises(ValueError, match="kernel"):
             XRFMClassifier(kernel=bad, **common).fit(X.numpy(), labels)  # type: ignore[arg-type]
@@ -206,11 +206,11 @@ def test_lightning_experiment_kernel_blend_fits_reports_and_reloads(tmp_path):
     )  # fmt: skip
     result = run(cfg)
     system, dm = result["objects"]["system"], result["objects"]["datamodule"]
-    assert isinstance(system.tree, KernelBlend) and system.tree.is_fitted
+    assert isinstance(system.model, KernelBlend) and system.model.is_fitted
     assert '"kernels"' in (tmp_path / "tree_summary.json").read_text()
     csv = (tmp_path / "leaf_metrics_test.csv").read_text().splitlines()
     assert csv[0].startswith("bag,tree,leaf")  # one row per single tree's leaf, told apart
-    n_trees = len(system.tree.single_trees())
+    n_trees = len(system.model.single_trees())
     assert {row.split(",")[0] for row in csv[1:]} == {str(b) for b in range(n_trees)}
     x = torch.from_numpy(dm.data.X_test)
     loaded = XRFMLitModule.load_from_checkpoint(result["checkpoint"], weights_only=True)
@@ -228,7 +228,7 @@ def test_lightning_blend_of_bags_logs_its_mixed_out_of_fold_scores(tmp_path):
     )  # fmt: skip
     result = run(cfg)
     system, dm = result["objects"]["system"], result["objects"]["datamodule"]
-    blend = system.tree
+    blend = system.model
     assert isinstance(blend, KernelBlend) and isinstance(blend.members[0], BaggedTree)
     y = torch.cat([torch.from_numpy(dm.data.y_train), torch.from_numpy(dm.data.y_val)])
     pred = system.to_output(blend.honest_outputs().outputs)

@@ -83,8 +83,8 @@ def test_estimators_read_text_categories_missing_cells_and_unseen_levels():
         "oslo",
         "paris",
     ]
-    assert est.tree_.config.categorical_features == (0,)
-    assert est.tree_.input_map.missing_columns == [2]
+    assert est.model_.config.categorical_features == (0,)
+    assert est.model_.input_map.missing_columns == [2]
     pred = est.predict(df.iloc[1000:])
     seen = df.iloc[1000:]["city"].notna().to_numpy()
     assert np.sqrt(np.mean((pred[seen] - y[1000:][seen]) ** 2)) < 0.3

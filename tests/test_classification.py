@@ -91,7 +91,7 @@ def test_the_lightning_system_and_its_tree_agree_on_the_task():
 
     with pytest.raises(ValueError, match="pass xRFMTree\\(task='classification'\\)"):
         XRFMLitModule(xRFMTree(), task="classification", num_classes=3)
-    assert XRFMLitModule(task="classification", num_classes=3).tree.task == "classification"
+    assert XRFMLitModule(task="classification", num_classes=3).model.task == "classification"
 
 
 def test_validation_criteria_against_their_formulas():

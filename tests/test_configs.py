@@ -98,13 +98,13 @@ def test_every_option_composes_and_instantiates(group, option, tmp_path):
     n_bags = cfg.system.get("n_bags")
     n_bags = 1 if n_bags in (None, "auto") else n_bags  # no rows given: no bags
     if kernels:  # the system fits the tree once per kernel
-        assert system.tree.kernels == tuple(kernels)
-        assert system.tree.get_config()["model"] == tree.get_config()
+        assert system.model.kernels == tuple(kernels)
+        assert system.model.get_config()["model"] == tree.get_config()
     elif n_bags > 1:  # the system wraps the configured tree in bags
-        assert system.tree.get_config()["tree"] == tree.get_config()
-        assert system.tree.n_bags == cfg.system.n_bags
+        assert system.model.get_config()["tree"] == tree.get_config()
+        assert system.model.n_bags == cfg.system.n_bags
     else:
-        assert system.tree is tree
+        assert system.model is tree
     for sub in ("callbacks", "logger"):
         for _, c in (cfg.get(sub) or {}).items():
             assert hydra.utils.instantiate(c) is not None

@@ -30,10 +30,10 @@ def test_classification_default_is_the_same_blend_of_bags_everywhere():
         n_fit_rows=200,
         rarest_class_rows=int(np.bincount(y).min()),
     )
-    assert shape(est.tree_) == shape(system.tree) == (CLASSIFICATION_KERNELS, AUTO_BAGS)
+    assert shape(est.model_) == shape(system.model) == (CLASSIFICATION_KERNELS, AUTO_BAGS)
     # above the row limit: one model per kernel in both
     big = XRFMLitModule(task="classification", num_classes=2, n_fit_rows=AUTO_BAG_ROWS + 1)
-    assert shape(big.tree) == (CLASSIFICATION_KERNELS, 1)
+    assert shape(big.model) == (CLASSIFICATION_KERNELS, 1)
     assert est._bags(np.arange(AUTO_BAG_ROWS + 1) % 2) == 1
 
 
@@ -42,8 +42,8 @@ def test_regression_default_is_one_tree_everywhere():
     X = rng.normal(size=(200, 3))
     est = XRFMRegressor(n_iters=1, random_state=0).fit(X, X[:, 0])
     system = XRFMLitModule(task="regression", n_fit_rows=200)
-    assert isinstance(est.tree_, xRFMTree) and isinstance(system.tree, xRFMTree)
-    assert shape(est.tree_) == shape(system.tree) == (None, 1)
+    assert isinstance(est.model_, xRFMTree) and isinstance(system.model, xRFMTree)
+    assert shape(est.model_) == shape(system.model) == (None, 1)
 
 
 def test_the_system_takes_explicit_choices_over_the_default():
@@ -51,7 +51,7 @@ def test_the_system_takes_explicit_choices_over_the_default():
     one = XRFMLitModule(
         tree, task="classification", num_classes=3, n_fit_rows=300, n_bags=1, blend_kernels=None
     )
-    assert one.tree is tree
+    assert one.model is tree
     with pytest.raises(ValueError, match="n_bags must be"):
         XRFMLitModule(task="regression", n_bags=0)
     with pytest.raises(ValueError, match="blend_kernels must be"):

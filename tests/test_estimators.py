@@ -88,7 +88,7 @@ def test_regressor_is_the_core_model_with_the_same_seed():
     )
     Xt, _ = planted(50, 2)
     np.testing.assert_array_equal(est.predict(Xt), core(t(Xt).float())[:, 0].numpy())
-    assert est.tree_.n_leaves == core.n_leaves > 1
+    assert est.model_.n_leaves == core.n_leaves > 1
 
 
 def test_classifier_takes_string_labels_and_returns_them():
@@ -120,7 +120,7 @@ def test_pandas_in_named_features_and_pipelines():
     holes = df.copy()
     holes.iloc[::7, 1] = np.nan  # now it has: imputed and flagged, fit and predict work
     est = XRFMRegressor(n_iters=1, random_state=0).fit(holes, y)
-    assert np.isfinite(est.predict(holes)).all() and est.tree_.input_map.missing_columns == [1]
+    assert np.isfinite(est.predict(holes)).all() and est.model_.input_map.missing_columns == [1]
     with pytest.raises(ValueError, match="Input X contains infinity"):
         est.predict(holes.replace(np.nan, np.inf))
 

@@ -173,7 +173,7 @@ def test_head_module_exports_with_its_encoder():
     quiet_trainer(1).fit(module, datamodule=dm)
     module.eval()
     x = torch.from_numpy(dm.data.X_test[:200])
-    serving = nn.Sequential(module.encoder, ExportableTree(module.tree)).eval()
+    serving = nn.Sequential(module.encoder, ExportableTree(module.model)).eval()
     program = torch.export.export(
         serving, (x[:4],), dynamic_shapes=({0: torch.export.Dim("n", min=1)},)
     )

@@ -202,17 +202,17 @@ def test_refit_callback_changes_leaves_and_lowers_training_loss(trainable):
             return float(((module(X) - y.reshape(-1, 1)) ** 2).mean())
 
     stale = support_loss()
-    alphas = [lf.alpha_.clone() for lf in module.tree.leaves()]
-    routing = list(module.tree.parameters())
+    alphas = [lf.alpha_.clone() for lf in module.model.leaves()]
+    routing = list(module.model.parameters())
     refit.on_train_epoch_end(trainer, module)  # ... then the callback's closed-form refit
     assert refit.refits == 3
     assert support_loss() < 0.7 * stale
-    new = module.tree.leaves()
+    new = module.model.leaves()
     assert len(new) != len(alphas) or any(
         not torch.equal(a, lf.alpha_) for a, lf in zip(alphas, new)
     )
     if trainable:  # leaves only: the optimizer's routing parameters are the same objects
-        assert all(a is b for a, b in zip(routing, module.tree.parameters()))
+        assert all(a is b for a, b in zip(routing, module.model.parameters()))
 
 
 def test_head_trains_encoder_and_routing():
@@ -222,13 +222,13 @@ def test_head_trains_encoder_and_routing():
 
     class Grab(pl.Callback):
         def on_train_start(self, trainer, pl_module):
-            part_b.append(pl_module.tree.partition_trees()[0].thresholds_.detach().clone())
+            part_b.append(pl_module.model.partition_trees()[0].thresholds_.detach().clone())
             part_b.append([p.detach().clone() for p in pl_module.encoder.parameters()])
 
     trainer.callbacks.append(Grab())
     trainer.fit(module, datamodule=dm)
     thresholds, enc = part_b
-    assert not torch.equal(thresholds, module.tree.partition_trees()[0].thresholds_.detach())
+    assert not torch.equal(thresholds, module.model.partition_trees()[0].thresholds_.detach())
     assert any(not torch.equal(a, b.detach()) for a, b in zip(enc, module.encoder.parameters()))
 
 

@@ -143,7 +143,7 @@ def test_a_head_refuses_a_tree_that_maps_its_inputs() -> None:
     with pytest.raises(ValueError, match="got input_transform='auto'"):
         XRFMHeadModule(tree, in_features=3)
     assert tree.input_transform == "auto"
-    assert XRFMHeadModule(in_features=3).tree.input_transform == "identity"  # the default head
+    assert XRFMHeadModule(in_features=3).model.input_transform == "identity"  # the default head
 
 
 def test_the_set_rule_averages_maps_whose_errors_are_independent() -> None:

@@ -182,3 +182,20 @@ def test_configs_naming_the_models_old_modules_still_build():
     model = from_config(json.loads(text))
     assert isinstance(model, KernelBlend)
     assert model.get_config() == cfg
+
+
+def test_a_file_with_the_old_format_label_loads(tmp_path):
+    """Files written before 0.16 carry the label ``xrfm_torch.xRFMTree`` and the old targets."""
+    from xrfm_torch.models.io import FILE_FORMAT, OLD_FORMATS
+
+    X, y = planted(n=300, d=3)
+    model = xRFMTree(leaf=LeafConfig(n_iters=1)).fit(
+        X, y, generator=torch.Generator().manual_seed(0)
+    )
+    save_model(model, tmp_path / "m.pt")
+    obj = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert obj["format"] == FILE_FORMAT
+    obj["format"] = OLD_FORMATS[0]
+    obj["config"]["_target_"] = "xrfm_torch.tree.model.xRFMTree"
+    torch.save(obj, tmp_path / "old.pt")
+    assert torch.equal(load_model(tmp_path / "old.pt")(X), model(X))

@@ -54,7 +54,7 @@ def test_estimator_probabilities_sum_to_one_in_float64_and_the_cores_in_float32(
     p = clf.predict_proba(X.numpy())
     assert p.dtype == np.float64
     assert np.abs(p.sum(1) - 1).max() <= 1e-12
-    p32 = clf.tree_.predict_proba(X)
+    p32 = clf.model_.predict_proba(X)
     assert p32.dtype == torch.float32
     assert (p32.sum(1) - 1).abs().max() <= 1e-6
 

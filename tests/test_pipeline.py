@@ -60,12 +60,29 @@ def test_checkpoint_reload_gives_identical_predictions(synthetic_run):
     loaded = XRFMLitModule.load_from_checkpoint(result["checkpoint"], weights_only=True)
     x = torch.from_numpy(result["objects"]["datamodule"].data.X_test)
     assert torch.equal(loaded.predict_step((x,), 0), system.predict_step((x,), 0))
-    assert loaded.tree.n_leaves == system.tree.n_leaves
+    assert loaded.model.n_leaves == system.model.n_leaves
+
+
+def test_a_checkpoint_written_before_the_model_was_renamed_loads(synthetic_run, tmp_path):
+    """Before 0.16 the LightningModule held its model as ``tree``: config key and state prefix."""
+    result, _ = synthetic_run
+    ckpt = torch.load(result["checkpoint"], weights_only=False)
+    ckpt["xrfm_tree_config"] = ckpt.pop("xrfm_model_config")
+    ckpt["state_dict"] = {
+        ("tree." + k.removeprefix("model.") if k.startswith("model.") else k): v
+        for k, v in ckpt["state_dict"].items()
+    }
+    assert any(k.startswith("tree.") for k in ckpt["state_dict"])
+    torch.save(ckpt, tmp_path / "old.ckpt")
+    loaded = XRFMLitModule.load_from_checkpoint(tmp_path / "old.ckpt", weights_only=True)
+    x = torch.from_numpy(result["objects"]["datamodule"].data.X_test)
+    system = result["objects"]["system"]
+    assert torch.equal(loaded.predict_step((x,), 0), system.predict_step((x,), 0))
 
 
 def test_tree_summary_file(synthetic_run):
     result, out = synthetic_run
-    tree = result["objects"]["system"].tree
+    tree = result["objects"]["system"].model
     summary = json.loads((out / "tree_summary.json").read_text())
     assert summary["n_leaves"] == tree.n_leaves >= 4
     assert summary["input_maps"] == tree.input_map.names and len(summary["input_maps"]) >= 1
@@ -88,7 +105,7 @@ def test_agop_importance_ranks_planted_features_first(synthetic_run):
 
 def test_leaf_metrics_files(synthetic_run):
     result, out = synthetic_run
-    tree = result["objects"]["system"].tree
+    tree = result["objects"]["system"].model
     dm = result["objects"]["datamodule"]
     rows = list(csv.DictReader((out / "leaf_metrics_test.csv").open()))
     assert len(rows) == tree.n_leaves  # every tree's leaves
@@ -114,10 +131,10 @@ def test_temperature_sweep_file(synthetic_run):
     system = result["objects"]["system"]
     rows = list(csv.DictReader((out / "temperature_sweep.csv").open()))
     grid = [float(r["temperature"]) for r in rows]
-    expected = system.tree.temperature_errors(*system.fit_data["val"], grid)
+    expected = system.model.temperature_errors(*system.fit_data["val"], grid)
     assert [float(r["val_mse"]) for r in rows] == pytest.approx(expected, rel=1e-6)
     best = grid[int(np.argmin([float(r["val_mse"]) for r in rows]))]
-    assert float(system.tree.temperature_) == pytest.approx(best)
+    assert float(system.model.temperature_) == pytest.approx(best)
     assert (out / "temperature_sweep.png").exists()
 
 
@@ -172,10 +189,10 @@ def test_multi_process_trainer_fits_leaves_distributed(monkeypatch):
         return system
 
     many, one = fitted(2), fitted(1)
-    assert many.tree.distributed and not one.tree.distributed
-    assert many.tree.n_leaves > 1
+    assert many.model.distributed and not one.model.distributed
+    assert many.model.n_leaves > 1
     Xq = torch.randn(50, 6, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(many.tree(Xq), one.tree(Xq), rtol=0, atol=0)
+    torch.testing.assert_close(many.model(Xq), one.model(Xq), rtol=0, atol=0)
 
 
 def test_plain_dataloaders_without_datamodule():
@@ -188,8 +205,8 @@ def test_plain_dataloaders_without_datamodule():
     trainer.fit(
         system, train_dataloaders=dm.train_dataloader(), val_dataloaders=dm.val_dataloader()
     )
-    assert system.tree.is_fitted
-    assert len(system.tree.leaves()[0].support_) == len(dm.datasets["train"])
+    assert system.model.is_fitted
+    assert len(system.model.leaves()[0].support_) == len(dm.datasets["train"])
     # the validation loader reached the fit (no hold-out of training rows)
     assert len(system.fit_data["val"][0]) == len(dm.datasets["val"])
 
@@ -208,7 +225,7 @@ def test_temperature_sweep_says_routing_plays_no_part_in_a_one_leaf_tree(tmp_pat
     )
     with caplog.at_level("INFO"):
         trainer.fit(system, datamodule=dm)
-    assert system.tree.n_leaves == 1
+    assert system.model.n_leaves == 1
     assert "routing plays no part" in caplog.text
     assert not (tmp_path / "temperature_sweep.csv").exists()
 
@@ -262,8 +279,8 @@ def test_a_csv_table_with_text_missing_cells_and_text_labels(tmp_path):
     dm, system = result["objects"]["datamodule"], result["objects"]["system"]
     assert dm.task == "classification" and dm.categorical_features == [0] and dm.has_missing
     # the classification default, as XRFMClassifier's: the two kernels' blend of 5 bags
-    assert isinstance(system.tree, KernelBlend) and system.tree.kernels == ("laplace", "gaussian")
-    trees = [tree for _, tree in system.tree.single_trees()]
+    assert isinstance(system.model, KernelBlend) and system.model.kernels == ("laplace", "gaussian")
+    trees = [tree for _, tree in system.model.single_trees()]
     assert len(trees) in (5, 10)  # a kernel of weight 0 is dropped
     for tree in trees:
         assert tree.config.categorical_features == (0,) and tree.missing_values == "any"
@@ -314,7 +331,7 @@ def test_train_py_under_ddp_fits_the_one_process_model(tmp_path):
         system = XRFMLitModule.load_from_checkpoint(
             run_dir / "checkpoints" / "last.ckpt", weights_only=True
         )
-        results[trainer] = (metrics["test/rmse"], system.tree)
+        results[trainer] = (metrics["test/rmse"], system.model)
     (rmse_ddp, tree_ddp), (rmse_one, tree_one) = results["ddp"], results["default"]
     seen = f"ddp: {tree_ddp.n_leaves} leaves, RMSE {rmse_ddp}; one process: {tree_one.n_leaves}, {rmse_one}"
     assert tree_ddp.n_leaves == tree_one.n_leaves > 1, seen

@@ -206,7 +206,7 @@ def test_regressor_return_std_and_interval_match_the_tree():
     est = XRFMRegressor(n_iters=1, uncertainty="calibrated", random_state=0, dtype="float64")
     est.fit(X.numpy(), 50 * y.numpy())
     mean, std = est.predict(X[:20].numpy(), return_std=True)
-    ref_mean, ref_std = est.tree_(X[:20], return_std=True)
+    ref_mean, ref_std = est.model_(X[:20], return_std=True)
     assert mean.shape == std.shape == (20,)
     np.testing.assert_allclose(mean, est.predict(X[:20].numpy()), rtol=1e-10)
     torch.testing.assert_close(torch.from_numpy(std), ref_std[:, 0], rtol=0, atol=0)
@@ -259,7 +259,7 @@ def test_lightning_logs_nll_and_writes_the_coverage_report(tmp_path):
     trainer.fit(system, datamodule=dm)
     result = trainer.test(system, datamodule=dm, verbose=False)[0]
     X, y = dm.datasets["test"].tensors[:2]
-    mean, std = system.tree(X, return_std=True)
+    mean, std = system.model(X, return_std=True)
     y_orig, mean_orig = system.original_targets(y), system.to_output(mean)
     std_orig = system.to_output_std(std)
     ref_nll = torch.nn.functional.gaussian_nll_loss(

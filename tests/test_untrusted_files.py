@@ -119,7 +119,7 @@ def test_a_crafted_target_inside_a_bagged_config_is_refused(tmp_path):
 
 def _crafted_checkpoint(path, place, victim):
     raw = torch.load(path, weights_only=True)
-    raw["xrfm_tree_config"] = craft(raw["xrfm_tree_config"], place, victim)
+    raw["xrfm_model_config"] = craft(raw["xrfm_model_config"], place, victim)
     torch.save(raw, path)
 
 

@@ -18,7 +18,7 @@ class scores and probabilities are compared), the ``--uncertainty`` ones from ``
 the package since those options exist accepts. The ``--default-classifier`` tables (paths under
 DIR, e.g. ``clf_suite/breast_cancer``) are fitted by ``XRFMClassifier(random_state=seed)`` with
 its defaults and the validation rows as ``eval_set`` (a kernel blend of bags on small tables):
-its ``tree_`` state and test probabilities are compared. Exits 1 when any model differs.
+its ``model_`` (``tree_`` before 0.16) state and test probabilities are compared. Exits 1 when any model differs.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ if options.get("estimator") == "XRFMClassifier":  # the default classifier: a bl
     n = {k: v.numpy() for k, v in d.items()}
     est = XRFMClassifier(random_state=seed).fit(
         n["X_train"], n["y_train"], eval_set=(n["X_val"], n["y_val"]))
-    model, pred = est.tree_, torch.as_tensor(est.predict_proba(n["X_test"]))
+    model = est.model_ if hasattr(est, "model_") else est.tree_  # tree_ before 0.16
+    pred = torch.as_tensor(est.predict_proba(n["X_test"]))
 else:
     model = xRFMTree(**options).fit(d["X_train"], d["y_train"], d["X_val"], d["y_val"],
                                     generator=torch.Generator().manual_seed(seed))

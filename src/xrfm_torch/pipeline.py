@@ -90,8 +90,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     metrics["time/fit_seconds"] = fit_seconds
     metrics.update(system.oof_metrics)
-    if system.tree.fit_seconds_ is not None:
-        metrics["time/tree_fit_seconds"] = system.tree.fit_seconds_
+    if system.model.fit_seconds_ is not None:
+        metrics["time/tree_fit_seconds"] = system.model.fit_seconds_
     if trainer.is_global_zero:  # one writer when several processes share the run directory
         (out_dir / "metrics.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(metrics)))
     return {

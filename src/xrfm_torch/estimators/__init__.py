@@ -2,7 +2,7 @@
 
 Thin adapters around :class:`~xrfm_torch.xRFMTree`: numpy or pandas in (numbers, text categories,
 missing cells), numpy out, labels of any type for the classifier, ``get_params``/``set_params``/``clone``. The fitted
-tree is ``tree_`` (head use, interpretation, ``state_dict``). Defaults are the core's: each
+model is ``model_`` (head use, interpretation, ``state_dict``). Defaults are the core's: each
 parameter below defaults to the value of the same-named :class:`~xrfm_torch.LeafConfig` field or
 ``xRFMTree`` argument, read from there, so there is still one home for them.
 

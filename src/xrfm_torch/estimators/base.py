@@ -62,7 +62,7 @@ class _XRFMEstimator(BaseEstimator):
             the model (one tree or its bags) is fitted once per kernel, and the fits are mixed
             with weights in ``{0, 0.25, ..., 1}`` chosen on their honest outputs (out-of-fold
             with bags, else the validation rows'; :class:`~xrfm_torch.models.blend.KernelBlend`,
-            ``tree_``), about one fit's time per kernel.
+            ``model_``), about one fit's time per kernel.
         max_leaf_size: ``L_max``: a node with more training rows is split.
         n_iters: ``tau``: most AGOP updates per leaf (leaves stop when their validation error
             levels off).
@@ -79,7 +79,7 @@ class _XRFMEstimator(BaseEstimator):
         n_bags: ``1``: one model. ``K >= 2``: ``K`` cross-fitted bags
             (:class:`~xrfm_torch.models.bagging.BaggedTree`): the training and ``eval_set`` rows are
             pooled and cut into ``K`` folds, bag ``k`` validating on fold ``k``, predictions
-            averaged; ``tree_.oof_`` holds the out-of-fold predictions (mixed, for a kernel
+            averaged; ``model_.oof_`` holds the out-of-fold predictions (mixed, for a kernel
             blend; about ``K`` times the fit time). ``"auto"``: ``AUTO_BAGS`` bags when the fit has at most
             ``AUTO_BAG_ROWS`` rows (training plus ``eval_set``), else one model (the
             classifier's default: on small tables a single model's validation rows are too few
@@ -256,11 +256,11 @@ class _XRFMEstimator(BaseEstimator):
             else self._weights(eval_sample_weight, len(val[1]), "eval_sample_weight")
         )
         sample_weight, w_val = self._class_weighted(y, sample_weight, val, w_val)
-        self.tree_ = self._new_tree(y if val is None else np.concatenate([y, val[1]]))
+        self.model_ = self._new_tree(y if val is None else np.concatenate([y, val[1]]))
         bar = self._progress()
         try:
             with on_iteration(None if bar is None else bar.iteration):
-                self.tree_.fit(
+                self.model_.fit(
                     self._tensor(X),
                     self._y_tensor(y),
                     None if val is None else self._tensor(val[0]),
@@ -330,10 +330,10 @@ class _XRFMEstimator(BaseEstimator):
         return X[list(names)]
 
     def _scores(self, X: Any) -> torch.Tensor:
-        check_is_fitted(self, "tree_")
+        check_is_fitted(self, "model_")
         X = self._read(X)
         with torch.no_grad():
-            return self.tree_(self._tensor(X))
+            return self.model_(self._tensor(X))
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()

@@ -45,7 +45,7 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
     class-weighted error too.
 
     Attributes:
-        tree_: The fitted model (``task="classification"``): a
+        model_: The fitted model (``task="classification"``): a
             :class:`~xrfm_torch.models.blend.KernelBlend` of the Laplace- and Gaussian-kernel fits
             (the default), each an :class:`~xrfm_torch.xRFMTree`, or a ``BaggedTree`` when
             ``n_bags > 1``; with one kernel, that model itself.
@@ -176,10 +176,10 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities (n, K), rows summing to 1, columns in the order of ``classes_``."""
-        check_is_fitted(self, "tree_")
+        check_is_fitted(self, "model_")
         x = self._tensor(self._read(X))
         with torch.no_grad():
-            p = self.tree_.predict_proba(x).double()
+            p = self.model_.predict_proba(x).double()
         # renormalized in float64: rows that summed to 1 in float32 sum to 1 within 1e-15 here
         return (p / p.sum(1, keepdim=True)).cpu().numpy()
 

@@ -34,7 +34,7 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
     :meth:`predict_interval`, standard deviations in the target's units.
 
     Attributes:
-        tree_: The fitted :class:`~xrfm_torch.xRFMTree` (a ``BaggedTree`` when ``n_bags > 1``).
+        model_: The fitted :class:`~xrfm_torch.xRFMTree` (a ``BaggedTree`` when ``n_bags > 1``).
         n_features_in_: Columns seen in ``fit``; ``feature_names_in_`` for named columns.
 
     Example:
@@ -140,18 +140,18 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
         """
         if not return_std:
             return self._shaped(self._scores(X))
-        check_is_fitted(self, "tree_")
+        check_is_fitted(self, "model_")
         x = self._tensor(self._read(X))
         with torch.no_grad():
-            mean, std = self.tree_(x, return_std=True)
+            mean, std = self.model_(x, return_std=True)
         return self._shaped(mean), self._shaped(std)
 
     def predict_interval(self, X: Any, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
         """Central predictive interval ``(lower, upper)`` holding ``coverage`` of the mass."""
-        check_is_fitted(self, "tree_")
+        check_is_fitted(self, "model_")
         x = self._tensor(self._read(X))
         with torch.no_grad():
-            lower, upper = self.tree_.predict_interval(x, coverage)
+            lower, upper = self.model_.predict_interval(x, coverage)
         return self._shaped(lower), self._shaped(upper)
 
     def _shaped(self, out: torch.Tensor) -> np.ndarray:

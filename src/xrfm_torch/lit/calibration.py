@@ -54,7 +54,7 @@ class IntervalCalibration(_FileCallback):
         self._z: list[Tensor] = []
 
     def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if _module(pl_module).tree.uncertainty == "none":
+        if _module(pl_module).model.uncertainty == "none":
             raise ValueError(
                 "IntervalCalibration needs a tree fitted with uncertainty='calibrated' or 'gp'"
             )

@@ -63,7 +63,7 @@ def tree_summary(module: XRFMLitModule) -> dict[str, Any]:
     One tree: input maps, depth, leaves, fit seconds, t*, bandwidth and sizes per leaf; bags and
     blends add theirs (``"n_bags"``, ``"kernels"``, ``"weights"``) and list their single trees.
     """
-    return module.tree.summary()
+    return module.model.summary()
 
 
 class TreeSummary(_FileCallback):
@@ -115,8 +115,8 @@ class LeafMetrics(_FileCallback):
             err = (pred.argmax(1) == y.long()).double()
         else:
             err = ((pred - y) ** 2).double().reshape(len(x), -1).mean(1)
-        xt = module.tree_inputs(x)
-        for b, bag in enumerate(t for _, t in module.tree.single_trees()):
+        xt = module.model_inputs(x)
+        for b, bag in enumerate(t for _, t in module.model.single_trees()):
             for tree in range(len(bag.partition_trees())):
                 ids = bag.leaf_ids(xt, tree)
                 for leaf in ids.unique().tolist():
@@ -131,9 +131,9 @@ class LeafMetrics(_FileCallback):
         with path.open("w", newline="") as fh:
             w = csv.writer(fh)
             # several single trees (bags, or a blend's): the first column says which
-            bagged = is_ensemble(module.tree)
+            bagged = is_ensemble(module.model)
             w.writerow(["bag"] * bagged + ["tree", "leaf", "n_support", "n_rows", name])
-            for b, bag in enumerate(t for _, t in module.tree.single_trees()):
+            for b, bag in enumerate(t for _, t in module.model.single_trees()):
                 for tree_id, tree in enumerate(bag.partition_trees()):
                     for leaf_id, leaf in enumerate(tree.leaf_list()):
                         total, count = self._sums.get((b, tree_id, leaf_id), [0.0, 0])
@@ -205,7 +205,7 @@ class AGOPFeatureImportance(_FileCallback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         module = _module(pl_module)
-        imp = module.tree.feature_importance(self.source).cpu()
+        imp = module.model.feature_importance(self.source).cpu()
         names = list(module.hparams.get("feature_names") or [f"x{i}" for i in range(len(imp))])
         order = torch.argsort(imp, descending=True).tolist()
         out = self.out_dir(trainer)
@@ -248,14 +248,14 @@ class TemperatureSweep(_FileCallback):
         if "val" not in module.fit_data:
             log.warning("TemperatureSweep: the fit had no validation data; nothing to sweep")
             return
-        if is_ensemble(module.tree):
+        if is_ensemble(module.model):
             log.info(
                 "TemperatureSweep: cross-fitted bags each tuned their temperature on their own "
                 "fold (tree_summary.json); the validation rows are training rows of the other "
                 "bags, so no sweep is written"
             )
             return
-        tree = module.tree.single_trees()[0][1]  # the model itself: one tree
+        tree = module.model.single_trees()[0][1]  # the model itself: one tree
         if tree.n_leaves == len(tree.trees):
             log.info(
                 "TemperatureSweep: every tree is a single leaf, so routing plays no part and "

@@ -135,7 +135,7 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
     #: a checkpoint's mask through ``ResizableBuffers``.
     support_mask: Tensor
     #: One tree (a head refits its leaves on new features; no cross-fitted bags).
-    tree: xRFMTree
+    model: xRFMTree  # the head: one tree
 
     def __init__(
         self,
@@ -209,15 +209,15 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
         self.raw_data: dict[str, tuple[Tensor, Tensor]] = {}
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.tree(self.encoder(x))
+        return self.model(self.encoder(x))
 
-    def tree_inputs(self, x: Tensor) -> Tensor:
+    def model_inputs(self, x: Tensor) -> Tensor:
         return self.features(x)
 
     # ---- closed-form part ----------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         # Fit before configure_optimizers, so the tree's trainable parameters exist by then.
-        if stage != "fit" or self.tree.is_fitted:
+        if stage != "fit" or self.model.is_fitted:
             return
         train_loader, val_loader = self._fit_sources()
         X, y, rows = collect_indexed(train_loader, self.device)
@@ -258,7 +258,7 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
 
     def on_train_end(self) -> None:
         # the encoder is trained: the final closed-form fit may use every training row
-        self.refit_tree(full=not self.tree.config.trainable_routing, rows="all")
+        self.refit_tree(full=not self.model.config.trainable_routing, rows="all")
 
     @torch.no_grad()
     def refit_tree(
@@ -277,12 +277,12 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
         if "val" in self.raw_data:
             Xv, yv = self.raw_data["val"]
             data["val"] = (self.features(Xv), yv)
-        if full or not self.tree.config.trainable_routing:
+        if full or not self.model.config.trainable_routing:
             self.fit_tree(data)
         else:
             g = torch.Generator().manual_seed(int(self.hparams["seed"]))
             val = data.get("val")
-            self.tree.refit_leaves(
+            self.model.refit_leaves(
                 H, y, None if val is None else val[0], None if val is None else val[1], generator=g
             )
 
@@ -307,7 +307,7 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
             if len(x) < 4:
                 return None
             t = self.sgd_targets(y).to(x.dtype)
-            loss = batch_krr_loss(self.encoder(x), t, self.tree.kernel, self.tree.config.leaf.reg)
+            loss = batch_krr_loss(self.encoder(x), t, self.model.kernel, self.model.config.leaf.reg)
             self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(x))
             return loss
         if len(batch) > 2 and self.support_mask.numel():  # drop support rows (see module doc)
@@ -320,7 +320,7 @@ class XRFMHeadModule(ResizableBuffers, XRFMLitModule):
         self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(x), prog_bar=True)
         pred = raw.detach()
         if self.hparams["task"] == "classification":
-            pred = self.tree.targets.probabilities(pred)
+            pred = self.model.targets.probabilities(pred)
         self.train_metrics.update(self.to_output(pred), self.original_targets(y))
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True, batch_size=len(x))
         return loss

@@ -157,7 +157,7 @@ class XRFMLitModule(pl.LightningModule):
                 f"the tree's task is {tree.task!r} but the system's is {task!r}: pass "
                 f"xRFMTree(task={task!r}) (the pipeline takes it from the dataset)"
             )
-        self.tree: Model = model
+        self.model: Model = model
         self.automatic_optimization = False
         self.register_buffer("target_mean", torch.as_tensor(target_mean, dtype=torch.float32))
         self.register_buffer("target_std", torch.as_tensor(target_std, dtype=torch.float32))
@@ -202,7 +202,7 @@ class XRFMLitModule(pl.LightningModule):
         if self.trainer.world_size > 1:
             # every rank reads the whole table (the datamodule's own loaders, not Lightning's
             # sharded ones), grows the same tree top and fits its share of the leaves
-            self.tree.distributed = True
+            self.model.distributed = True
         train_loader, val_loader = self._fit_sources()
         X, y, _, w = collect_all(train_loader, self.device)
         data = {"train": (X, self.encode_targets(y))}
@@ -242,7 +242,7 @@ class XRFMLitModule(pl.LightningModule):
             self.device,
         )
         with on_iteration(iteration):
-            self.tree.fit(
+            self.model.fit(
                 X,
                 y,
                 Xv,
@@ -254,13 +254,13 @@ class XRFMLitModule(pl.LightningModule):
             )
         self.fit_data = data
         k = self.hparams["num_classes"]
-        if self.hparams["task"] == "classification" and self.tree.n_outputs_ != k:
+        if self.hparams["task"] == "classification" and self.model.n_outputs_ != k:
             raise ValueError(
-                f"the training rows hold labels 0 .. {self.tree.n_outputs_ - 1}, "
+                f"the training rows hold labels 0 .. {self.model.n_outputs_ - 1}, "
                 f"but num_classes={k}: every class needs training rows"
             )
         pooled = y if yv is None else torch.cat([y, yv.to(y.dtype)])
-        honest = self.tree.honest_outputs()
+        honest = self.model.honest_outputs()
         if len(honest.outputs) == len(pooled):
             # out-of-fold outputs of every pooled row (bags, or a blend of bags: its mixed ones,
             # those its weights were chosen on); a single tree's cover only its validation rows
@@ -286,13 +286,13 @@ class XRFMLitModule(pl.LightningModule):
         return
 
     # ---- prediction ----------------------------------------------------------------------------
-    def tree_inputs(self, x: Tensor) -> Tensor:
+    def model_inputs(self, x: Tensor) -> Tensor:
         """What the tree sees for inputs ``x`` (the inputs themselves; a head module encodes them)."""
         return x
 
     def forward(self, x: Tensor) -> Tensor:
         """Tree output: standardized-target predictions (n, c) or class scores (n, K)."""
-        return self.tree(x)
+        return self.model(x)
 
     def to_output(self, raw: Tensor) -> Tensor:
         """Original-unit predictions (regression, (n,) for one target) or probabilities (n, K).
@@ -308,7 +308,7 @@ class XRFMLitModule(pl.LightningModule):
     def predict_output(self, x: Tensor) -> Tensor:
         """Predictions in original units, or class probabilities (bags: their mean), for ``x``."""
         if self.hparams["task"] == "classification":
-            return self.tree.predict_proba(self.tree_inputs(x))
+            return self.model.predict_proba(self.model_inputs(x))
         return self.to_output(self(x))
 
     def to_output_std(self, std: Tensor) -> Tensor:
@@ -327,7 +327,7 @@ class XRFMLitModule(pl.LightningModule):
         nll = cast(GaussianNLL | None, getattr(self, f"{stage}_nll", None))
         out: dict[str, Tensor] = {"x": x, "y": y}
         if nll is not None:
-            mean, std = self.tree(self.tree_inputs(x), return_std=True)
+            mean, std = self.model(self.model_inputs(x), return_std=True)
             out["pred"] = pred = self.to_output(mean)
             out["std"] = std = self.to_output_std(std)
             nll.update(pred, std, y)
@@ -359,9 +359,17 @@ class XRFMLitModule(pl.LightningModule):
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["xrfm_tree_config"] = self.tree.get_config()
+        checkpoint["xrfm_model_config"] = self.model.get_config()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Runs before load_state_dict: rebuild an empty tree with the saved constructor arguments.
-        if "xrfm_tree_config" in checkpoint:
-            self.tree = model_from_config(checkpoint["xrfm_tree_config"]).to(self.device)
+        # Runs before load_state_dict: rebuild an empty model with the saved constructor arguments.
+        # Checkpoints written before 0.16 name it "tree" (the config key and the state's prefix).
+        config = checkpoint.get("xrfm_model_config", checkpoint.get("xrfm_tree_config"))
+        if config is not None:
+            self.model = model_from_config(config).to(self.device)
+        state = checkpoint.get("state_dict")
+        if isinstance(state, dict) and any(k.startswith("tree.") for k in state):
+            checkpoint["state_dict"] = {
+                "model." + k.removeprefix("tree.") if k.startswith("tree.") else k: v
+                for k, v in state.items()
+            }

@@ -184,18 +184,18 @@ def exportable(
 ) -> nn.Module:
     """The exportable form of ``model`` (an exportable module is returned as it is).
 
-    ``model`` may be a fitted ``XRFMRegressor`` / ``XRFMClassifier``: its model ``tree_`` is
+    ``model`` may be a fitted ``XRFMRegressor`` / ``XRFMClassifier``: its model ``model_`` is
     exported. The exported graph takes the estimator's encoded float matrix, as
     ``estimator.encoder_.transform`` gives it (the table itself for a table of numbers).
     """
     if isinstance(model, (ExportableTree, ExportableEnsemble)):
         return model
-    if not isinstance(model, nn.Module) and hasattr(model, "tree_"):  # a fitted estimator
-        return exportable(model.tree_, output, temperature)
+    if not isinstance(model, nn.Module) and hasattr(model, "model_"):  # a fitted estimator
+        return exportable(model.model_, output, temperature)
     if not isinstance(model, nn.Module) or not hasattr(model, "single_trees"):
         raise TypeError(
             f"export needs a fitted xRFMTree, BaggedTree, KernelBlend or estimator, got "
-            f"{type(model).__name__} (an unfitted estimator has no tree_: call fit first)"
+            f"{type(model).__name__} (an unfitted estimator has no model_: call fit first)"
         )
     if not cast("Model", model).is_fitted:
         raise RuntimeError(f"{type(model).__name__} is not fitted; call .fit(X, y) first")

@@ -35,7 +35,9 @@ from xrfm_torch.models.contract import Model
 from xrfm_torch.models.factory import model_from_config
 from xrfm_torch.models.state import STATE_FORMAT_VERSION
 
-FILE_FORMAT = "xrfm_torch.xRFMTree"
+#: The label of a model file (any model kind; files written before 0.16 carry ``OLD_FORMATS``).
+FILE_FORMAT = "xrfm_torch.model"
+OLD_FORMATS = ("xrfm_torch.xRFMTree",)
 
 
 def save_model(model: Model, path: str | os.PathLike[str]) -> None:
@@ -45,7 +47,7 @@ def save_model(model: Model, path: str | os.PathLike[str]) -> None:
         RuntimeError: The model is not fitted.
     """
     if not model.is_fitted:
-        raise RuntimeError("save_model needs a fitted xRFMTree; call .fit(X, y) first")
+        raise RuntimeError(f"save_model needs a fitted model; this {type(model).__name__} is not")
     torch.save(
         {
             "format": FILE_FORMAT,
@@ -82,7 +84,7 @@ def load_model(
             f"truncated, corrupted or not a torch file ({type(err).__name__}: "
             f"{str(err).splitlines()[0][:200]})"
         ) from err
-    if not isinstance(obj, dict) or obj.get("format") != FILE_FORMAT:
+    if not isinstance(obj, dict) or obj.get("format") not in (FILE_FORMAT, *OLD_FORMATS):
         what = (
             f"a dict with keys {sorted(map(str, obj))[:8]}"
             if isinstance(obj, dict)
