@@ -96,7 +96,7 @@ def to_plain(value: Any) -> Any:
 
 
 def check_targets(cfg: Any, where: str = "config") -> None:
-    """Refuse any ``_target_`` outside :data:`CONFIG_TARGETS`, at any depth (imports nothing).
+    """Refuse any ``_target_`` not :func:`allowed`, at any depth (imports nothing).
 
     Raises:
         ValueError: Naming the offending target, where it sits and the allowed ones.
@@ -104,10 +104,7 @@ def check_targets(cfg: Any, where: str = "config") -> None:
     if isinstance(cfg, dict):
         if "_target_" in cfg:
             target = cfg["_target_"]
-            if (
-                not isinstance(target, str)
-                or MOVED_TARGETS.get(target, target) not in CONFIG_TARGETS
-            ):
+            if not allowed(target):
                 raise ValueError(
                     f"{where} names _target_ {target!r}, which is not a class xrfm_torch builds "
                     f"from a config; allowed: {sorted(CONFIG_TARGETS | _REGISTERED)}"
