@@ -9,7 +9,7 @@ import torch
 from sklearn.kernel_ridge import KernelRidge
 
 from conftest import plain_leaf, planted
-from xrfm_torch import LaplaceKernel, ProductLaplaceKernel
+from xrfm_torch import LaplaceKernel, LeafConfig, ProductLaplaceKernel
 from xrfm_torch.kernels import transform
 from xrfm_torch.kernels.bandwidth import median_pairwise_distance
 from xrfm_torch.leaf.selection import Candidate, beats, paired_win
@@ -531,9 +531,10 @@ def test_iteration_agop_from_the_gram_matrix_matches_input_grads(p):
     sqrt_m = torch.tensor([1.0, 0.5, 2.0, 0.3], dtype=torch.float64)
     n = X.shape[0]
     buffers = tuple(torch.empty(n, n, dtype=torch.float64) for _ in range(3))
+    cfg = LeafConfig(reg=1e-3, linear_mix=0.0)
     cand, G, _ = rfm_step(
-        kernel, X, y[:, None], Xv, yv[:, None], sqrt_m, buffers, reg=1e-3, linear_mix=0.0,
-        solve_dtype=None, adaptive_bandwidth=None, agop=True, diag=False, generator=None,
+        kernel, X, y[:, None], Xv, yv[:, None], sqrt_m, buffers, cfg, agop=True, diag=False,
+        generator=None,
     )  # fmt: skip
     grads = kernel.input_grads(X, X, cand.alpha, sqrt_m, exclude_self=True)
     torch.testing.assert_close(G, agop_from_grads(grads), rtol=1e-9, atol=1e-12)

@@ -20,8 +20,8 @@ from torch import Tensor
 from xrfm_torch.kernels import Kernel, chain_rule, transform
 from xrfm_torch.kernels.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels.linear import features_or_none, linear_grad, summed_predict
-from xrfm_torch.leaf.config import LeafConfig, RidgeRule
-from xrfm_torch.leaf.criteria import Criterion, validation_errors
+from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.leaf.criteria import validation_errors
 from xrfm_torch.leaf.selection import Candidate, select_kernel
 from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd
 from xrfm_torch.numerics.events import count
@@ -79,16 +79,12 @@ def rfm_step(
     y_val: Tensor,
     sqrt_m: Tensor | None,
     buffers: tuple[Tensor, Tensor, Tensor],
+    cfg: LeafConfig,
     *,
-    reg: float,
-    linear_mix: float,
-    solve_dtype: torch.dtype | None,
-    adaptive_bandwidth: float | None,
     agop: bool,
     diag: bool,
     generator: torch.Generator | None,
     warm: tuple[float, int] | None = None,
-    criterion: Criterion = "mse",
     weights: tuple[Tensor | None, Tensor | None] = (None, None),
 ) -> tuple[Candidate, Tensor | None, bool]:
     """One KRR fit in the M-space of ``sqrt_m`` (+ the AGOP of its predictor, while K is at hand).
@@ -108,11 +104,10 @@ def rfm_step(
         sqrt_m: ``sqrt(M)``, shape (d,) or (d, d), or ``None``.
         buffers: ``(R, K, F)``: (n, n) distance and kernel buffers and the solver workspace,
             reused by every step (a fresh allocation of this size costs as much as an exp pass).
-        reg: Ridge.
-        linear_mix: Weight of the constant + linear part (:mod:`xrfm_torch.kernels.linear`).
-        solve_dtype: Dtype of the Cholesky solve.
-        adaptive_bandwidth: If set, the bandwidth becomes this multiple of the median pairwise
-            distance in the M-space first.
+        cfg: The leaf's settings: ``reg``, ``linear_mix`` (weight of the constant + linear part,
+            :mod:`xrfm_torch.kernels.linear`), ``solve_dtype``, ``adaptive_bandwidth`` (if set,
+            the bandwidth becomes this multiple of the median pairwise distance in the M-space
+            first) and ``criterion`` (the validation criterion, :mod:`xrfm_torch.leaf.criteria`).
         agop: Whether to compute the AGOP.
         diag: Whether the AGOP is wanted as its diagonal.
         generator: For the median subsample.
@@ -120,7 +115,6 @@ def rfm_step(
             factor that the workspace ``F`` still holds from an earlier step
             (:func:`xrfm_torch.numerics.solvers.pcg_krr`); factor afresh only if they give up.
             ``None``: factor afresh.
-        criterion: The validation criterion (:mod:`xrfm_torch.leaf.criteria`).
         weights: ``(training weights (n,), validation weights (n_val,))``, each ``None`` for 1.
 
     Returns:
@@ -129,6 +123,8 @@ def rfm_step(
     """
     R, K, F = buffers
     row_w, w_val = weights
+    reg, linear_mix, criterion = cfg.reg, cfg.linear_mix, cfg.criterion
+    solve_dtype, adaptive_bandwidth = cfg.solve_dtype, cfg.adaptive_bandwidth
     if sqrt_m is not None and not bool(sqrt_m.isfinite().all()):
         return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None, False
     xs = transform(X, sqrt_m)
@@ -239,15 +235,11 @@ def run_iterations(
             y_val,
             sqrt_m,
             buffers,
-            reg=cfg.reg,
-            linear_mix=cfg.linear_mix,
-            solve_dtype=cfg.solve_dtype,
-            adaptive_bandwidth=cfg.adaptive_bandwidth,
+            cfg,
             agop=agop,
             diag=diag,
             generator=generator,
             warm=warm if factor_diag is diag else None,
-            criterion=cfg.criterion,
             weights=weights,
         )
         if factored:
@@ -265,27 +257,12 @@ def run_iterations(
             y_val,
             best,
             buffers,
-            exponents=cfg.kernel_exponents,
-            bandwidth_factors=cfg.bandwidth_factors,
-            reg=cfg.reg,
-            reg_factors=cfg.reg_factors,
-            ridge_rule=ridge_rule(cfg, X_val.shape[0]),
-            solve_dtype=cfg.solve_dtype,
-            margin=cfg.kernel_margin,
-            linear_mix=cfg.linear_mix,
+            cfg,
             warm=warm,
-            criterion=cfg.criterion,
             weights=weights,
         )
         factored = (buffers[1], buffers[2]) if holds else None
     return best, errors.to(X.device), mode if mode is not None else True, factored
-
-
-def ridge_rule(cfg: LeafConfig, n_val: int) -> RidgeRule:
-    """The rule that picks the leaf's ridge: ``"auto"`` is GCV below ``cfg.gcv_below`` rows."""
-    if cfg.ridge_rule == "auto":
-        return "gcv" if n_val < cfg.gcv_below else "validation"
-    return cfg.ridge_rule
 
 
 #: One RFM step: ``step(sqrt_m or None, whether to compute the AGOP, diagonal AGOP)`` returns the

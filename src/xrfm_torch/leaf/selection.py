@@ -12,13 +12,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, transform
 from xrfm_torch.kernels.linear import features_or_none, summed_predict
-from xrfm_torch.leaf.config import RidgeRule
-from xrfm_torch.leaf.criteria import Criterion, validation_errors
+from xrfm_torch.leaf.config import LeafConfig, RidgeRule
+from xrfm_torch.leaf.criteria import validation_errors
 from xrfm_torch.numerics.risk import gcv_ridge
 from xrfm_torch.numerics.solvers import pcg_krr, solve_krr
 
@@ -73,6 +72,13 @@ def paired_win(challenger: Tensor, incumbent: Tensor, margin: float) -> bool:
     return float(d.mean()) > margin * float(d.std()) / math.sqrt(d.shape[0])
 
 
+def ridge_rule(cfg: LeafConfig, n_val: int) -> RidgeRule:
+    """The rule that picks the leaf's ridge: ``"auto"`` is GCV below ``cfg.gcv_below`` rows."""
+    if cfg.ridge_rule == "auto":
+        return "gcv" if n_val < cfg.gcv_below else "validation"
+    return cfg.ridge_rule
+
+
 def select_kernel(
     kernel: Kernel,
     X: Tensor,
@@ -81,17 +87,9 @@ def select_kernel(
     y_val: Tensor,
     best: Candidate,
     buffers: tuple[Tensor, Tensor, Tensor],
+    cfg: LeafConfig,
     *,
-    exponents: Sequence[float] | None,
-    bandwidth_factors: Sequence[float] | None,
-    reg: float,
-    reg_factors: Sequence[float] | None,
-    solve_dtype: torch.dtype | None,
-    margin: float,
-    linear_mix: float = 0.0,
     warm: tuple[float, int] | None = None,
-    criterion: Criterion = "mse",
-    ridge_rule: RidgeRule = "validation",
     weights: tuple[Tensor | None, Tensor | None] = (None, None),
 ) -> tuple[Candidate, bool]:
     """Re-solve ``best``'s ``M`` for each (exponent, bandwidth factor), then search the ridge.
@@ -108,23 +106,20 @@ def select_kernel(
         y_val: Validation targets, shape (n_val, c).
         best: The iterations' choice (its ``err`` is the bar to beat).
         buffers: ``(R, K, F)``: (n, n) distance and kernel buffers and the solver workspace.
-        exponents: Candidate ``q`` (``best.q`` always competes).
-        bandwidth_factors: Candidate multiples of ``best.bandwidth``.
-        reg: Base ridge.
-        reg_factors: Candidate multiples of ``reg`` (searched by :func:`search_reg`).
-        solve_dtype: Dtype of the Cholesky solves.
-        margin: The grid's lowest-MSE (exponent, bandwidth) replaces ``best``'s only if it beats
-            ``best`` by this many paired standard errors (:func:`beats`); the ridge walk then
-            takes any improvement.
-        linear_mix: Weight of the leaf kernel's constant + linear part (:mod:`xrfm_torch.kernels.linear`).
+        cfg: The leaf's settings: ``kernel_exponents`` (candidate ``q``; ``best.q`` always
+            competes), ``bandwidth_factors`` (candidate multiples of ``best.bandwidth``),
+            ``reg`` (the base ridge) and ``reg_factors`` (its candidate multiples, searched by
+            :func:`search_reg`), ``kernel_margin`` (the grid's lowest-error (exponent,
+            bandwidth) replaces ``best``'s only if it beats ``best`` by this many paired
+            standard errors, :func:`beats`; the ridge walk then takes any improvement),
+            ``ridge_rule`` (:func:`ridge_rule`: the walk, or the GCV minimizer over
+            ``reg * [min, max]`` of the factors, :func:`~xrfm_torch.numerics.risk.gcv_ridge`,
+            taken whatever its validation error), ``solve_dtype``, ``linear_mix`` and
+            ``criterion`` (:mod:`xrfm_torch.leaf.criteria`).
         warm: ``(tol, max_iters)`` of :func:`xrfm_torch.numerics.solvers.pcg_krr`: a ridge step within a
             factor 10 of a ridge already factored for the same kernel is solved by CG from that
             factor (``K + lam' I`` vs ``K + lam I``: condition number at most 10). ``None``:
             factor every candidate.
-        criterion: The validation criterion (:mod:`xrfm_torch.leaf.criteria`).
-        ridge_rule: ``"validation"``: the ridge walk; ``"gcv"``: the GCV minimizer over
-            ``reg * [min, max]`` of the factors (:func:`~xrfm_torch.numerics.risk.gcv_ridge`),
-            taken whatever its validation error.
         weights: ``(training weights (n,), validation weights (n_val,))``, each ``None`` for 1:
             weighted solves (ridge ``reg / w_i`` per row), weighted validation errors, and GCV on
             the system scaled by ``sqrt(w)`` (weighted GCV).
@@ -136,6 +131,9 @@ def select_kernel(
     """
     R, K, F = buffers
     w, w_val = weights
+    reg, reg_factors, solve_dtype = cfg.reg, cfg.reg_factors, cfg.solve_dtype
+    linear_mix, criterion, rule = cfg.linear_mix, cfg.criterion, ridge_rule(cfg, X_val.shape[0])
+    exponents, bandwidth_factors = cfg.kernel_exponents, cfg.bandwidth_factors
     base, q0 = best.bandwidth, best.q
     xs, xv = transform(X, best.sqrt_m), transform(X_val, best.sqrt_m)
     kernel.distance(xs, xs, out=R)  # (n, n), shared by every candidate
@@ -184,10 +182,10 @@ def select_kernel(
         set_kernel(q, bandwidth)
         return consider(reg, incumbent)
 
-    best = search_grid(best, grid, at, margin)
+    best = search_grid(best, grid, at, cfg.kernel_margin)
     if reg_factors:
         set_kernel(best.q, best.bandwidth)
-        if ridge_rule == "gcv":
+        if rule == "gcv":
             ladder = [reg * f for f in (1.0, *reg_factors)]
             if w is None:
                 lam, _, _ = gcv_ridge(K, y, min(ladder), max(ladder), features=U)
