@@ -100,3 +100,12 @@ def test_task_is_defined_once():
     from xrfm_torch.tree import targets
 
     assert protocol.Task is targets.Task
+
+
+def test_the_leaf_settings_come_in_named_groups_in_declaration_order():
+    from xrfm_torch.leaf.config import GROUPS
+
+    fields = [f.name for f in dataclasses.fields(LeafConfig)]
+    assert [n for group in GROUPS.values() for n in group] == fields
+    with pytest.raises(TypeError):
+        LeafConfig(30)  # type: ignore[misc]  # keyword arguments only

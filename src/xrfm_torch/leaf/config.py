@@ -29,6 +29,30 @@ APPROXES: tuple[Approx, ...] = ("nystrom", "centroids", "fourier")
 ApproxCentres = Literal["rows", "kmeans"]
 
 
+#: The settings by group, in declaration order (docs, error messages, tests).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "iteration": ("n_iters", "diag", "eps", "agop_ridge", "adaptive_bandwidth"),
+    "stopping": ("early_stop_multiplier", "patience", "tol", "min_iters"),
+    "solve": ("reg", "linear_mix", "solve_dtype", "pcg_tol", "criterion", "val_fraction"),
+    "search": (
+        "bandwidth_factors",
+        "kernel_exponents",
+        "reg_factors",
+        "ridge_rule",
+        "gcv_below",
+        "kernel_margin",
+    ),
+    "approximation": (
+        "iter_rows",
+        "approx_above",
+        "approx",
+        "approx_centres",
+        "fourier_features",
+        "approx_iters",
+    ),
+}
+
+
 def _floats(values: Iterable[float] | None, name: str) -> tuple[float, ...] | None:
     if values is None:
         return None
@@ -39,7 +63,7 @@ def _optional_int(value: int | None, name: str, low: int) -> int | None:
     return None if value is None else check_int(value, name, low)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LeafConfig:
     """Hyperparameters of one leaf's RFM fit (validated on construction; immutable).
 
@@ -48,9 +72,12 @@ class LeafConfig:
     ``t < tau``, sets ``M_{t+1} = G_t / (eps + max G_t)`` with ``G_t`` the AGOP of ``f_t``; the
     ``t*`` of lowest ``E_t`` is kept. Then it searches kernel exponents and ridges for that ``M``.
 
+    The settings come in five named groups (:data:`GROUPS`; keyword arguments only, one flat
+    level so that ``LeafConfig(n_iters=10)`` and ``model.leaf.iter_rows=3000`` stay short):
+    the RFM iteration, when it stops, each solve, the post-hoc search, and large leaves.
+
     Attributes:
         n_iters: ``tau``, the most AGOP updates (>= 0; 0 is plain kernel ridge regression).
-        reg: Ridge ``lambda`` (absolute).
         diag: Diagonal ``M`` (``True``), full (``False``) or ``"auto"``: from ``G_0`` fit both at
             ``t = 1`` and continue with the one of lower validation error (one extra solve).
         eps: Normalization constant in ``G / (eps + max G)``.
@@ -65,8 +92,33 @@ class LeafConfig:
         tol: Relative improvement that resets the ``patience`` count.
         min_iters: ``patience`` applies from this iteration on, so slow starters (error flat for a
             few iterations, then falling) still get ``min_iters`` updates.
+        reg: Ridge ``lambda`` (absolute).
+        linear_mix: Weight ``c`` of a constant + linear part ``c (1 + <S x, S z> / d)`` added to
+            the kernel in every solve, prediction and gradient (0: the kernel alone).
         solve_dtype: Dtype of the Cholesky solve (``None``: the input dtype; or ``"float64"``).
+        pcg_tol: Target relative residual of the warm solves: an iteration in the layout of the
+            last factored learned-``M`` iteration, and a ridge step within 10x of a factored one,
+            run conjugate gradients preconditioned with that Cholesky factor and factor afresh
+            only if CG does not converge within ``n // 300`` steps (leaves below 1500 rows always
+            factor). ``None``: always factor.
+        criterion: What every validation choice minimizes (:mod:`xrfm_torch.leaf.criteria`):
+            ``"mse"`` (regression, and the Brier score of class codes), ``"logloss"`` or
+            ``"error"`` (classification only).
         val_fraction: Share of the rows a leaf holds out for ``t*`` when given no validation data.
+        bandwidth_factors: After the iterations, re-solve the chosen ``M`` with the bandwidth times
+            each factor and keep the lowest validation error (``None``: off).
+        kernel_exponents: Likewise for the exponent ``q`` of ``exp(-(r / L)^q)`` (values above the
+            kernel's ``p`` are skipped; the distances are computed once).
+        reg_factors: Then a walk over multiples of ``reg`` for the chosen kernel, upwards first,
+            while the validation error falls; the chosen ridge is the leaf's ``reg_``.
+        ridge_rule: How that ridge is chosen: ``"validation"`` (the walk above), ``"gcv"``:
+            the minimizer of generalized cross-validation on the training rows over a log grid
+            spanning the same multiples of ``reg`` (:mod:`xrfm_torch.numerics.risk`; one
+            eigendecomposition of the leaf's kernel, no validation rows), or ``"auto"``: GCV for
+            a leaf with fewer than ``gcv_below`` validation rows, the walk otherwise.
+        gcv_below: The validation-row count under which ``"auto"`` takes GCV.
+        kernel_margin: A new exponent or bandwidth replaces the iterations' own only if its
+            validation MSE is lower by this many paired standard errors (0: any improvement).
         iter_rows: Learn ``M`` on a seeded subsample of at most this many rows, then solve once on
             all rows (``tau + 1`` small solves and one large instead of ``tau + 1`` large).
         approx_above: A final solve on more rows than this, by a leaf whose iterations used at
@@ -86,59 +138,40 @@ class LeafConfig:
             approximation over all of the leaf's rows too, instead of exactly on the
             ``iter_rows`` subsample (:mod:`xrfm_torch.leaf.approx_iteration`; ``O(n b^2)`` a
             step instead of ``O(b^3)``; the ``"gcv"`` ridge rule falls back to the walk).
-        bandwidth_factors: After the iterations, re-solve the chosen ``M`` with the bandwidth times
-            each factor and keep the lowest validation error (``None``: off).
-        kernel_exponents: Likewise for the exponent ``q`` of ``exp(-(r / L)^q)`` (values above the
-            kernel's ``p`` are skipped; the distances are computed once).
-        reg_factors: Then a walk over multiples of ``reg`` for the chosen kernel, upwards first,
-            while the validation error falls; the chosen ridge is the leaf's ``reg_``.
-        ridge_rule: How that ridge is chosen: ``"validation"`` (the walk above), ``"gcv"``:
-            the minimizer of generalized cross-validation on the training rows over a log grid
-            spanning the same multiples of ``reg`` (:mod:`xrfm_torch.numerics.risk`; one
-            eigendecomposition of the leaf's kernel, no validation rows), or ``"auto"``: GCV for
-            a leaf with fewer than ``gcv_below`` validation rows, the walk otherwise.
-        gcv_below: The validation-row count under which ``"auto"`` takes GCV.
-        kernel_margin: A new exponent or bandwidth replaces the iterations' own only if its
-            validation MSE is lower by this many paired standard errors (0: any improvement).
-        linear_mix: Weight ``c`` of a constant + linear part ``c (1 + <S x, S z> / d)`` added to
-            the kernel in every solve, prediction and gradient (0: the kernel alone).
-        pcg_tol: Target relative residual of the warm solves: an iteration in the layout of the
-            last factored learned-``M`` iteration, and a ridge step within 10x of a factored one,
-            run conjugate gradients preconditioned with that Cholesky factor and factor afresh
-            only if CG does not converge within ``n // 300`` steps (leaves below 1500 rows always
-            factor). ``None``: always factor.
-        criterion: What every validation choice minimizes (:mod:`xrfm_torch.leaf.criteria`):
-            ``"mse"`` (regression, and the Brier score of class codes), ``"logloss"`` or
-            ``"error"`` (classification only).
     """
 
+    # the RFM iteration (GROUPS["iteration"])
     n_iters: int = 30
-    reg: float = 1e-3
     diag: DiagMode = "auto"
     eps: float = 1e-30
     agop_ridge: float = 0.0
     adaptive_bandwidth: float | None = None
+    # when it stops (GROUPS["stopping"])
     early_stop_multiplier: float | None = 1.1
     patience: int | None = 3
     tol: float = 1e-3
     min_iters: int = 5
+    # each solve and what it is scored by (GROUPS["solve"])
+    reg: float = 1e-3
+    linear_mix: float = 0.1
     solve_dtype: torch.dtype | None = None  # a config file may give its name
+    pcg_tol: float | None = 1e-4
+    criterion: Criterion = "mse"
     val_fraction: float = 0.2
-    iter_rows: int | None = None
-    approx_above: int | None = None
-    approx: Approx = "nystrom"
-    approx_centres: ApproxCentres = "rows"
-    fourier_features: int = 4096
-    approx_iters: bool = False
+    # the post-hoc search after the iterations (GROUPS["search"])
     bandwidth_factors: tuple[float, ...] | None = None
     kernel_exponents: tuple[float, ...] | None = (0.7, 1.0, 1.5)
     reg_factors: tuple[float, ...] | None = (0.1, 10.0, 100.0)
     ridge_rule: RidgeRule = "validation"
     gcv_below: int = 100
     kernel_margin: float = 2.0
-    linear_mix: float = 0.1
-    pcg_tol: float | None = 1e-4
-    criterion: Criterion = "mse"
+    # large leaves: subsampled iterations, approximate solves (GROUPS["approximation"])
+    iter_rows: int | None = None
+    approx_above: int | None = None
+    approx: Approx = "nystrom"
+    approx_centres: ApproxCentres = "rows"
+    fourier_features: int = 4096
+    approx_iters: bool = False
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalize in place once, here
