@@ -224,7 +224,7 @@ def solver_costs(sizes: list[int], device: str, repeats: int = 5) -> list[dict[s
 
     The Cholesky solve is :func:`~xrfm_torch.numerics.solvers.solve_krr` into a reused workspace
     (copy, factor, two triangular solves, residual check); the CG step is what
-    :func:`~xrfm_torch.numerics.solvers.pcg_krr` does per iteration (a product with ``K``, two
+    :func:`~xrfm_torch.numerics.warm_solves.pcg_krr` does per iteration (a product with ``K``, two
     triangular solves with the factor, one residual norm read back). ``rows_per_iter`` is
     ``2 n step / solve``: the ``PCG_ROWS_PER_ITER`` that would spend half a factorization on CG.
     """

@@ -12,10 +12,9 @@ from xrfm_torch.numerics.solvers import (
     _residual_too_large,
     krr_workspace,
     padded_size,
-    pcg_krr,
-    solve_bordered,
     solve_krr,
 )
+from xrfm_torch.numerics.warm_solves import pcg_krr, solve_bordered
 
 
 def gram(n=80, d=4, seed=0):

@@ -7,7 +7,8 @@ from conftest import planted
 from xrfm_torch import CARTSplit, LeafConfig, PCASplit, RandomSplit, xRFMTree
 from xrfm_torch.kernels import LaplaceKernel
 from xrfm_torch.kernels.distance import transform
-from xrfm_torch.tree.grow import borrow_validation_rows, grow_tree
+from xrfm_torch.tree.grow import grow_tree
+from xrfm_torch.tree.leaf_fits import borrow_validation_rows
 from xrfm_torch.tree.splits import Split
 from xrfm_torch.tree.temperature import DEFAULT_TEMPERATURE_GRID
 

@@ -15,7 +15,8 @@ from xrfm_torch import LeafConfig, LeafRFM
 from xrfm_torch.kernels import LaplaceKernel
 from xrfm_torch.leaf.criteria import validation_errors
 from xrfm_torch.numerics.agop import agop_from_grads
-from xrfm_torch.numerics.solvers import krr_workspace, pcg_krr, solve_bordered, solve_krr
+from xrfm_torch.numerics.solvers import krr_workspace, solve_krr
+from xrfm_torch.numerics.warm_solves import pcg_krr, solve_bordered
 
 
 def integer_weights(n: int, seed: int = 0, high: int = 4) -> tuple[torch.Tensor, torch.Tensor]:

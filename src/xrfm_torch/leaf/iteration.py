@@ -26,7 +26,8 @@ from xrfm_torch.leaf.selection import Candidate, select_kernel
 from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd
 from xrfm_torch.numerics.events import count
 from xrfm_torch.numerics.progress import report_iteration
-from xrfm_torch.numerics.solvers import KRRSolveError, krr_workspace, pcg_krr, solve_krr
+from xrfm_torch.numerics.solvers import KRRSolveError, krr_workspace, solve_krr
+from xrfm_torch.numerics.warm_solves import pcg_krr
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def rfm_step(
         generator: For the median subsample.
         warm: ``(tol, max_iters)``: first try conjugate gradients preconditioned by the Cholesky
             factor that the workspace ``F`` still holds from an earlier step
-            (:func:`xrfm_torch.numerics.solvers.pcg_krr`); factor afresh only if they give up.
+            (:func:`xrfm_torch.numerics.warm_solves.pcg_krr`); factor afresh only if they give up.
             ``None``: factor afresh.
         weights: ``(training weights (n,), validation weights (n_val,))``, each ``None`` for 1.
 

@@ -39,7 +39,8 @@ from xrfm_torch.leaf.criteria import Criterion, validation_errors
 from xrfm_torch.leaf.selection import Candidate, paired_win
 from xrfm_torch.leaf.view import LeafKind, LeafView
 from xrfm_torch.numerics.events import count
-from xrfm_torch.numerics.solvers import krr_workspace, solve_bordered, solve_krr
+from xrfm_torch.numerics.solvers import krr_workspace, solve_krr
+from xrfm_torch.numerics.warm_solves import solve_bordered
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ def extend_solve(
 
     ``factored`` is ``(K_ss, F)`` of the chosen model's solve on ``X``; the extra rows ``X_b``
     (the tree's overlap and borrowed rows) join it by the bordered solve
-    (:func:`~xrfm_torch.numerics.solvers.solve_bordered`, ``O(n^2 b)``). Without it, or where
+    (:func:`~xrfm_torch.numerics.warm_solves.solve_bordered`, ``O(n^2 b)``). Without it, or where
     the bordered solve fails, the leaf solves on all rows afresh (``leaf.refit``).
     """
     X_all, y_all = torch.cat([X, X_b]), torch.cat([y, y_b])

@@ -208,7 +208,7 @@ class LeafRFM(ResizableBuffers):
             extra: ``(X_extra, y_extra)``: rows that join only the final solve (the tree's overlap
                 and borrowed rows); the support becomes the fitted rows followed by these. When
                 the post-hoc search leaves the chosen model's factorization at hand, that solve
-                continues it (:func:`xrfm_torch.numerics.solvers.solve_bordered`, ``O(n^2 b)`` for ``b``
+                continues it (:func:`xrfm_torch.numerics.warm_solves.solve_bordered`, ``O(n^2 b)`` for ``b``
                 extra rows) instead of factoring ``n + b`` rows afresh. Only without a hold-out
                 or ``iter_rows`` subsample (whose rows would need the same final solve).
             extra_weight: The weights of the ``extra`` rows (b,), given with ``sample_weight``.

@@ -19,7 +19,8 @@ from xrfm_torch.kernels.linear import features_or_none, summed_predict
 from xrfm_torch.leaf.config import LeafConfig, RidgeRule
 from xrfm_torch.leaf.criteria import validation_errors
 from xrfm_torch.numerics.risk import gcv_ridge
-from xrfm_torch.numerics.solvers import pcg_krr, solve_krr
+from xrfm_torch.numerics.solvers import solve_krr
+from xrfm_torch.numerics.warm_solves import pcg_krr
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def select_kernel(
             ``reg * [min, max]`` of the factors, :func:`~xrfm_torch.numerics.risk.gcv_ridge`,
             taken whatever its validation error), ``solve_dtype``, ``linear_mix`` and
             ``criterion`` (:mod:`xrfm_torch.leaf.criteria`).
-        warm: ``(tol, max_iters)`` of :func:`xrfm_torch.numerics.solvers.pcg_krr`: a ridge step within a
+        warm: ``(tol, max_iters)`` of :func:`xrfm_torch.numerics.warm_solves.pcg_krr`: a ridge step within a
             factor 10 of a ridge already factored for the same kernel is solved by CG from that
             factor (``K + lam' I`` vs ``K + lam I``: condition number at most 10). ``None``:
             factor every candidate.
@@ -127,7 +128,7 @@ def select_kernel(
     Returns:
         ``(chosen candidate, whether the buffers still hold its kernel matrix in K and the
         Cholesky factor of its system in F)``, so that a final solve with more rows can continue
-        that factorization (:func:`xrfm_torch.numerics.solvers.solve_bordered`).
+        that factorization (:func:`xrfm_torch.numerics.warm_solves.solve_bordered`).
     """
     R, K, F = buffers
     w, w_val = weights

@@ -19,7 +19,6 @@ from torch import Tensor, nn
 from xrfm_torch.inputs.input_map import (
     InputMap,
     InputMapName,
-    MissingValues,
 )
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
@@ -40,7 +39,7 @@ from xrfm_torch.tree.interpret import (
     tree_summary,
 )
 from xrfm_torch.tree.partition import PartitionTree, empty_trees
-from xrfm_torch.tree.targets import Calibration, ClassCoding, TargetCoding, Task
+from xrfm_torch.tree.targets import TargetCoding, Task
 from xrfm_torch.tree.temperature import temperature_errors
 from xrfm_torch.tree.uncertainty import (
     Uncertainty,
@@ -74,29 +73,9 @@ class RoutedTrees(Model):
     raw_temperature: nn.Parameter  # with trainable routing only
 
     @property
-    def uncertainty(self) -> Uncertainty:
-        """The predictive-variance model (``"none"``, ``"gp"``, ``"calibrated"``)."""
-        return self._uncertainty
-
-    @property
-    def calibration(self) -> Calibration:
-        """How class scores become probabilities (:meth:`TargetCoding.calibrate`)."""
-        return self.targets.calibration
-
-    @property
-    def class_coding(self) -> ClassCoding:
-        """How class labels are coded for the leaves (:mod:`xrfm_torch.tree.targets`)."""
-        return self.targets.class_coding
-
-    @property
     def task(self) -> Task:
         """``"regression"`` or ``"classification"`` (held by :attr:`targets`)."""
         return self.targets.task
-
-    @property
-    def missing_values(self) -> MissingValues:
-        """Where NaN is accepted in numeric columns (held by :attr:`input_map`)."""
-        return self.input_map.missing_values
 
     def _new_leaf(self) -> LeafRFM:
         """A fresh, unfitted leaf model with this tree's kernel and leaf settings."""

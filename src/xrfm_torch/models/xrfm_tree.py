@@ -147,6 +147,27 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
             self.raw_temperature = nn.Parameter(torch.tensor(0.0))
         self.fit_seconds_: float | None = None
 
+    # the constructor's arguments that the model's modules hold, read back (get_config)
+    @property
+    def uncertainty(self) -> Uncertainty:
+        """The predictive-variance model (``"none"``, ``"gp"``, ``"calibrated"``)."""
+        return self._uncertainty
+
+    @property
+    def calibration(self) -> Calibration:
+        """How class scores become probabilities (:meth:`TargetCoding.calibrate`)."""
+        return self.targets.calibration
+
+    @property
+    def class_coding(self) -> ClassCoding:
+        """How class labels are coded for the leaves (:mod:`xrfm_torch.tree.targets`)."""
+        return self.targets.class_coding
+
+    @property
+    def missing_values(self) -> MissingValues:
+        """Where NaN is accepted in numeric columns (held by :attr:`input_map`)."""
+        return self.input_map.missing_values
+
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (kernel, leaf and split rule as ``_target_`` dicts).
 

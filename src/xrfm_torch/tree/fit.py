@@ -21,7 +21,8 @@ from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.data import FitData
 from xrfm_torch.tree.config import TreeConfig
-from xrfm_torch.tree.grow import Progress, TreeLayout, fit_leaves, grow_tree
+from xrfm_torch.tree.grow import Progress, TreeLayout, grow_tree
+from xrfm_torch.tree.leaf_fits import fit_leaves
 from xrfm_torch.tree.parallel import LeafJob, run_leaf_jobs, world
 from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.targets import Task
