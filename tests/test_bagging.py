@@ -294,3 +294,35 @@ def test_lightning_bagged_classification_scores_out_of_fold_probabilities(tmp_pa
     accuracy = float((p.argmax(1) == y).double().mean())
     assert result["metrics"]["val/oof_accuracy"] == pytest.approx(accuracy, rel=1e-6)
     assert accuracy > 0.85
+
+
+def test_the_input_map_probe_runs_once_per_bagged_model_and_every_bag_takes_its_choice(
+    monkeypatch,
+):
+    """``input_transform="auto"``: one probe for the bags (not one per bag), one per kernel."""
+    from xrfm_torch import KernelBlend
+    from xrfm_torch.inputs import choice
+
+    calls = []
+    probe = choice.probe_input_maps
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return probe(*args, **kwargs)
+
+    monkeypatch.setattr(choice, "probe_input_maps", counted)
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(400, 3, generator=g)
+    y = torch.exp(2 * X[:, 0]) + X[:, 1]  # heavy-tailed target: the maps differ in error
+    tree = xRFMTree(leaf=LeafConfig(n_iters=1), input_transform="auto")
+    bags = BaggedTree(tree, n_bags=3).fit(X, y, generator=torch.Generator().manual_seed(1))
+    assert len(calls) == 1
+    assert len({tuple(b.input_map.names) for b in bags.models()}) == 1
+    calls.clear()
+    KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian")).fit(
+        X, y, generator=torch.Generator().manual_seed(1)
+    )
+    assert len(calls) == 2  # the probe's choice depends on the kernel
+    calls.clear()
+    xRFMTree(leaf=LeafConfig(n_iters=1), input_transform="quantile").fit(X, y)
+    assert calls == []  # a given map is not probed

@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from xrfm_torch import KERNELS, LeafConfig, XRFMClassifier, XRFMRegressor, export_program, xRFMTree
+from xrfm_torch.models.fit_steps import fit_rows
 from xrfm_torch.numerics.config import to_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -77,7 +78,7 @@ def test_standardized_codes_of_shifted_targets_agree_to_float32_rounding():
     codes = []
     for shift in (0.0, 1e9):
         tree = xRFMTree(leaf=LeafConfig(n_iters=1))
-        data = tree._fit_data(X, y + shift, None, None, None, None, torch.Generator())
+        data = fit_rows(tree, X, y + shift, None, None, None, None, torch.Generator())
         tree.targets.fit(data.y)
         codes.append(tree.targets.encode_data(data).y)
     assert codes[0].dtype == torch.float32

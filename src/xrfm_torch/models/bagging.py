@@ -23,6 +23,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from xrfm_torch.inputs.input_map import InputTransform
 from xrfm_torch.models.ensemble import Ensemble
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.numerics.checks import check_int
@@ -104,6 +105,15 @@ class BaggedTree(Ensemble):
         return BaggedTree(
             self.prototype.with_kernel(name), n_bags=self.n_bags, distributed=self.distributed
         )
+
+    def with_settings(self, **changes: Any) -> BaggedTree:
+        """Unfitted bags of the prototype tree with some of its arguments changed."""
+        tree = self.prototype.with_settings(**changes)
+        return BaggedTree(tree, n_bags=self.n_bags, distributed=self.distributed)
+
+    def choose_input_maps(self, *args: Any, **kwargs: Any) -> InputTransform:
+        """The input maps of the bags' trees on these rows (:meth:`xRFMTree.choose_input_maps`)."""
+        return self.prototype.choose_input_maps(*args, **kwargs)
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (the tree's as a nested config)."""
@@ -206,10 +216,21 @@ class BaggedTree(Ensemble):
                     f"class {single[0]} has a single row: cross-fitted bags need at least 2 rows "
                     "per class (every bag must train on every class)"
                 )
+        maps = None  # "auto": the probe runs once, on the rows as given; every bag takes its choice
+        if self.prototype.config.input_transform == "auto":
+            maps = self.prototype.choose_input_maps(
+                X,
+                y,
+                X_val,
+                y_val,
+                sample_weight=sample_weight,
+                val_sample_weight=val_sample_weight,
+                generator=generator,
+            )
         folds = cross_folds(n, self.n_bags, generator, labels).to(Xp.device)
         seeds = leaf_seeds(generator, self.n_bags)
         size = world(self.distributed)[1]
-        bags = [self._new_bag(size > 1) for _ in range(self.n_bags)]
+        bags = [self._new_bag(size > 1, maps) for _ in range(self.n_bags)]
 
         def job(k: int) -> Any:
             def fit_bag(bag: xRFMTree) -> None:
@@ -246,10 +267,12 @@ class BaggedTree(Ensemble):
         )  # fmt: skip
         return self
 
-    def _new_bag(self, spread_bags: bool) -> xRFMTree:
+    def _new_bag(self, spread_bags: bool, maps: InputTransform | None = None) -> xRFMTree:
         bag = self.tree
         if spread_bags:  # a bag is fitted whole on its rank
             bag.config = bag.config.replace(distributed=False)
+        if maps is not None:
+            bag.config = bag.config.replace(input_transform=maps)
         return bag
 
     def _out_of_fold(self, X: Tensor, folds: Tensor) -> Tensor:

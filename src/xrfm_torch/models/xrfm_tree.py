@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
-from xrfm_torch.inputs.choice import choose_maps
 from xrfm_torch.inputs.input_map import (
     InputMap,
     InputTransform,
@@ -18,7 +17,7 @@ from xrfm_torch.inputs.input_map import (
 )
 from xrfm_torch.kernels import KERNELS, Kernel, make_kernel
 from xrfm_torch.leaf.config import LeafConfig
-from xrfm_torch.leaf.data import FitData, fit_data
+from xrfm_torch.models.fit_steps import fit_rows, prepare_fit
 from xrfm_torch.models.routed_trees import RoutedTrees
 from xrfm_torch.numerics.config import to_config
 from xrfm_torch.numerics.events import summarize_fallbacks
@@ -28,13 +27,12 @@ from xrfm_torch.tree.fit import FitPlan, fit_trees, refit_trees
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.memory import MemoryBudget
-from xrfm_torch.tree.parallel import broadcast_module, check_same_data
+from xrfm_torch.tree.parallel import broadcast_module
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
 from xrfm_torch.tree.targets import Calibration, ClassCoding, TargetCoding, Task
 from xrfm_torch.tree.uncertainty import (
     Uncertainty,
     VarianceModel,
-    calibration_fraction,
     check_uncertainty,
 )
 
@@ -189,6 +187,10 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
         kernel.update({k: old[k] for k in KEPT_KERNEL_ARGS if k in old and k in kernel})
         return xRFMTree.from_config({**cfg, "kernel": kernel})
 
+    def with_settings(self, **changes: Any) -> xRFMTree:
+        """An unfitted copy with some constructor arguments changed (e.g. ``input_transform``)."""
+        return xRFMTree.from_config({**self.get_config(), **changes})
+
     def _plan(self, n_rows: int, n_maps: int = 1) -> FitPlan:
         """The kernel and resolved settings of a fit on ``n_rows`` rows (:meth:`FitPlan.resolve`)."""
         keep_factor = self.uncertainty != "none"
@@ -245,29 +247,8 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
         """
         start = time.perf_counter()
         generator = own_generator(generator)
-        data = self._fit_data(X, y, X_val, y_val, sample_weight, val_sample_weight, generator)
-        weights = [t for t in (data.w, data.w_val) if t is not None]
-        check_same_data(self.config.distributed, data.X, data.y, data.X_val, data.y_val, *weights)
-        raw_y_val, raw_w_val = data.y_val, data.w_val  # before the targets' coding
-        data = self.targets.fit(data.y, data.w, data.y_val).encode_data(data)
-        self.input_map.fit(
-            data.X,
-            knots=self.config.input_transform != "identity",
-            categorical=self.config.categorical_features or (),
-            y=data.y if self.config.value_levels else None,
-            y_rows=None if data.holdout is None else ~data.holdout,
-        )
-        # only categorical columns: nothing for a quantile map to map
-        spec = "identity" if self.input_map.numeric_.numel() == 0 else self.config.input_transform
-        maps = choose_maps(
-            spec,
-            self.input_map,
-            data,
-            kernel=self.kernel,
-            leaf=self.config.leaf,
-            max_maps=self.config.max_input_maps,
-            margin=self.config.input_margin,
-            generator=generator,
+        data, raw_y_val, raw_w_val, maps = prepare_fit(
+            self, X, y, X_val, y_val, sample_weight, val_sample_weight, generator
         )
         self.kernel.to(device=data.X.device, dtype=data.X.dtype)
         grown, temperature = fit_trees(
@@ -304,41 +285,28 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
         )
         return self
 
-    def _fit_data(
+    def choose_input_maps(
         self,
         X: Tensor,
         y: Tensor,
-        X_val: Tensor | None,
-        y_val: Tensor | None,
-        sample_weight: Tensor | None,
-        val_sample_weight: Tensor | None,
-        generator: torch.Generator,
-        n_features: int | None = None,
-    ) -> FitData:
-        """Checked rows and relative weights of a fit or refit (``leaf.data.fit_data``)."""
-        fraction = self.config.val_fraction
-        if self.variance is not None and X_val is None:
-            fraction = calibration_fraction(len(X), fraction)
-        data = fit_data(
-            X,
-            y,
-            X_val,
-            y_val,
-            val_fraction=fraction,
-            generator=generator,
-            n_features=n_features,
-            allow_nan=True,
-            sample_weight=sample_weight,
-            val_sample_weight=val_sample_weight,
-            relative_weights=True,
-            target_precision=self.task == "regression",
-        )
-        if self.variance is not None and (data.w is not None or data.w_val is not None):
-            raise ValueError(
-                f"uncertainty={self.uncertainty!r} cannot be fitted with sample weights yet: the "
-                "leaves' Gaussian-process noise model is unweighted (use uncertainty='none')"
-            )
-        return data
+        X_val: Tensor | None = None,
+        y_val: Tensor | None = None,
+        *,
+        sample_weight: Tensor | None = None,
+        val_sample_weight: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> InputTransform:
+        """The input maps a fit on these rows grows its trees on, without fitting them.
+
+        With ``input_transform="auto"`` the probe's choice (:mod:`xrfm_torch.inputs.choice`),
+        otherwise the setting itself. Runs on an unfitted copy (``self`` is unchanged). A wrapper
+        (bags, a kernel blend) asks once and gives every member the answer as its
+        ``input_transform``: the probe then runs once per model, not once per member.
+        """
+        probe = xRFMTree.from_config(self.get_config())
+        args = (X, y, X_val, y_val, sample_weight, val_sample_weight, own_generator(generator))
+        maps = prepare_fit(probe, *args)[3]
+        return cast(InputTransform, maps[0] if len(maps) == 1 else tuple(maps))
 
     @torch.no_grad()
     def refit_leaves(
@@ -368,8 +336,16 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
         """
         self._check_fitted()
         generator = own_generator(generator)
-        data = self._fit_data(
-            X, y, X_val, y_val, sample_weight, val_sample_weight, generator, self.n_features_in_
+        data = fit_rows(
+            self,
+            X,
+            y,
+            X_val,
+            y_val,
+            sample_weight,
+            val_sample_weight,
+            generator,
+            self.n_features_in_,
         )
         data = self.targets.encode_data(data)
         trees = self.partition_trees()

@@ -1,0 +1,97 @@
+"""A fit's first steps, shared by ``xRFMTree.fit``, ``refit_leaves`` and ``choose_input_maps``.
+
+:func:`fit_rows` checks the rows and weights (holding out validation rows where none are given);
+:func:`prepare_fit` then codes the targets, fits the input map and chooses the maps the trees
+grow on (the probe of ``input_transform="auto"``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from xrfm_torch.inputs.choice import choose_maps
+from xrfm_torch.inputs.input_map import InputMapName
+from xrfm_torch.leaf.data import FitData, fit_data
+from xrfm_torch.models.routed_trees import RoutedTrees
+from xrfm_torch.tree.parallel import check_same_data
+from xrfm_torch.tree.uncertainty import calibration_fraction
+
+
+def prepare_fit(
+    model: RoutedTrees,
+    X: Tensor,
+    y: Tensor,
+    X_val: Tensor | None,
+    y_val: Tensor | None,
+    sample_weight: Tensor | None,
+    val_sample_weight: Tensor | None,
+    generator: torch.Generator,
+) -> tuple[FitData, Tensor, Tensor | None, list[InputMapName]]:
+    """A fit's first steps: checked rows, target coding, input map, the maps to grow on.
+
+    Returns the coded data, the validation targets and weights before the coding, and the
+    maps.
+    """
+    data = fit_rows(model, X, y, X_val, y_val, sample_weight, val_sample_weight, generator)
+    weights = [t for t in (data.w, data.w_val) if t is not None]
+    check_same_data(model.config.distributed, data.X, data.y, data.X_val, data.y_val, *weights)
+    raw_y_val, raw_w_val = data.y_val, data.w_val  # before the targets' coding
+    data = model.targets.fit(data.y, data.w, data.y_val).encode_data(data)
+    model.input_map.fit(
+        data.X,
+        knots=model.config.input_transform != "identity",
+        categorical=model.config.categorical_features or (),
+        y=data.y if model.config.value_levels else None,
+        y_rows=None if data.holdout is None else ~data.holdout,
+    )
+    # only categorical columns: nothing for a quantile map to map
+    spec = "identity" if model.input_map.numeric_.numel() == 0 else model.config.input_transform
+    maps = choose_maps(
+        spec,
+        model.input_map,
+        data,
+        kernel=model.kernel,
+        leaf=model.config.leaf,
+        max_maps=model.config.max_input_maps,
+        margin=model.config.input_margin,
+        generator=generator,
+    )
+    return data, raw_y_val, raw_w_val, maps
+
+
+def fit_rows(
+    model: RoutedTrees,
+    X: Tensor,
+    y: Tensor,
+    X_val: Tensor | None,
+    y_val: Tensor | None,
+    sample_weight: Tensor | None,
+    val_sample_weight: Tensor | None,
+    generator: torch.Generator,
+    n_features: int | None = None,
+) -> FitData:
+    """Checked rows and relative weights of a fit or refit (``leaf.data.fit_data``)."""
+    fraction = model.config.val_fraction
+    if model.variance is not None and X_val is None:
+        fraction = calibration_fraction(len(X), fraction)
+    data = fit_data(
+        X,
+        y,
+        X_val,
+        y_val,
+        val_fraction=fraction,
+        generator=generator,
+        n_features=n_features,
+        allow_nan=True,
+        sample_weight=sample_weight,
+        val_sample_weight=val_sample_weight,
+        relative_weights=True,
+        target_precision=model.task == "regression",
+    )
+    if model.variance is not None and (data.w is not None or data.w_val is not None):
+        raise ValueError(
+            f"uncertainty={model.uncertainty!r} cannot be fitted with sample weights yet: the "
+            "leaves' Gaussian-process noise model is unweighted (use uncertainty='none')"
+        )
+    return data
