@@ -2,7 +2,7 @@
 
 ``SeedAverage`` fits its prototype tree with several seeds on the same rows and averages them.
 It is written against the contract only (``Ensemble``: ``models``, ``member_weights``,
-``combine``; ``fit``, ``get_config``, ``summary``, ``is_fitted``, ``task``, ``uncertainty``, and
+``combine``; ``fit``, ``get_config``, ``summary``, ``is_fitted``, and
 the state-dict rebuild), registered with one call, and then every part of the package that takes
 a model takes it unchanged: saving and loading, export, feature importance, the contract test.
 """
@@ -40,14 +40,6 @@ class SeedAverage(Ensemble):
     def get_config(self) -> dict[str, Any]:
         name = f"{type(self).__module__}.{type(self).__qualname__}"
         return {"_target_": name, "tree": self.prototype.get_config(), "n_seeds": self.n_seeds}
-
-    @property
-    def task(self) -> str:
-        return self.prototype.task
-
-    @property
-    def uncertainty(self) -> str:
-        return self.prototype.uncertainty
 
     @property
     def is_fitted(self) -> bool:

@@ -125,16 +125,6 @@ class BaggedTree(Ensemble):
         }
 
     @property
-    def task(self) -> str:
-        """``"regression"`` or ``"classification"`` (the bags' task)."""
-        return self.prototype.task
-
-    @property
-    def uncertainty(self) -> str:
-        """The bags' predictive-variance model (``"none"``, ``"gp"``, ``"calibrated"``)."""
-        return self.prototype.uncertainty
-
-    @property
     def is_fitted(self) -> bool:
         """Whether every bag is fitted."""
         return len(self.bags) == self.n_bags and all(b.is_fitted for b in self._bags())

@@ -158,16 +158,6 @@ class KernelBlend(Ensemble):
         self.prototype.distributed = value
 
     @property
-    def task(self) -> str:
-        """``"regression"`` or ``"classification"`` (the members' task)."""
-        return self.prototype.task
-
-    @property
-    def uncertainty(self) -> str:
-        """The members' predictive-variance model."""
-        return self.prototype.uncertainty
-
-    @property
     def is_fitted(self) -> bool:
         """Whether the blend holds its fitted members."""
         return (

@@ -26,8 +26,21 @@ class Ensemble(Model):
 
     Subclasses define :meth:`models` (the fitted models, each with the ``xRFMTree`` prediction
     interface), :meth:`member_weights` (theirs, summing to 1), :meth:`combine` (the weighted
-    mean), :attr:`is_fitted` and :attr:`task`.
+    mean) and :attr:`is_fitted`, and hold their members' settings with
+    :meth:`_hold_prototype` (``task`` and ``uncertainty`` are the prototype's).
     """
+
+    prototype: Model  # the members' settings (_hold_prototype)
+
+    @property
+    def task(self) -> str:
+        """``"regression"`` or ``"classification"`` (the prototype's)."""
+        return self.prototype.task
+
+    @property
+    def uncertainty(self) -> str:
+        """The members' predictive-variance model (the prototype's)."""
+        return self.prototype.uncertainty
 
     def _hold_prototype(self, model: Model) -> None:
         """Keep an unfitted copy of ``model``'s settings: the wrapper builds its members from it.
