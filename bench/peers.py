@@ -59,6 +59,13 @@ TABLES = [
     "mixed/ames",
 ]
 REGRESSION = {"mixed/ames"}
+#: What a fit reports beside its scores (the candidate an anytime fit kept), for ``measure``.
+INFO: dict[str, Any] = {}
+
+
+def is_regression(name: str) -> bool:
+    """Whether table ``name`` (``folder/table``) is a regression task: ames and ``reg_num/*``."""
+    return name in REGRESSION or name.startswith("reg_num/")
 
 
 def clipped(p: np.ndarray) -> np.ndarray:
@@ -150,6 +157,8 @@ def fit_peer(
         kw = {**kw, **(options or {})}
         m = (XRFMClassifier if classify else XRFMRegressor)(random_state=seed, **kw)
         m.fit(parts[0], ytr, eval_set=(parts[1], yva))
+        if getattr(m, "time_limit", None) is not None:  # an anytime fit: what it kept
+            INFO["chosen"] = m.model_.summary()["chosen"]
     elif model in ("xgboost", "lightgbm"):
         cat = as_categories(parts, text)
         if model == "xgboost":
@@ -250,14 +259,15 @@ def measure(path: Path, seed: int, model: str, threads: int, options: dict | Non
 
     torch.set_num_threads(threads)
     name = f"{path.parent.name}/{path.name.removesuffix('.csv.gz')}"
-    classify = name not in REGRESSION
+    classify = not is_regression(name)
+    INFO.clear()
     parts, ys, text = split_table(path, seed)
     if classify:  # labels 0 .. K-1 for every peer (string labels are the estimators' own test)
         classes = np.unique(ys[0])
         ys = tuple(np.searchsorted(classes, y) for y in ys)
     out, fit_s, predict_s = fit_peer(model, parts, ys, text, classify, seed, options)
     yt = ys[2]
-    row: dict = {"fit_s": fit_s, "predict_s_per_1000": predict_s}
+    row: dict = {"fit_s": fit_s, "predict_s_per_1000": predict_s, **INFO}
     if classify:
         p = clipped(out)
         row["logloss"] = logloss(out, yt)

@@ -8,11 +8,11 @@ import inspect
 import pytest
 import torch
 
-from xrfm_torch import BaggedTree, KernelBlend, LeafConfig, xRFMTree
+from xrfm_torch import Anytime, BaggedTree, KernelBlend, LeafConfig, xRFMTree
 from xrfm_torch.models.contract import Model
 from xrfm_torch.models.factory import build_model
 
-CLASSES = [xRFMTree, BaggedTree, KernelBlend]
+CLASSES = [xRFMTree, BaggedTree, KernelBlend, Anytime]
 MEMBERS = sorted(
     {n for n in vars(Model) if not n.startswith("_")} | {"honest_outputs", "state_dict"}
 )

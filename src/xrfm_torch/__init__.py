@@ -23,6 +23,7 @@ from xrfm_torch.kernels import (
 )
 from xrfm_torch.leaf import LeafConfig, LeafRFM
 from xrfm_torch.models import (
+    Anytime,
     BaggedTree,
     ExportableTree,
     KernelBlend,
@@ -38,6 +39,7 @@ from xrfm_torch.tree.splits import AGOPSplit, CARTSplit, PCASplit, RandomSplit, 
 __all__ = [
     "KERNELS",
     "AGOPSplit",
+    "Anytime",
     "BaggedTree",
     "CARTSplit",
     "ExportableTree",

@@ -24,7 +24,9 @@ from xrfm_torch.data.tabular import (
 )
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafConfig
-from xrfm_torch.models import BaggedTree, KernelBlend, xRFMTree
+from xrfm_torch.models import xRFMTree
+from xrfm_torch.models.anytime import check_time_limit
+from xrfm_torch.models.contract import Model
 from xrfm_torch.models.factory import (  # noqa: F401 (AUTO_*: re-exported)
     AUTO_BAG_ROWS,
     AUTO_BAGS,
@@ -94,6 +96,12 @@ class _XRFMEstimator(BaseEstimator):
             value, otherwise repeated amounts whose outcome differs amount by amount, such as
             capital gains) a one-hot block of their most frequent values beside the number
             (:func:`~xrfm_torch.inputs.levels.level_columns`; docs/design.md).
+        time_limit: Seconds the fit may take, or ``None`` (no limit: the model above). With a
+            limit the fit is anytime (:class:`~xrfm_torch.models.anytime.Anytime`): it fits a
+            quick small-leaf tree first, then the model above's cheaper parts (one tree per
+            kernel, their mix, the bags, their mix) while the time lasts, and keeps the one
+            with the lowest honest loss; it ends within 10 % plus a second of the limit
+            (``model_.summary()["trials"]`` says what it tried).
         random_state: Seed (int), ``numpy.random.RandomState``, or ``None`` (numpy's global
             generator draws one). An int gives the model ``xRFMTree`` fits with that seed.
         verbose: Show a progress bar over the leaf fits.
@@ -128,6 +136,7 @@ class _XRFMEstimator(BaseEstimator):
         n_bags: int | str = 1,
         categorical_features: CategoricalSpec = "auto",
         value_levels: bool = _TREE.value_levels,
+        time_limit: float | None = None,
         random_state: int | np.random.RandomState | None = None,
         verbose: bool = False,
         device: str = "cpu",
@@ -146,6 +155,7 @@ class _XRFMEstimator(BaseEstimator):
         self.n_bags = n_bags
         self.categorical_features = categorical_features
         self.value_levels = value_levels
+        self.time_limit = time_limit
         self.random_state = random_state
         self.verbose = verbose
         self.device = device
@@ -191,7 +201,7 @@ class _XRFMEstimator(BaseEstimator):
             )
         return names
 
-    def _new_tree(self, y: np.ndarray) -> xRFMTree | BaggedTree | KernelBlend:
+    def _new_tree(self, y: np.ndarray) -> Model:
         kernels = self._kernels()
         n_bags = self._bags(y)
         leaf = LeafConfig(**{k: getattr(self, k) for k in LEAF_PARAMS})
@@ -206,7 +216,8 @@ class _XRFMEstimator(BaseEstimator):
             **tree_args,
             **self._task_args(),
         )
-        return build_model(tree, n_bags, None if len(kernels) == 1 else [str(k) for k in kernels])
+        blend = None if len(kernels) == 1 else [str(k) for k in kernels]
+        return build_model(tree, n_bags, blend, check_time_limit(self.time_limit))
 
     def _task_args(self) -> dict[str, Any]:
         """Tree arguments only one task has."""

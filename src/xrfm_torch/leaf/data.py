@@ -37,6 +37,10 @@ class FitData:
             data), or ``None``.
         w: Sample weights of the training rows (n,), all positive, or ``None`` (unweighted).
         w_val: Weights of the validation rows (n_val,), or ``None``.
+        val_rows: Each validation row's place among the rows as given, training rows first
+            (``X`` then ``X_val``: a held-out row's index in ``X``, a given one's ``n + j``), or
+            ``None`` where rows of weight 0 were dropped. Lets models fitted on the same rows
+            compare their validation outputs row by row (``tree.honest``).
     """
 
     X: Tensor
@@ -46,6 +50,7 @@ class FitData:
     holdout: Tensor | None
     w: Tensor | None = None
     w_val: Tensor | None = None
+    val_rows: Tensor | None = None
 
     def weights(self, rows: Tensor) -> Tensor | None:
         """The training weights of ``rows`` (indices or mask), or ``None`` when unweighted."""
@@ -89,6 +94,7 @@ def fit_data(
     y = as_tensor(y, "y", X.device)
     wide = target_precision and y.dtype == torch.float64
     y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=torch.float64 if wide else X.dtype)
+    n_given = X.shape[0]
     X, y, w = weighted_rows(X, y, sample_weight, "sample_weight", relative_weights)
     if X.shape[0] < min_rows:
         what = " of positive weight" if sample_weight is not None else ""
@@ -101,15 +107,19 @@ def fit_data(
         va = holdout_rows(X.shape[0], val_fraction, generator, X.device)
         holdout = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
         holdout[va] = True
-        return FitData(X, y, X[va], y[va], holdout, w, None if w is None else w[va])
+        rows = va if X.shape[0] == n_given else None
+        return FitData(X, y, X[va], y[va], holdout, w, None if w is None else w[va], rows)
     X_val = as_float_matrix(X_val, "X_val", n_features=X.shape[1], allow_nan=allow_nan).to(X.dtype)
     y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=y.dtype)
     if y_val.shape[1] != y.shape[1]:
         raise ValueError(f"y_val has {y_val.shape[1]} outputs but y has {y.shape[1]}")
+    n_val = X_val.shape[0]
     X_val, y_val, w_val = weighted_rows(
         X_val, y_val, val_sample_weight, "val_sample_weight", relative_weights
     )
-    return FitData(X, y, X_val, y_val, None, w, w_val)
+    same = X.shape[0] == n_given and X_val.shape[0] == n_val
+    rows = n_given + torch.arange(n_val, device=X.device) if same else None
+    return FitData(X, y, X_val, y_val, None, w, w_val, rows)
 
 
 def weighted_rows(

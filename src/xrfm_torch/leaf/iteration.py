@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -23,6 +24,7 @@ from xrfm_torch.kernels.linear import features_or_none, linear_grad, summed_pred
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import validation_errors
 from xrfm_torch.leaf.selection import Candidate, select_kernel
+from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd
 from xrfm_torch.numerics.events import count
 from xrfm_torch.numerics.progress import report_iteration
@@ -247,9 +249,12 @@ def run_iterations(
             factor_diag = None if sqrt_m is None else diag
         return cand, G
 
+    started = time.perf_counter()
     best, errors, mode = iterate(step, cfg, n)
     factored = None
-    if cfg.bandwidth_factors or cfg.kernel_exponents or cfg.reg_factors:
+    if (cfg.bandwidth_factors or cfg.kernel_exponents or cfg.reg_factors) and not (
+        deadline.should_stop(search_cost(cfg, time.perf_counter() - started, errors))
+    ):
         best, holds = select_kernel(
             kernel,
             X,
@@ -266,6 +271,13 @@ def run_iterations(
     return best, errors.to(X.device), mode if mode is not None else True, factored
 
 
+def search_cost(cfg: LeafConfig, iter_seconds: float, errors: Tensor) -> float:
+    """The post-hoc search's seconds, estimated from the iterations' (one solve per candidate)."""
+    steps = max(1, int(errors.isfinite().sum()))
+    grid = len(cfg.kernel_exponents or (1,)) * len(cfg.bandwidth_factors or (1,))
+    return (grid + len(cfg.reg_factors or ())) * iter_seconds / steps
+
+
 #: One RFM step: ``step(sqrt_m or None, whether to compute the AGOP, diagonal AGOP)`` returns the
 #: solved candidate and its AGOP ``G`` (``None`` when not asked for or degenerate).
 Step = Callable[[Tensor | None, bool, bool], tuple[Candidate, Tensor | None]]
@@ -276,7 +288,8 @@ def iterate(step: Step, cfg: LeafConfig, n: int) -> tuple[Candidate, Tensor, boo
 
     ``M_{t+1} = G_t / (eps + max G_t)`` (plus ``agop_ridge``), ``diag="auto"`` fits both layouts
     at ``t = 1`` and continues with the better; stops on ``early_stop_multiplier``, ``patience``
-    (from ``min_iters``) or a failed step. Shared by the exact iterations (:func:`run_iterations`)
+    (from ``min_iters``), a failed step, or a time limit that the next step would pass
+    (:mod:`xrfm_torch.numerics.deadline`). Shared by the exact iterations (:func:`run_iterations`)
     and the approximate ones (:mod:`xrfm_torch.leaf.approx_iteration`).
 
     Returns:
@@ -291,8 +304,14 @@ def iterate(step: Step, cfg: LeafConfig, n: int) -> tuple[Candidate, Tensor, boo
     best: Candidate | None = None
     t_gain = 0  # last iteration that improved the best error by more than tol
     G: Tensor | None = None
+    step_seconds = 0.0  # the last step's cost: the next one's estimate under a time limit
     for t in range(tau + 1):
         agop = t < tau
+        n_steps = 2 if mode is None and t > 0 else 1
+        if t > 0 and deadline.should_stop(n_steps * step_seconds):
+            count("leaves stopped iterating at the time limit")
+            break
+        started = time.perf_counter()
         if t == 0:
             cands = [step(None, agop, mode is True)]
         elif G is None:
@@ -311,6 +330,7 @@ def iterate(step: Step, cfg: LeafConfig, n: int) -> tuple[Candidate, Tensor, boo
                     t_gain = t
                 best = c
         cand, G = min(cands, key=lambda cg: cg[0].err if math.isfinite(cg[0].err) else math.inf)
+        step_seconds = (time.perf_counter() - started) / len(cands)
         if mode is None and t > 0:
             mode = cand.sqrt_m is not None and cand.sqrt_m.ndim == 1
             log.debug("leaf n=%d: auto chose %s M", n, "diagonal" if mode else "full")

@@ -8,12 +8,14 @@ from typing import Any, cast
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import Timer
 from torch import Tensor
 from torchmetrics import MetricCollection
 
 from xrfm_torch.data.protocol import Task
 from xrfm_torch.lit.metrics import GaussianNLL, make_metrics
 from xrfm_torch.models import xRFMTree
+from xrfm_torch.models.anytime import Anytime, check_time_limit
 from xrfm_torch.models.contract import Model
 from xrfm_torch.models.factory import (
     build_model,
@@ -114,6 +116,11 @@ class XRFMLitModule(pl.LightningModule):
         n_fit_rows: Training plus validation rows (the datamodule passes it; ``n_bags="auto"``).
         rarest_class_rows: Rows of the rarest class among them (classification; no bags below
             2).
+        time_limit: Seconds the fit may take (``system.time_limit=60``): the model above becomes
+            the target of an anytime fit (:class:`~xrfm_torch.models.anytime.Anytime`), as in the
+            estimators. ``None``: no limit, unless the trainer has one (``trainer.max_time``,
+            Lightning's ``Timer``), whose remaining time then becomes the fit's limit (and this
+            hyperparameter, so that the checkpoint rebuilds the same model).
     """
 
     target_mean: Tensor
@@ -134,6 +141,7 @@ class XRFMLitModule(pl.LightningModule):
         blend_kernels: Sequence[str] | str | None = "auto",
         n_fit_rows: int | None = None,
         rarest_class_rows: int | None = None,
+        time_limit: float | None = None,
     ) -> None:
         super().__init__()
         if task not in ("regression", "classification"):
@@ -151,7 +159,8 @@ class XRFMLitModule(pl.LightningModule):
         tree = tree if tree is not None else xRFMTree(task=task)
         # the task's default ensemble, as the estimators build it (xrfm_torch.models.factory)
         bags = resolve_bags(n_bags, task, n_fit_rows, rarest_class_rows)
-        model = build_model(tree, bags, resolve_kernels(blend_kernels, task, "blend_kernels"))
+        kernels = resolve_kernels(blend_kernels, task, "blend_kernels")
+        model = build_model(tree, bags, kernels, check_time_limit(time_limit))
         if tree.task != task:
             raise ValueError(
                 f"the tree's task is {tree.task!r} but the system's is {task!r}: pass "
@@ -198,7 +207,20 @@ class XRFMLitModule(pl.LightningModule):
             )
         return train, trainer.val_dataloaders
 
+    def _limit_to_max_time(self) -> None:
+        """Make ``trainer.max_time`` the fit's time limit where ``time_limit`` sets none."""
+        if self.hparams.get("time_limit") is not None or isinstance(self.model, Anytime):
+            return
+        timers = [c for c in getattr(self.trainer, "callbacks", []) if isinstance(c, Timer)]
+        left = timers[0].time_remaining() if timers else None
+        if left is None:
+            return
+        self.hparams["time_limit"] = limit = max(float(left), 1e-3)
+        self.model = Anytime(self.model, time_limit=limit)
+        log.info("fit limited to trainer.max_time: %.1fs", limit)
+
     def on_fit_start(self) -> None:
+        self._limit_to_max_time()
         if self.trainer.world_size > 1:
             # every rank reads the whole table (the datamodule's own loaders, not Lightning's
             # sharded ones), grows the same tree top and fits its share of the leaves

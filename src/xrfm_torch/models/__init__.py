@@ -2,11 +2,12 @@
 
 Layer 5: imports :mod:`xrfm_torch.tree` and the layers below. :class:`xRFMTree` (one model: a
 tree, or trees averaged over input maps), the ensembles built on it (:class:`BaggedTree`,
-:class:`KernelBlend`, sharing :class:`~xrfm_torch.models.ensemble.Ensemble`), the contract they
+:class:`KernelBlend`, the time-limited :class:`Anytime`, sharing :class:`~xrfm_torch.models.ensemble.Ensemble`), the contract they
 keep (:mod:`~xrfm_torch.models.contract`), the factory that builds them from settings
 (:mod:`~xrfm_torch.models.factory`) and saving, loading and export.
 """
 
+from xrfm_torch.models.anytime import Anytime
 from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.blend import KernelBlend
 from xrfm_torch.models.export import ExportableEnsemble, ExportableTree, export_onnx, export_program
@@ -14,6 +15,7 @@ from xrfm_torch.models.io import load_model, save_model
 from xrfm_torch.models.xrfm_tree import xRFMTree
 
 __all__ = [
+    "Anytime",
     "BaggedTree",
     "ExportableEnsemble",
     "ExportableTree",

@@ -249,7 +249,7 @@ class BaggedTree(Ensemble):
         self.bags = nn.ModuleList(bags)
         self.folds_ = folds
         self.oof_ = self._out_of_fold(Xp, folds)
-        self._honest = HonestOutputs(self.oof_, yp, w)
+        self._honest = HonestOutputs(self.oof_, yp, w, torch.arange(n, device=Xp.device))
         self.fit_seconds_ = time.perf_counter() - start
         log.info(
             "fitted %d cross-fitted bags (%d leaves) in %.2fs", self.n_bags, self.n_leaves,

@@ -234,6 +234,24 @@ class KernelBlend(Ensemble):
                 progress=progress,
             )
             fitted.append(member)
+        self.mix(fitted)
+        self.fit_seconds_ = time.perf_counter() - start
+        return self
+
+    def mix(self, fitted: Sequence[Member]) -> KernelBlend:
+        """Choose the weights of fitted members, one per kernel in ``kernels`` order, and keep them.
+
+        The members must have been fitted in this session on the same rows with the same draws
+        (their honest outputs are compared row by row). ``fit`` ends here; an anytime fit
+        (:class:`~xrfm_torch.models.anytime.Anytime`) mixes members it already has.
+
+        Raises:
+            ValueError: Not one member per kernel, or honest outputs of different rows.
+        """
+        if len(fitted) != len(self.kernels):
+            raise ValueError(
+                f"mix needs {len(self.kernels)} members, one per kernel, got {len(fitted)}"
+            )
         parts = [m.honest_outputs() for m in fitted]
         check_same_rows(parts)
         grid = weight_grid(len(fitted), self.weight_steps)
@@ -246,19 +264,18 @@ class KernelBlend(Ensemble):
         best = min(range(len(losses)), key=lambda i: losses[i])
         chosen = grid[best]
         keep = (chosen > 0).nonzero().squeeze(1)
+        first = fitted[0].single_trees()[0][1].fitted_temperature_  # the fit's dtype and device
         self.members = nn.ModuleList(fitted[int(k)] for k in keep)
-        self.weights_ = chosen[keep].to(device=X.device, dtype=X.dtype)
-        self.member_kernels_ = keep.to(X.device)
+        self.weights_ = chosen[keep].to(device=first.device, dtype=first.dtype)
+        self.member_kernels_ = keep.to(first.device)
         self.honest_losses_ = {tuple(w.tolist()): v for w, v in zip(grid, losses)}
         mixed = torch.einsum("k,knc->nc", chosen.to(outputs), outputs).to(parts[0].outputs)
-        self._honest = HonestOutputs(mixed, targets, weights)
-        self.fit_seconds_ = time.perf_counter() - start
+        self._honest = HonestOutputs(mixed, targets, weights, parts[0].rows)
         log.info(
-            "kernel blend %s (honest %s: %s) in %.2fs",
+            "kernel blend %s (honest %s: %s)",
             " + ".join(f"{w:.2f} {self.kernels[int(k)]}" for w, k in zip(chosen[keep], keep)),
             "log-loss" if self.task == "classification" else "MSE",
             ", ".join(f"{tuple(round(v, 2) for v in w)} {v:.4g}" for w, v in zip(grid.tolist(), losses)),
-            self.fit_seconds_,
         )  # fmt: skip
         return self
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
+from xrfm_torch.models.anytime import Anytime
 from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.blend import KernelBlend
 from xrfm_torch.models.contract import Model
@@ -47,7 +48,7 @@ def register_model(cls: M) -> M:
     return cls
 
 
-for _cls in (xRFMTree, BaggedTree, KernelBlend):
+for _cls in (xRFMTree, BaggedTree, KernelBlend, Anytime):
     register_model(_cls)
 
 
@@ -131,14 +132,20 @@ def resolve_kernels(
 
 
 def build_model(
-    tree: xRFMTree, n_bags: int = 1, kernels: Sequence[str] | None = None
-) -> xRFMTree | BaggedTree | KernelBlend:
+    tree: xRFMTree,
+    n_bags: int = 1,
+    kernels: Sequence[str] | None = None,
+    time_limit: float | None = None,
+) -> Model:
     """The one place a tree becomes an ensemble (the estimators and the LightningModule use it).
 
     ``n_bags`` cross-fitted bags of ``tree`` (1: the tree itself), fitted once per kernel of
-    ``kernels`` and blended (``None``: the tree's kernel alone).
+    ``kernels`` and blended (``None``: the tree's kernel alone). With ``time_limit`` (seconds),
+    that model is the target of an anytime fit (:class:`~xrfm_torch.models.anytime.Anytime`):
+    the best of its cheaper candidates found within the limit.
     """
-    model: xRFMTree | BaggedTree = tree
+    member: xRFMTree | BaggedTree = tree
     if n_bags > 1:
-        model = BaggedTree(tree, n_bags=n_bags, distributed=tree.config.distributed)
-    return model if not kernels else KernelBlend(model, kernels=list(kernels))
+        member = BaggedTree(tree, n_bags=n_bags, distributed=tree.config.distributed)
+    model: Model = KernelBlend(member, kernels=list(kernels)) if kernels else member
+    return model if time_limit is None else Anytime(model, time_limit=time_limit)

@@ -26,11 +26,14 @@ class HonestOutputs(NamedTuple):
         outputs: Class probabilities (n, K) or predictions in the targets' units (n, c).
         targets: Class labels (n,), or targets (n,) / (n, c).
         weights: Row weights (n,) or ``None``.
+        rows: Each row's place among the rows the fit was given (training rows, then
+            validation rows; ``leaf.data.FitData.val_rows``), or ``None`` where unknown.
     """
 
     outputs: Tensor
     targets: Tensor
     weights: Tensor | None
+    rows: Tensor | None = None
 
 
 class HasHonestOutputs:

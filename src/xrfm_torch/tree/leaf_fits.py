@@ -16,6 +16,7 @@ from torch import Tensor
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.approx import approx_width
 from xrfm_torch.leaf.data import FitData
+from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.config import TreeConfig
 from xrfm_torch.tree.grow import Progress, TreeLayout
@@ -145,6 +146,7 @@ def fit_leaves(
         wt = None if w is None else w[tr]
 
         def run(leaf: LeafRFM) -> None:
+            deadline.check()  # an aborting time limit drops the fit before the next leaf
             g = torch.Generator().manual_seed(seeds[k])
             if Xv.shape[0] == 0:
                 leaf.fit(X[tr], y[tr], sample_weight=wt, generator=g, final_solve=False)

@@ -1,0 +1,88 @@
+"""A fit's time limit: a deadline that the long loops of a fit consult.
+
+A time-limited fit (:class:`~xrfm_torch.models.anytime.Anytime`) runs its candidate models inside
+:func:`within`, which sets a deadline in a ``contextvars`` variable (nothing global: nested or
+concurrent fits each see their own; a nested block never extends an outer deadline). The loops
+that dominate a fit ask it before each piece of work:
+
+- the leaves' RFM iterations (:func:`xrfm_torch.leaf.iteration.iterate`) and their post-hoc
+  search call :func:`should_stop` with the cost of the next step (the last step's seconds);
+- the leaf loop of a tree calls :func:`check` before each leaf.
+
+Two kinds of deadline: a **degrading** one (the first, cheapest candidate, which must give a
+model) stops iterating and searching, so each remaining leaf costs one solve; an **aborting**
+one (the later candidates, which may be dropped) raises :class:`TimeLimitError` at the first check past
+it (or before a step that would end past it), and the caller discards that candidate.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+
+class TimeLimitError(RuntimeError):
+    """Raised inside an aborting :func:`within` block when its deadline has passed."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """An absolute ``time.perf_counter()`` time and what to do there (abort or degrade)."""
+
+    at: float
+    abort: bool
+
+
+_DEADLINE: ContextVar[Deadline | None] = ContextVar("xrfm_torch_deadline", default=None)
+
+
+@contextmanager
+def within(seconds: float | None, *, abort: bool = False) -> Iterator[None]:
+    """Run the block's fits with a deadline ``seconds`` from now (``None``: no new deadline).
+
+    An enclosing deadline that comes earlier stays in force (with its own kind).
+    """
+    outer = _DEADLINE.get()
+    if seconds is None:
+        yield
+        return
+    if not math.isfinite(seconds) and seconds > 0:
+        yield
+        return
+    new = Deadline(time.perf_counter() + seconds, abort)
+    token = _DEADLINE.set(outer if outer is not None and outer.at <= new.at else new)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def time_left() -> float:
+    """Seconds until the deadline in force (``inf`` without one; negative past it)."""
+    d = _DEADLINE.get()
+    return math.inf if d is None else d.at - time.perf_counter()
+
+
+def should_stop(next_cost: float = 0.0) -> bool:
+    """Whether work of about ``next_cost`` seconds would end past the deadline.
+
+    Raises:
+        TimeLimitError: It would, and the deadline aborts.
+    """
+    d = _DEADLINE.get()
+    if d is None or time.perf_counter() + next_cost <= d.at:
+        return False
+    if d.abort:
+        raise TimeLimitError(f"the time limit was reached ({time.perf_counter() - d.at:+.2f} s)")
+    return True
+
+
+def check() -> None:
+    """Raise :class:`TimeLimitError` past an aborting deadline (a degrading one goes on)."""
+    d = _DEADLINE.get()
+    if d is not None and d.abort and time.perf_counter() > d.at:
+        raise TimeLimitError(f"the time limit was reached ({time.perf_counter() - d.at:+.2f} s)")

@@ -1,0 +1,265 @@
+"""Time limits: the deadline the fit's loops consult, and the anytime fit built on it.
+
+Timing itself is a benchmark's business (``bench.budget``); these tests pin the behaviour that
+decides it: what a passed deadline does to a leaf (stop iterating and searching, or abort), which
+candidates an anytime fit builds and keeps, and that the kept model is the one its candidate
+alone would give.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import planted
+from xrfm_torch import (
+    Anytime,
+    BaggedTree,
+    KernelBlend,
+    LeafConfig,
+    XRFMClassifier,
+    XRFMRegressor,
+    load_model,
+    save_model,
+    xRFMTree,
+)
+from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.models.anytime import common_rows, estimate, ladder
+from xrfm_torch.models.factory import build_model, model_from_config
+from xrfm_torch.numerics import deadline
+from xrfm_torch.numerics.events import counting
+from xrfm_torch.tree.honest import HonestOutputs
+
+
+# ---- the deadline ------------------------------------------------------------------------------
+def test_no_deadline_means_no_stop():
+    assert deadline.time_left() == math.inf
+    assert deadline.should_stop(1e9) is False
+    deadline.check()
+
+
+def test_a_nested_deadline_never_extends_the_outer_one():
+    with deadline.within(0.0, abort=True):
+        with deadline.within(1000.0):  # later: the outer, aborting one stays
+            assert deadline.time_left() <= 0.0
+            with pytest.raises(deadline.TimeLimitError):
+                deadline.check()
+        with deadline.within(None):
+            assert deadline.time_left() <= 0.0
+    with deadline.within(1000.0):
+        assert 990.0 < deadline.time_left() <= 1000.0
+        with deadline.within(0.0):  # earlier: this one, degrading
+            assert deadline.should_stop() is True
+            deadline.check()  # a degrading deadline never raises
+        assert deadline.should_stop(10.0) is False
+        assert deadline.should_stop(2000.0) is True  # work that would end past it
+    assert deadline.time_left() == math.inf
+
+
+def _leaf_data(n: int = 300):
+    X, y = planted(n, d=5, seed=3)
+    return X[:240], y[:240], X[240:], y[240:]
+
+
+def test_a_passed_degrading_deadline_stops_a_leaf_after_its_first_solve():
+    X, y, Xv, yv = _leaf_data()
+    free = LeafRFM(config=LeafConfig(n_iters=6, min_iters=6))
+    free.fit(X, y, Xv, yv, generator=torch.Generator().manual_seed(0))
+    assert int(free.val_errors_.isfinite().sum()) > 2  # it iterates when there is time
+    cut = LeafRFM(config=LeafConfig(n_iters=6, min_iters=6))
+    with counting() as notes, deadline.within(0.0):
+        cut.fit(X, y, Xv, yv, generator=torch.Generator().manual_seed(0))
+    assert int(cut.best_iter_) == 0
+    assert cut.val_errors_[0].isfinite() and not cut.val_errors_[1:].isfinite().any()
+    assert float(cut.reg_) == LeafConfig().reg  # the ridge search was skipped too
+    assert notes["leaves stopped iterating at the time limit"] == 1
+    # the cut leaf is the plain kernel machine: the same as a fit with no iterations or search
+    plain = LeafRFM(
+        config=LeafConfig(
+            n_iters=0, kernel_exponents=None, reg_factors=None, bandwidth_factors=None
+        )
+    )
+    plain.fit(X, y, Xv, yv, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(cut(Xv), plain(Xv))
+
+
+def test_a_passed_aborting_deadline_raises_in_a_leaf_and_a_tree():
+    X, y, Xv, yv = _leaf_data()
+    with deadline.within(0.0, abort=True), pytest.raises(deadline.TimeLimitError):
+        LeafRFM(config=LeafConfig(n_iters=3)).fit(X, y, Xv, yv)
+    with deadline.within(0.0, abort=True), pytest.raises(deadline.TimeLimitError):
+        xRFMTree(max_leaf_size=100).fit(X, y, generator=torch.Generator().manual_seed(0))
+
+
+# ---- the ladder --------------------------------------------------------------------------------
+def test_the_ladder_of_each_target_kind():
+    tree = xRFMTree(max_leaf_size=10_000)
+    names = [r.name for r in ladder(tree, None, 1, 2000)]
+    assert names == ["quick tree laplace", "tree laplace"]
+    names = [r.name for r in ladder(tree, ["laplace", "gaussian"], 5, 2000)]
+    assert names == ["quick bags laplace", "bags laplace", "bags gaussian", "mix bags"]
+    assert ladder(tree, ["laplace", "gaussian"], 5, 2000)[-1].mixes == (1, 2)
+    # leaves already small and one tree per map: the quick candidate would be the tree itself
+    assert [r.name for r in ladder(xRFMTree(max_leaf_size=500), None, 1, 2000)] == ["tree laplace"]
+
+
+def test_cost_estimates_come_from_the_candidates_before():
+    rungs = ladder(xRFMTree(), ["laplace", "gaussian"], 1, 2000)
+    nan = math.nan
+    assert estimate(rungs[1], rungs, [2.0, nan, nan, nan]) == pytest.approx(6.0)  # 3x the quick
+    assert estimate(rungs[2], rungs, [2.0, 5.0, nan, nan]) == 5.0  # as the first kernel's
+    assert estimate(rungs[3], rungs, [2.0, 5.0, 4.0, nan]) == 0.0  # a mix fits nothing
+
+
+def test_common_rows_align_outputs_by_row():
+    targets = torch.arange(6.0)
+    a = HonestOutputs(
+        targets[[4, 1, 3], None] * 10, targets[[4, 1, 3]], None, torch.tensor([4, 1, 3])
+    )
+    b = HonestOutputs(targets[:, None] * 10, targets, torch.ones(6), torch.arange(6))
+    ra, rb = common_rows([a, b])
+    assert ra.rows.tolist() == rb.rows.tolist() == [1, 3, 4]
+    torch.testing.assert_close(ra.outputs, rb.outputs)
+    torch.testing.assert_close(ra.targets, targets[[1, 3, 4]])
+    with pytest.raises(ValueError, match="known rows"):
+        common_rows([a, HonestOutputs(b.outputs, b.targets, None)])
+
+
+# ---- the anytime fit ---------------------------------------------------------------------------
+def _anytime(limit: float = 600.0, **tree_args) -> Anytime:
+    tree = xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=2), **tree_args)
+    return Anytime(tree, time_limit=limit, quick_leaf_size=80)
+
+
+def test_it_keeps_the_candidate_of_lowest_honest_loss_as_fitted_alone():
+    X, y = planted(500, d=5, seed=1, noise=0.1)
+    model = _anytime().fit(X, y, generator=torch.Generator().manual_seed(7))
+    losses = model.trials_[:, 0]
+    assert losses.isfinite().all() and model.trials_[:, 1].gt(0).all()  # both fitted, timed
+    assert int(model.chosen_) == int(losses.argmin())
+    alone = model._candidate(int(model.chosen_))
+    alone.fit(X, y, generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(model(X[:50]), alone(X[:50]))
+    summary = model.summary()
+    assert [t["candidate"] for t in summary["trials"]] == ["quick tree laplace", "tree laplace"]
+    assert summary["chosen"] == summary["trials"][int(model.chosen_)]["candidate"]
+    # its honest outputs are the chosen candidate's (as a blend would mix them)
+    torch.testing.assert_close(model.honest_outputs().outputs, alone.honest_outputs().outputs)
+
+
+def test_a_limit_too_short_for_anything_keeps_the_quick_candidate_cut_short(caplog):
+    X, y = planted(500, d=5, seed=1)
+    with caplog.at_level("WARNING", logger="xrfm_torch.models.anytime"):
+        model = _anytime(limit=1e-6).fit(X, y, generator=torch.Generator().manual_seed(0))
+    assert int(model.chosen_) == 0 and model.trials_[1].isnan().all()  # the rest never started
+    chosen = model.models()[0]
+    assert isinstance(chosen, xRFMTree) and chosen.config.max_leaf_size == 80
+    assert all(int(leaf.best_iter_) == 0 for leaf in chosen.leaves())  # no leaf iterated
+    # past the limit, but within its tolerance (10 % plus a second): no warning
+    assert model.fit_seconds_ > model.time_limit and "took" not in caplog.text
+
+
+def test_a_blended_bagged_target_mixes_its_kernels_bags():
+    X, y = planted(240, d=4, seed=2)
+    labels = (y > y.median()).long()
+    tree = xRFMTree(task="classification", max_leaf_size=300, leaf=LeafConfig(n_iters=1))
+    target = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    model = Anytime(target, time_limit=600.0, quick_leaf_size=60)
+    model.fit(X, labels, generator=torch.Generator().manual_seed(0))
+    names = [t["candidate"] for t in model.summary()["trials"]]
+    assert names == ["quick bags laplace", "bags laplace", "bags gaussian", "mix bags"]
+    assert model.trials_[:, 0].isfinite().all()
+    # the mix is the target itself, fitted the way the blend fits it
+    mix = model.trials_[3, 0]
+    assert mix <= model.trials_[1:3, 0].min() + 1e-12  # weight 1 on one kernel is a candidate mix
+    blend = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    blend.fit(X, labels, generator=torch.Generator().manual_seed(0))
+    full = model._candidate(3)
+    assert isinstance(full, KernelBlend) and full.get_config() == blend.get_config()
+    if int(model.chosen_) == 3:
+        torch.testing.assert_close(model.predict_proba(X[:20]), blend.predict_proba(X[:20]))
+    torch.testing.assert_close(model.predict_proba(X).sum(1), torch.ones(240))
+
+
+def test_a_saved_anytime_model_loads_with_its_choice(tmp_path):
+    X, y = planted(400, d=5, seed=4)
+    model = _anytime().fit(X, y, generator=torch.Generator().manual_seed(0))
+    path = tmp_path / "model.pt"
+    save_model(model, path)
+    loaded = load_model(path)
+    assert isinstance(loaded, Anytime) and int(loaded.chosen_) == int(model.chosen_)
+    torch.testing.assert_close(loaded(X[:30]), model(X[:30]))
+    torch.testing.assert_close(loaded.trials_, model.trials_)
+    assert loaded.summary()["chosen"] == model.summary()["chosen"]
+    again = model_from_config(model.get_config())
+    assert isinstance(again, Anytime) and again.get_config() == model.get_config()
+
+
+def test_bad_time_limits_are_refused_by_name():
+    for bad in (0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="time_limit"):
+            Anytime(xRFMTree(), time_limit=bad)
+    with pytest.raises(ValueError, match="time_limit"):
+        Anytime(xRFMTree(), time_limit="60")  # type: ignore[arg-type]
+    X = np.random.default_rng(0).normal(size=(60, 3))
+    for bad in (0, -5, "fast", float("inf")):
+        with pytest.raises(ValueError, match="time_limit"):
+            XRFMRegressor(time_limit=bad).fit(X, X[:, 0])
+
+
+def test_build_model_and_the_estimators_wrap_the_default_in_an_anytime_fit():
+    model = build_model(xRFMTree(), 5, ["laplace", "gaussian"], time_limit=30.0)
+    assert isinstance(model, Anytime) and model.time_limit == 30.0
+    assert isinstance(model.prototype, KernelBlend)
+    assert not isinstance(build_model(xRFMTree(), 1, None), Anytime)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 4))
+    y = X[:, 0] + 0.1 * rng.normal(size=300)
+    start = time.perf_counter()
+    reg = XRFMRegressor(time_limit=60.0, max_leaf_size=150, n_iters=2, random_state=0).fit(X, y)
+    assert time.perf_counter() - start < 60.0  # a loose bound: the fit itself takes about a second
+    assert isinstance(reg.model_, Anytime)
+    assert np.sqrt(np.mean((reg.predict(X) - y) ** 2)) < 0.5 * np.std(y)
+    plain = XRFMClassifier(random_state=0).fit(X, y > 0)
+    assert not isinstance(plain.model_, Anytime)
+
+
+# ---- Lightning ---------------------------------------------------------------------------------
+def test_lightning_takes_trainer_max_time_as_the_fit_limit(tmp_path):
+    import lightning.pytorch as pl
+
+    from xrfm_torch.lit import TabularDataModule, XRFMLitModule
+
+    dm = TabularDataModule("synthetic", n_samples=600, n_features=6, seed=0)
+    dm.setup()
+    tree = xRFMTree(leaf=LeafConfig(n_iters=2), max_leaf_size=200, **dm.model_kwargs())
+    system = XRFMLitModule(tree, **dm.system_kwargs())
+    assert not isinstance(system.model, Anytime)
+    trainer = pl.Trainer(
+        max_time={"minutes": 10},
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(system, datamodule=dm)
+    assert isinstance(system.model, Anytime) and system.model.is_fitted
+    assert 590.0 < system.hparams["time_limit"] <= 600.0
+    assert system.model.summary()["chosen"] in ("quick tree laplace", "tree laplace")
+    trainer.save_checkpoint(tmp_path / "limited.ckpt")
+    loaded = XRFMLitModule.load_from_checkpoint(tmp_path / "limited.ckpt", weights_only=True)
+    assert isinstance(loaded.model, Anytime)
+    x = torch.from_numpy(dm.data.X_test)
+    assert torch.equal(loaded.predict_step((x,), 0), system.predict_step((x,), 0))
+    # system.time_limit sets the limit itself (the Hydra key), before any trainer
+    own = XRFMLitModule(tree, time_limit=30.0, **dm.system_kwargs())
+    assert isinstance(own.model, Anytime) and own.model.time_limit == 30.0
+    with pytest.raises(ValueError, match="time_limit"):
+        XRFMLitModule(tree, time_limit=-1, **dm.system_kwargs())
