@@ -28,7 +28,13 @@ from xrfm_torch import (
     xRFMTree,
 )
 from xrfm_torch.leaf import LeafRFM
-from xrfm_torch.models.anytime import common_rows, estimate, ladder
+from xrfm_torch.models.anytime import (
+    QUICK_SPLIT_ROWS,
+    common_rows,
+    estimate,
+    ladder,
+    quick_tree,
+)
 from xrfm_torch.models.factory import build_model, model_from_config
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.events import counting
@@ -100,9 +106,17 @@ def test_the_ladder_of_each_target_kind():
     tree = xRFMTree(max_leaf_size=10_000)
     names = [r.name for r in ladder(tree, None, 1, 2000)]
     assert names == ["quick tree laplace", "tree laplace"]
-    names = [r.name for r in ladder(tree, ["laplace", "gaussian"], 5, 2000)]
-    assert names == ["quick bags laplace", "bags laplace", "bags gaussian", "mix bags"]
-    assert ladder(tree, ["laplace", "gaussian"], 5, 2000)[-1].mixes == (1, 2)
+    rungs = ladder(tree, ["laplace", "gaussian"], 5, 2000)
+    names = [r.name for r in rungs]
+    assert names == [
+        "quick tree laplace",  # a fallback: not the target's kind
+        "quick bags laplace",
+        "bags laplace",
+        "bags gaussian",
+        "mix bags",
+    ]
+    assert [r.fallback for r in rungs] == [True, False, False, False, False]
+    assert rungs[-1].mixes == (2, 3) and rungs[1].bags == 5 and rungs[0].bags == 1
     # leaves already small and one tree per map: the quick candidate would be the tree itself
     assert [r.name for r in ladder(xRFMTree(max_leaf_size=500), None, 1, 2000)] == ["tree laplace"]
 
@@ -113,6 +127,24 @@ def test_cost_estimates_come_from_the_candidates_before():
     assert estimate(rungs[1], rungs, [2.0, nan, nan, nan]) == pytest.approx(6.0)  # 3x the quick
     assert estimate(rungs[2], rungs, [2.0, 5.0, nan, nan]) == 5.0  # as the first kernel's
     assert estimate(rungs[3], rungs, [2.0, 5.0, 4.0, nan]) == 0.0  # a mix fits nothing
+    bagged = ladder(xRFMTree(), ["laplace", "gaussian"], 5, 2000)
+    assert estimate(bagged[1], bagged, [2.0] + [nan] * 4) == pytest.approx(9.0)  # 0.9 x 5 trees
+    assert estimate(bagged[2], bagged, [2.0, 8.0, nan, nan, nan]) == pytest.approx(24.0)
+
+
+def test_the_quick_tree_is_small_shallow_and_cheap_to_split():
+    tree = xRFMTree(task="classification", max_leaf_size=10_000)
+    quick = quick_tree(tree, 2000)
+    assert quick.config.max_leaf_size == 2000 and quick.config.n_trees == 1
+    assert quick.config.split_rule.sample_size == QUICK_SPLIT_ROWS < 4000
+    assert quick_tree(xRFMTree(max_leaf_size=500), 2000).config.max_leaf_size == 500
+    # the other settings are the tree's
+    rest = {
+        k: v
+        for k, v in quick.get_config().items()
+        if k not in ("max_leaf_size", "n_trees", "split_rule")
+    }
+    assert rest == {k: v for k, v in tree.get_config().items() if k in rest}
 
 
 def test_common_rows_align_outputs_by_row():
@@ -171,17 +203,39 @@ def test_a_blended_bagged_target_mixes_its_kernels_bags():
     model = Anytime(target, time_limit=600.0, quick_leaf_size=60)
     model.fit(X, labels, generator=torch.Generator().manual_seed(0))
     names = [t["candidate"] for t in model.summary()["trials"]]
-    assert names == ["quick bags laplace", "bags laplace", "bags gaussian", "mix bags"]
+    assert names == [
+        "quick tree laplace",
+        "quick bags laplace",
+        "bags laplace",
+        "bags gaussian",
+        "mix bags",
+    ]
     assert model.trials_[:, 0].isfinite().all()
+    # the fallback single tree is never kept once bags finished, whatever its loss
+    losses = model.trials_[:, 0]
+    assert int(model.chosen_) == 1 + int(losses[1:].argmin())
     # the mix is the target itself, fitted the way the blend fits it
-    mix = model.trials_[3, 0]
-    assert mix <= model.trials_[1:3, 0].min() + 1e-12  # weight 1 on one kernel is a candidate mix
+    mix = model.trials_[4, 0]
+    assert mix <= model.trials_[2:4, 0].min() + 1e-12  # weight 1 on one kernel is a candidate mix
     blend = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
     blend.fit(X, labels, generator=torch.Generator().manual_seed(0))
-    full = model._candidate(3)
+    full = model._candidate(4)
     assert isinstance(full, KernelBlend) and full.get_config() == blend.get_config()
-    if int(model.chosen_) == 3:
+    if int(model.chosen_) == 4:
         torch.testing.assert_close(model.predict_proba(X[:20]), blend.predict_proba(X[:20]))
+    torch.testing.assert_close(model.predict_proba(X).sum(1), torch.ones(240))
+
+
+def test_a_bagged_target_out_of_time_keeps_its_fallback_tree():
+    X, y = planted(240, d=4, seed=2)
+    labels = (y > y.median()).long()
+    tree = xRFMTree(task="classification", max_leaf_size=300, leaf=LeafConfig(n_iters=1))
+    target = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    model = Anytime(target, time_limit=1e-6, quick_leaf_size=60)
+    model.fit(X, labels, generator=torch.Generator().manual_seed(0))
+    assert int(model.chosen_) == 0 and model.trials_[1:].isnan().all()
+    kept = model.models()[0]
+    assert isinstance(kept, xRFMTree) and kept.config.max_leaf_size == 60
     torch.testing.assert_close(model.predict_proba(X).sum(1), torch.ones(240))
 
 

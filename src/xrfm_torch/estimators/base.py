@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from xrfm_torch.models.factory import (  # noqa: F401 (AUTO_*: re-exported)
     build_model,
     resolve_bags,
 )
+from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.progress import FitBar, on_iteration
 from xrfm_torch.tree.config import DEFAULTS
 from xrfm_torch.tree.targets import Task
@@ -218,6 +220,10 @@ class _XRFMEstimator(BaseEstimator):
         )
         blend = None if len(kernels) == 1 else [str(k) for k in kernels]
         return build_model(tree, n_bags, blend, check_time_limit(self.time_limit))
+
+    def _budget(self) -> AbstractContextManager[None]:
+        """The fit's time limit, from the start of ``fit`` (reading the table counts)."""
+        return deadline.within(check_time_limit(self.time_limit))
 
     def _task_args(self) -> dict[str, Any]:
         """Tree arguments only one task has."""

@@ -118,15 +118,17 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
                 ``val_fraction`` of the rows is held out (and then refitted on).
             eval_sample_weight: Weights of the ``eval_set`` rows.
         """
-        X, y = self._read_fit(X, y)
-        check_classification_targets(y)
-        self.classes_ = np.unique(y)
-        if len(self.classes_) < 2:
-            raise ValueError(
-                f"XRFMClassifier needs at least 2 classes in y, got 1 class: {self.classes_[0]!r}"
-            )
-        w = self._weights(sample_weight, len(y), "sample_weight")
-        return self._fit(X, self._encode_y(y, "y"), eval_set, w, eval_sample_weight)
+        with self._budget():
+            X, y = self._read_fit(X, y)
+            check_classification_targets(y)
+            self.classes_ = np.unique(y)
+            if len(self.classes_) < 2:
+                raise ValueError(
+                    "XRFMClassifier needs at least 2 classes in y, got 1 class: "
+                    f"{self.classes_[0]!r}"
+                )
+            w = self._weights(sample_weight, len(y), "sample_weight")
+            return self._fit(X, self._encode_y(y, "y"), eval_set, w, eval_sample_weight)
 
     def _class_weighted(
         self,

@@ -118,10 +118,11 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
                 ``val_fraction`` of the rows is held out (and then refitted on).
             eval_sample_weight: Weights of the ``eval_set`` rows.
         """
-        X, y = self._read_fit(X, y, y_numeric=True, multi_output=True)
-        self._y_ndim = np.ndim(y)
-        w = self._weights(sample_weight, len(y), "sample_weight")
-        return self._fit(X, self._encode_y(y, "y"), eval_set, w, eval_sample_weight)
+        with self._budget():
+            X, y = self._read_fit(X, y, y_numeric=True, multi_output=True)
+            self._y_ndim = np.ndim(y)
+            w = self._weights(sample_weight, len(y), "sample_weight")
+            return self._fit(X, self._encode_y(y, "y"), eval_set, w, eval_sample_weight)
 
     def _encode_y(self, y: Any, name: str) -> np.ndarray:
         return np.asarray(y, dtype=np.float64)

@@ -4,9 +4,10 @@
 kernel blend of either: the *target*) and fits a ladder of candidates that ends at it, cheapest
 first (:func:`ladder`):
 
-1. ``quick``: the target's tree (or its bags) for the first kernel with leaves of at most
-   ``quick_leaf_size`` rows and one tree per input map (a leaf's solve grows as its rows cubed,
-   so small leaves are the cheapest lever; docs/design.md, "Accuracy per second");
+1. ``quick``: the target's tree (or its bags, after one quick single tree as a fallback) for
+   the first kernel with leaves of at most ``quick_leaf_size`` rows, one tree per input map and
+   smaller split models (:func:`quick_tree`; a leaf's solve grows as its rows cubed, so small
+   leaves are the cheapest lever; docs/design.md, "Accuracy per second");
 2. the target's tree (or bags) once per kernel;
 3. with two kernels, their mix (:meth:`KernelBlend.mix <xrfm_torch.models.blend.KernelBlend.mix>`,
    no further fit): the target itself.
@@ -49,6 +50,11 @@ log = logging.getLogger(__name__)
 
 #: The first candidate's largest leaf (``quick_leaf_size``; measured in docs/design.md).
 QUICK_LEAF_SIZE = 2000
+#: The quick candidate's split models fit on at most this many rows (:func:`quick_tree`).
+QUICK_SPLIT_ROWS = 1000
+#: Quick bags' cost as a multiple of ``n_bags`` quick single trees (each bag trains on
+#: ``(K - 1) / K`` of the pooled rows).
+BAG_COST = 0.9
 #: The first full tree's cost as a multiple of the quick tree's, before either was timed on the
 #: table (leaves of up to 5x the rows, two trees per map for classification).
 TREE_COST = 3.0
@@ -64,6 +70,8 @@ class Rung:
         bags: ``n_bags`` of the candidate (1: a single tree).
         quick: The small-leaf first candidate.
         mixes: For a mix, the indices of the rungs it blends; else empty.
+        fallback: Not of the target's kind (the quick single tree of a bagged target): kept
+            only when no candidate of the target's kind finished.
     """
 
     name: str
@@ -71,6 +79,7 @@ class Rung:
     bags: int
     quick: bool = False
     mixes: tuple[int, ...] = ()
+    fallback: bool = False
 
 
 def target_parts(model: Model) -> tuple[xRFMTree, list[str] | None, int]:
@@ -91,26 +100,46 @@ def target_parts(model: Model) -> tuple[xRFMTree, list[str] | None, int]:
     )
 
 
+def quick_tree(tree: xRFMTree, leaf_size: int) -> xRFMTree:
+    """``tree`` made quick: small leaves, one tree per map, split models on fewer rows.
+
+    Leaves of at most ``leaf_size`` rows, one tree per input map, and an ``AGOPSplit``'s models
+    on at most ``QUICK_SPLIT_ROWS`` rows. Small leaves make the leaves cheap (a solve grows as its rows cubed) and the tree deeper,
+    so the split models then dominate (30 of them, 4.2 of 5.5 s on elevators); on 1000 rows they
+    cost about a third (elevators 6.8 -> 2.4 s, Bike_Sharing_Demand 4.4 -> 2.0 s, cpu_act
+    2.3 -> 1.5 s) at the same or lower test RMSE (seed 0; docs/design.md).
+    """
+    cfg = tree.get_config()
+    split = dict(cfg["split_rule"])
+    if "sample_size" in split:
+        split["sample_size"] = min(int(split["sample_size"]), QUICK_SPLIT_ROWS)
+    leaf = min(tree.config.max_leaf_size, leaf_size)
+    return tree.with_settings(max_leaf_size=leaf, n_trees=1, split_rule=split)
+
+
 def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: int) -> list[Rung]:
     """The candidates of an anytime fit, cheapest first, ending at the target model.
 
-    Every candidate is of the target's kind (single trees, or ``n_bags`` cross-fitted bags), so
-    their honest losses are alike: a single tree's validation rows also chose its iterations,
-    ridge and calibration, and on small tables its loss there is far below its bags'
-    out-of-fold loss on the same rows (breast_cancer: 0.003 against 0.03-0.05, test 0.31 against
-    0.12), so a comparison across kinds would pick the overfitted one. The quick rung is left
-    out where it would be the target's tree itself; the mix where there is one kernel.
+    The candidates are of the target's kind (single trees, or ``n_bags`` cross-fitted bags), so
+    their honest losses are alike; a bagged target starts with one quick single tree as a
+    fallback, kept only when no bagged candidate finished in time. A single tree's validation
+    rows also chose its iterations, ridge and calibration, and on small tables its loss there is
+    far below its bags' out-of-fold loss on the same rows (breast_cancer: 0.003 against
+    0.03-0.05, test 0.31 against 0.12), so a comparison across kinds would pick the overfitted
+    one. The quick rungs are left out where they would be the target's tree itself; the mix
+    where there is one kernel.
     """
     names = kernels or [kernel_name(tree)]
     what = "tree" if n_bags == 1 else "bags"
     rungs: list[Rung] = []
+    if n_bags > 1:
+        rungs.append(Rung(f"quick tree {names[0]}", 0, 1, quick=True, fallback=True))
     if tree.config.max_leaf_size > quick_leaf or (tree.config.n_trees or 1) > 1:
         rungs.append(Rung(f"quick {what} {names[0]}", 0, n_bags, quick=True))
     rungs.extend(Rung(f"{what} {k}", i, n_bags) for i, k in enumerate(names))
     if len(names) > 1:
-        rungs.append(
-            Rung(f"mix {what}", -1, n_bags, mixes=tuple(range(len(rungs) - len(names), len(rungs))))
-        )
+        mixed = tuple(range(len(rungs) - len(names), len(rungs)))
+        rungs.append(Rung(f"mix {what}", -1, n_bags, mixes=mixed))
     return rungs
 
 
@@ -144,16 +173,20 @@ def estimate(rung: Rung, rungs: list[Rung], seconds: list[float]) -> float:
     """Seconds ``rung`` should take, from the measured ``seconds`` of the rungs before it.
 
     A mix costs nothing; a further kernel what the first kernel's candidate took; the first
-    full candidate ``TREE_COST`` times the quick one.
+    full candidate ``TREE_COST`` times the quick one; quick bags ``BAG_COST * n_bags`` times the
+    quick single tree.
     """
     if rung.mixes:
         return 0.0
     done = [(r, s) for r, s in zip(rungs, seconds) if math.isfinite(s) and not r.mixes]
-    full = [s for r, s in done if not r.quick]
+    full = [s for r, s in done if not r.quick and not r.fallback]
     if full:
         return full[0]
-    quick = [s for r, s in done if r.quick]
-    return TREE_COST * quick[0] if quick else 0.0
+    quick = [s for r, s in done if r.quick and not r.fallback]
+    if quick:
+        return TREE_COST * quick[0]
+    single = [s for r, s in done if r.fallback]
+    return BAG_COST * rung.bags * single[0] if single else 0.0
 
 
 def common_rows(parts: list[HonestOutputs]) -> list[HonestOutputs]:
@@ -245,8 +278,7 @@ class Anytime(Ensemble):
             return KernelBlend(member, kernels=cast(list[str], kernels))
         one = tree if kernels is None else tree.with_kernel(kernels[rung.kernel])
         if rung.quick:
-            leaf = min(one.config.max_leaf_size, self.quick_leaf_size)
-            one = one.with_settings(max_leaf_size=leaf, n_trees=1)
+            one = quick_tree(one, self.quick_leaf_size)
         if rung.bags > 1:
             return BaggedTree(one, n_bags=rung.bags, distributed=one.config.distributed)
         return one
@@ -324,7 +356,8 @@ class Anytime(Ensemble):
         would learn from them), so that every candidate's honest rows are known.
         """
         start = time.perf_counter()
-        end = start + self.time_limit
+        # an enclosing limit (the estimators': their reading of the table counts) may end earlier
+        end = start + min(self.time_limit, deadline.time_left())
         generator = own_generator(generator)
         state = generator.get_state()
         X, y, sample_weight = _positive(X, y, sample_weight)
@@ -387,7 +420,9 @@ class Anytime(Ensemble):
             i: float(mean_loss(row_losses(p.outputs.double(), p.targets, self.task), p.weights))
             for i, p in zip(order, parts)
         }
-        best = min(order, key=lambda i: (losses[i], order.index(i)))
+        # the target's kind first: a fallback is kept only when nothing else finished
+        pool = [i for i in order if not rungs[i].fallback] or order
+        best = min(pool, key=lambda i: (losses[i], i))
         self.members = nn.ModuleList([fitted[best]])
         self.chosen_ = torch.tensor(best)
         self._honest = fitted[best].honest_outputs()

@@ -44,7 +44,8 @@ _DEADLINE: ContextVar[Deadline | None] = ContextVar("xrfm_torch_deadline", defau
 def within(seconds: float | None, *, abort: bool = False) -> Iterator[None]:
     """Run the block's fits with a deadline ``seconds`` from now (``None``: no new deadline).
 
-    An enclosing deadline that comes earlier stays in force (with its own kind).
+    An enclosing deadline that comes earlier stays in force, and aborts if either block does (a
+    candidate the caller may drop is dropped, not cut short, when the outer limit comes first).
     """
     outer = _DEADLINE.get()
     if seconds is None:
@@ -54,7 +55,9 @@ def within(seconds: float | None, *, abort: bool = False) -> Iterator[None]:
         yield
         return
     new = Deadline(time.perf_counter() + seconds, abort)
-    token = _DEADLINE.set(outer if outer is not None and outer.at <= new.at else new)
+    if outer is not None and outer.at <= new.at:
+        new = Deadline(outer.at, outer.abort or abort)
+    token = _DEADLINE.set(new)
     try:
         yield
     finally:
