@@ -185,14 +185,17 @@ def test_it_keeps_the_candidate_of_lowest_honest_loss_as_fitted_alone():
 
 def test_a_limit_too_short_for_anything_keeps_the_quick_candidate_cut_short(caplog):
     X, y = planted(500, d=5, seed=1)
-    with caplog.at_level("WARNING", logger="xrfm_torch.models.anytime"):
+    with caplog.at_level("INFO", logger="xrfm_torch"):
         model = _anytime(limit=1e-6).fit(X, y, generator=torch.Generator().manual_seed(0))
     assert int(model.chosen_) == 0 and model.trials_[1].isnan().all()  # the rest never started
     chosen = model.models()[0]
     assert isinstance(chosen, xRFMTree) and chosen.config.max_leaf_size == 80
     assert all(int(leaf.best_iter_) == 0 for leaf in chosen.leaves())  # no leaf iterated
+    # nor searched a temperature, probed more than one input map or fitted a split model
+    assert float(chosen.temperature_) == 0.0 and chosen.input_map.names == ["identity"]
+    assert chosen.n_leaves > 1 and "splits by principal component at the time limit" in caplog.text
     # past the limit, but within its tolerance (10 % plus a second): no warning
-    assert model.fit_seconds_ > model.time_limit and "took" not in caplog.text
+    assert model.fit_seconds_ > model.time_limit and "alone took" not in caplog.text
 
 
 def test_a_blended_bagged_target_mixes_its_kernels_bags():

@@ -34,6 +34,8 @@ from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import Criterion, validation_errors
 from xrfm_torch.leaf.data import FitData
 from xrfm_torch.leaf.selection import paired_win
+from xrfm_torch.numerics import deadline
+from xrfm_torch.numerics.events import count
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +136,9 @@ def probe_input_maps(
     preds: dict[InputMapName, Tensor] = {}
     config = probe_config(leaf)
     for name in PROBED_MAPS:
+        if preds and deadline.should_stop():  # out of time: choose among the maps probed
+            count("input-map probes cut short at the time limit")
+            break
         Xm, Xm_val = imap.encode(X, name), imap.encode(X_val, name)
         probe = LeafRFM(kernel, config)
         g.manual_seed(seed)  # every map's leaf starts from the same draws

@@ -257,3 +257,33 @@ def extend_solve(
     leaf.gp.forget()
     if out is not None:
         leaf.gp.keep(out, X_all.shape[0])
+
+
+@torch.no_grad()
+def compress_leaf(leaf: LeafView, max_support: int, generator: torch.Generator) -> bool:
+    """A lighter exact leaf: ``max_support`` centres that predict as its support rows did.
+
+    An exact leaf of more than ``max_support`` support rows ``Z`` becomes a ``"centroids"`` leaf
+    over ``b = max_support`` k-means centres ``C`` of them (in the learned space, from a seeded
+    subset) with weights ``w = Phi^+ f`` (:func:`~xrfm_torch.leaf.approx.centroid_weights`):
+    ``f`` (n, c) the exact predictions at ``Z`` and ``Phi = k_tot(S Z, S C)`` (n, b), so the new
+    predictor is the least-squares fit of the old one at its rows. ``M``, the bandwidth and the
+    exponent stay. A prediction then costs ``b`` kernel values per row instead of ``n``.
+
+    Returns:
+        Whether the leaf changed (other kinds and small leaves are left as they are).
+    """
+    n = leaf.support_.shape[0]
+    if leaf.kind != "exact" or n <= max_support:
+        return False
+    Z, s = leaf.support_, leaf.sqrt_m_
+    f = SOLVES["exact"].predict(leaf, Z)  # (n, c)
+    pick = torch.randperm(n, generator=generator)[:max_support].to(Z.device)
+    C = kmeans_centres(Z, Z[pick], s)
+    coef = centroid_weights(
+        leaf.kernel, transform(Z, s), transform(C, s), f, leaf.config.linear_mix
+    )
+    leaf._set_kind("centroids")
+    leaf.support_ = C.contiguous()
+    leaf.alpha_ = coef.to(Z.dtype).contiguous()
+    return True

@@ -17,17 +17,23 @@ implements every member with the same parameters, so the kinds cannot drift apar
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal, TypeVar, overload
 
 import torch
 from torch import Tensor, nn
 
+from xrfm_torch.leaf.kinds import compress_leaf
 from xrfm_torch.numerics.agop import agop_from_grads
+from xrfm_torch.numerics.checks import check_int
 from xrfm_torch.numerics.config import from_config
+from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import HasHonestOutputs
 from xrfm_torch.tree.interpret import ImportanceSource, input_grads
 from xrfm_torch.tree.uncertainty import normal_quantile
+
+log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound="Model")
 
@@ -222,6 +228,48 @@ class Model(HasHonestOutputs, nn.Module):
 
     def _mean_agop(self, diag: bool) -> Tensor:
         raise NotImplementedError
+
+    @torch.no_grad()
+    def compress(
+        self: M, max_support: int = 1000, *, generator: torch.Generator | None = None
+    ) -> M:
+        """A lighter predictor, in place: each large exact leaf predicts from ``max_support`` centres.
+
+        Every exact leaf of every single tree with more than ``max_support`` support rows
+        becomes a leaf over that many k-means centres of them whose weights reproduce its
+        predictions at those rows by least squares
+        (:func:`~xrfm_torch.leaf.kinds.compress_leaf`). A prediction then costs at most
+        ``max_support`` kernel values per row and leaf instead of up to ``max_leaf_size``, and
+        the saved model shrinks alike; predictions move a little (docs/benchmarks.md,
+        "Prediction cost"). ``M``, routing and calibration stay.
+
+        Args:
+            max_support: Centres per compressed leaf (>= 1).
+            generator: Draws the k-means starting centres (same seed, same model).
+
+        Returns:
+            ``self``.
+
+        Raises:
+            ValueError: The model has predictive variances (the leaves' Gaussian processes
+                need their rows), or ``max_support`` < 1.
+            RuntimeError: The model is not fitted.
+        """
+        self._check_fitted()
+        if self.uncertainty != "none":
+            raise ValueError(
+                f"compress needs uncertainty='none' (got {self.uncertainty!r}): a leaf's "
+                "predictive variance needs its support rows"
+            )
+        max_support = check_int(max_support, "max_support", 1)
+        g = own_generator(generator)
+        changed = sum(
+            compress_leaf(leaf, max_support, g)
+            for _, tree in self.single_trees()
+            for leaf in tree.leaves()
+        )
+        log.info("compressed %d leaves to %d centres each", changed, max_support)
+        return self
 
 
 def is_ensemble(model: Model) -> bool:

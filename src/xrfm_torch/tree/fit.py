@@ -20,6 +20,8 @@ from xrfm_torch.inputs.input_map import InputMap, InputMapName
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.data import FitData
+from xrfm_torch.numerics import deadline
+from xrfm_torch.numerics.events import count
 from xrfm_torch.tree.config import TreeConfig
 from xrfm_torch.tree.grow import Progress, TreeLayout, grow_tree
 from xrfm_torch.tree.leaf_fits import fit_leaves
@@ -238,6 +240,9 @@ def fit_trees(
         grown.refit()
     xs = [mapped.X_val for mapped in grown.data]  # each tree's map, encoded once per map
     scores = None
+    if temperature is None and deadline.should_stop():  # out of time: hard routing, untuned
+        count("trees routed hard at the time limit (no temperature search)")
+        temperature = 0.0
     if temperature is None and any(tree.n_leaves > 1 for tree in grown.trees):
         preds = temperature_predictions(
             grown.trees, xs, grid, keep_mass=keep_mass, max_leaves=max_soft_leaves

@@ -17,9 +17,11 @@ from torch import Tensor
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.agop import top_eigenvector
 from xrfm_torch.numerics.checks import check_fraction, check_positive
 from xrfm_torch.numerics.deterministic import cumsum
+from xrfm_torch.numerics.events import count
 
 #: Where a split direction is cut: the rank-balanced median, or the least-squares point.
 Threshold = Literal["median", "sse"]
@@ -202,6 +204,9 @@ class AGOPSplit:
         generator: torch.Generator | None,
         weights: tuple[Tensor | None, Tensor | None] = (None, None),
     ) -> Split:
+        if deadline.should_stop():  # out of time: the direction of the inputs alone, no solve
+            count("splits by principal component at the time limit")
+            return PCASplit()(X, y, X_val, y_val, kernel=kernel, generator=None, weights=weights)
         w, w_val = weights
         idx = _subsample(X.shape[0], self.sample_size, generator, X.device)
         if X_val is not None and y_val is not None and X_val.shape[0] >= 2:
