@@ -10,7 +10,8 @@ the tables as its authors intend:
 - ``ours``: ``XRFMClassifier`` / ``XRFMRegressor`` (defaults) on the raw DataFrame (text columns,
   missing cells), validation rows as ``eval_set``; ``ours_single`` / ``ours_bag5``: the same with
   ``n_bags=1`` / ``5``; ``--options '{"diag": false}'`` passes keyword arguments to these three
-  (the other models ignore it);
+  (the other models ignore it; ``"compress": N`` calls ``compress(N)`` after the fit, timed
+  with the fit);
 - ``xgboost`` / ``lightgbm``: pandas ``category`` columns (training categories; unseen → missing);
   ``catboost``: ``cat_features`` with a missing cell as its own text value. 2000 trees (CatBoost
   3000), learning rate 0.05, early stopping 100;
@@ -155,8 +156,11 @@ def fit_peer(
 
         kw = {"ours_single": {"n_bags": 1}, "ours_bag5": {"n_bags": 5}}.get(model, {})
         kw = {**kw, **(options or {})}
+        compress = kw.pop("compress", None)  # not an argument: the lighter predictor, after fit
         m = (XRFMClassifier if classify else XRFMRegressor)(random_state=seed, **kw)
         m.fit(parts[0], ytr, eval_set=(parts[1], yva))
+        if compress is not None:
+            m.compress(int(compress))
         if getattr(m, "time_limit", None) is not None:  # an anytime fit: what it kept
             INFO["chosen"] = m.model_.summary()["chosen"]
     elif model in ("xgboost", "lightgbm"):

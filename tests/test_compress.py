@@ -94,3 +94,17 @@ def test_compress_refuses_variances_unfitted_models_and_bad_sizes():
     plain = xRFMTree(leaf=LeafConfig(n_iters=1)).fit(X, y)
     with pytest.raises(ValueError, match="max_support"):
         plain.compress(0)
+
+
+def test_the_estimators_compress_their_model_seeded_by_random_state():
+    import numpy as np
+
+    from xrfm_torch import XRFMRegressor
+
+    X, y = (t.numpy() for t in planted(500, d=4, seed=9))
+    fits = [XRFMRegressor(max_leaf_size=250, n_iters=1, random_state=3).fit(X, y) for _ in range(2)]
+    assert fits[0].compress(50) is fits[0]
+    fits[1].compress(50)
+    leaves = fits[0].model_.leaves()
+    assert all(lf.support_.shape[0] <= 50 for lf in leaves)
+    np.testing.assert_array_equal(fits[0].predict(X), fits[1].predict(X))

@@ -352,6 +352,16 @@ class _XRFMEstimator(BaseEstimator):
         with torch.no_grad():
             return self.model_(self._tensor(X))
 
+    def compress(self, max_support: int = 1000) -> Any:
+        """A lighter predictor, in place: ``model_.compress(max_support)`` (seeded by ``random_state``).
+
+        Every large exact leaf then predicts from at most ``max_support`` k-means centres
+        (:meth:`xrfm_torch.models.contract.Model.compress`). Returns ``self``.
+        """
+        check_is_fitted(self, "model_")
+        self.model_.compress(max_support, generator=self._generator())
+        return self
+
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
