@@ -28,14 +28,14 @@ from xrfm_torch import (
     xRFMTree,
 )
 from xrfm_torch.leaf import LeafRFM
-from xrfm_torch.models.anytime import (
+from xrfm_torch.models.factory import build_model, model_from_config
+from xrfm_torch.models.ladder import (
     QUICK_SPLIT_ROWS,
     common_rows,
     estimate,
     ladder,
     quick_tree,
 )
-from xrfm_torch.models.factory import build_model, model_from_config
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.events import counting
 from xrfm_torch.tree.honest import HonestOutputs

@@ -26,7 +26,6 @@ from xrfm_torch.data.tabular import (
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafConfig
 from xrfm_torch.models import xRFMTree
-from xrfm_torch.models.anytime import check_time_limit
 from xrfm_torch.models.contract import Model
 from xrfm_torch.models.factory import (  # noqa: F401 (AUTO_*: re-exported)
     AUTO_BAG_ROWS,
@@ -34,6 +33,7 @@ from xrfm_torch.models.factory import (  # noqa: F401 (AUTO_*: re-exported)
     build_model,
     resolve_bags,
 )
+from xrfm_torch.models.ladder import check_time_limit
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.progress import FitBar, on_iteration
 from xrfm_torch.tree.config import DEFAULTS

@@ -15,7 +15,7 @@ from torchmetrics import MetricCollection
 from xrfm_torch.data.protocol import Task
 from xrfm_torch.lit.metrics import GaussianNLL, make_metrics
 from xrfm_torch.models import xRFMTree
-from xrfm_torch.models.anytime import Anytime, check_time_limit
+from xrfm_torch.models.anytime import Anytime
 from xrfm_torch.models.contract import Model
 from xrfm_torch.models.factory import (
     build_model,
@@ -23,6 +23,7 @@ from xrfm_torch.models.factory import (
     resolve_bags,
     resolve_kernels,
 )
+from xrfm_torch.models.ladder import check_time_limit
 from xrfm_torch.numerics.progress import IterationHook, on_iteration
 from xrfm_torch.tree.grow import Progress
 

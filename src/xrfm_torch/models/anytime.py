@@ -2,12 +2,12 @@
 
 :class:`Anytime` wraps the model a fit without a limit would make (one tree, its bags, or a
 kernel blend of either: the *target*) and fits a ladder of candidates that ends at it, cheapest
-first (:func:`ladder`):
+first (:func:`~xrfm_torch.models.ladder.ladder`):
 
 1. ``quick``: the target's tree (or its bags, after one quick single tree as a fallback) for
    the first kernel with leaves of at most ``quick_leaf_size`` rows, one tree per input map and
-   smaller split models (:func:`quick_tree`; a leaf's solve grows as its rows cubed, so small
-   leaves are the cheapest lever; docs/design.md, "Accuracy per second");
+   smaller split models (:func:`~xrfm_torch.models.ladder.quick_tree`; a leaf's solve grows as
+   its rows cubed, so small leaves are the cheapest lever; docs/design.md, "A time budget");
 2. the target's tree (or bags) once per kernel;
 3. with two kernels, their mix (:meth:`KernelBlend.mix <xrfm_torch.models.blend.KernelBlend.mix>`,
    no further fit): the target itself.
@@ -16,7 +16,7 @@ Each candidate is fitted on the same rows from the same generator state, so thei
 (validation rows of a single tree, out-of-fold rows of the bags) cover common rows, on which
 their losses are compared (log-loss or mean squared error, :mod:`xrfm_torch.tree.honest`); the
 model kept is the candidate of lowest loss (ties: the cheaper). A candidate starts only when its
-cost, estimated from the ones before (:func:`estimate`), fits in the time left; it runs under an
+cost, estimated from the ones before (:func:`~xrfm_torch.models.ladder.estimate`), fits in the time left; it runs under an
 aborting deadline (:mod:`xrfm_torch.numerics.deadline`) and is dropped if the limit comes first.
 The first candidate runs under a degrading deadline instead (its leaves stop iterating), so the
 fit always ends with a model. What was tried, its loss and its seconds are logged, kept in
@@ -28,193 +28,33 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
-from xrfm_torch.kernels import KERNELS
 from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.blend import KernelBlend
 from xrfm_torch.models.contract import Model
 from xrfm_torch.models.ensemble import Ensemble
+from xrfm_torch.models.ladder import (
+    QUICK_LEAF_SIZE,
+    Rung,
+    check_time_limit,
+    common_rows,
+    estimate,
+    ladder,
+    quick_tree,
+    target_parts,
+)
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.checks import check_int
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
-from xrfm_torch.tree.honest import HonestOutputs, mean_loss, row_losses
+from xrfm_torch.tree.honest import mean_loss, row_losses
 
 log = logging.getLogger(__name__)
-
-#: The first candidate's largest leaf (``quick_leaf_size``; measured in docs/design.md).
-QUICK_LEAF_SIZE = 2000
-#: The quick candidate's split models fit on at most this many rows (:func:`quick_tree`).
-QUICK_SPLIT_ROWS = 1000
-#: Quick bags' cost as a multiple of ``n_bags`` quick single trees (each bag trains on
-#: ``(K - 1) / K`` of the pooled rows).
-BAG_COST = 0.9
-#: The first full tree's cost as a multiple of the quick tree's, before either was timed on the
-#: table (leaves of up to 5x the rows, two trees per map for classification).
-TREE_COST = 3.0
-
-
-@dataclass(frozen=True)
-class Rung:
-    """One candidate of the ladder.
-
-    Attributes:
-        name: ``"quick laplace"``, ``"tree gaussian"``, ``"mix trees"``, ``"bags laplace"``, ...
-        kernel: Index into the kernels (``-1`` for a mix).
-        bags: ``n_bags`` of the candidate (1: a single tree).
-        quick: The small-leaf first candidate.
-        mixes: For a mix, the indices of the rungs it blends; else empty.
-        fallback: Not of the target's kind (the quick single tree of a bagged target): kept
-            only when no candidate of the target's kind finished.
-    """
-
-    name: str
-    kernel: int
-    bags: int
-    quick: bool = False
-    mixes: tuple[int, ...] = ()
-    fallback: bool = False
-
-
-def target_parts(model: Model) -> tuple[xRFMTree, list[str] | None, int]:
-    """``(single tree, blended kernels or None, n_bags)`` of a target model.
-
-    Raises:
-        TypeError: ``model`` is not an ``xRFMTree``, ``BaggedTree`` or ``KernelBlend`` of them.
-    """
-    kernels = None
-    if isinstance(model, KernelBlend):
-        kernels, model = list(model.kernels), model.prototype
-    if isinstance(model, BaggedTree):
-        return model.prototype, kernels, model.n_bags
-    if isinstance(model, xRFMTree):
-        return model, kernels, 1
-    raise TypeError(
-        f"an anytime fit needs an xRFMTree, BaggedTree or KernelBlend, got {type(model).__name__}"
-    )
-
-
-def quick_tree(tree: xRFMTree, leaf_size: int) -> xRFMTree:
-    """``tree`` made quick: small leaves, one tree per map, split models on fewer rows.
-
-    Leaves of at most ``leaf_size`` rows, one tree per input map, and an ``AGOPSplit``'s models
-    on at most ``QUICK_SPLIT_ROWS`` rows. Small leaves make the leaves cheap (a solve grows as its rows cubed) and the tree deeper,
-    so the split models then dominate (30 of them, 4.2 of 5.5 s on elevators); on 1000 rows they
-    cost about a third (elevators 6.8 -> 2.4 s, Bike_Sharing_Demand 4.4 -> 2.0 s, cpu_act
-    2.3 -> 1.5 s) at the same or lower test RMSE (seed 0; docs/design.md).
-    """
-    cfg = tree.get_config()
-    split = dict(cfg["split_rule"])
-    if "sample_size" in split:
-        split["sample_size"] = min(int(split["sample_size"]), QUICK_SPLIT_ROWS)
-    leaf = min(tree.config.max_leaf_size, leaf_size)
-    return tree.with_settings(max_leaf_size=leaf, n_trees=1, split_rule=split)
-
-
-def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: int) -> list[Rung]:
-    """The candidates of an anytime fit, cheapest first, ending at the target model.
-
-    The candidates are of the target's kind (single trees, or ``n_bags`` cross-fitted bags), so
-    their honest losses are alike; a bagged target starts with one quick single tree as a
-    fallback, kept only when no bagged candidate finished in time. A single tree's validation
-    rows also chose its iterations, ridge and calibration, and on small tables its loss there is
-    far below its bags' out-of-fold loss on the same rows (breast_cancer: 0.003 against
-    0.03-0.05, test 0.31 against 0.12), so a comparison across kinds would pick the overfitted
-    one. The quick rungs are left out where they would be the target's tree itself; the mix
-    where there is one kernel.
-    """
-    names = kernels or [kernel_name(tree)]
-    what = "tree" if n_bags == 1 else "bags"
-    rungs: list[Rung] = []
-    if n_bags > 1:
-        rungs.append(Rung(f"quick tree {names[0]}", 0, 1, quick=True, fallback=True))
-    if tree.config.max_leaf_size > quick_leaf or (tree.config.n_trees or 1) > 1:
-        rungs.append(Rung(f"quick {what} {names[0]}", 0, n_bags, quick=True))
-    rungs.extend(Rung(f"{what} {k}", i, n_bags) for i, k in enumerate(names))
-    if len(names) > 1:
-        mixed = tuple(range(len(rungs) - len(names), len(rungs)))
-        rungs.append(Rung(f"mix {what}", -1, n_bags, mixes=mixed))
-    return rungs
-
-
-def check_time_limit(time_limit: Any) -> float | None:
-    """``time_limit`` as float seconds, or ``None`` (no limit).
-
-    Raises:
-        ValueError: It is not ``None`` nor a finite number > 0 (the message names it).
-    """
-    if time_limit is None:
-        return None
-    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)):
-        try:  # numpy scalars and the like
-            time_limit = float(time_limit.__float__())
-        except (AttributeError, TypeError, ValueError):
-            raise ValueError(
-                f"time_limit must be a number of seconds or None, got {time_limit!r}"
-            ) from None
-    if not (math.isfinite(time_limit) and time_limit > 0):
-        raise ValueError(f"time_limit must be a finite number of seconds > 0, got {time_limit!r}")
-    return float(time_limit)
-
-
-def kernel_name(tree: xRFMTree) -> str:
-    """The registered name of ``tree``'s kernel (its class name if it has none)."""
-    kind = type(tree.kernel)
-    return next((n for n, c in KERNELS.items() if c is kind), kind.__name__)
-
-
-def estimate(rung: Rung, rungs: list[Rung], seconds: list[float]) -> float:
-    """Seconds ``rung`` should take, from the measured ``seconds`` of the rungs before it.
-
-    A mix costs nothing; a further kernel what the first kernel's candidate took; the first
-    full candidate ``TREE_COST`` times the quick one; quick bags ``BAG_COST * n_bags`` times the
-    quick single tree.
-    """
-    if rung.mixes:
-        return 0.0
-    done = [(r, s) for r, s in zip(rungs, seconds) if math.isfinite(s) and not r.mixes]
-    full = [s for r, s in done if not r.quick and not r.fallback]
-    if full:
-        return full[0]
-    quick = [s for r, s in done if r.quick and not r.fallback]
-    if quick:
-        return TREE_COST * quick[0]
-    single = [s for r, s in done if r.fallback]
-    return BAG_COST * rung.bags * single[0] if single else 0.0
-
-
-def common_rows(parts: list[HonestOutputs]) -> list[HonestOutputs]:
-    """Each model's honest outputs restricted to the rows all of them scored, in one order.
-
-    Raises:
-        ValueError: A model's rows are unknown, or the models scored no row in common.
-    """
-    if any(p.rows is None for p in parts):
-        raise ValueError("an anytime fit needs honest outputs with known rows")
-    rows = [cast(Tensor, p.rows).cpu() for p in parts]
-    size = int(max(int(r.max()) for r in rows)) + 1
-    shared = torch.ones(size, dtype=torch.bool)
-    for r in rows:
-        mask = torch.zeros(size, dtype=torch.bool)
-        mask[r] = True
-        shared &= mask
-    keep = shared.nonzero().squeeze(1)
-    if keep.numel() == 0:
-        raise ValueError("the candidates' honest outputs share no rows")
-    out = []
-    for p, r in zip(parts, rows):
-        where = torch.full((size,), -1, dtype=torch.long)
-        where[r] = torch.arange(r.numel())
-        take = where[keep].to(p.outputs.device)
-        w = None if p.weights is None else p.weights[take]
-        out.append(HonestOutputs(p.outputs[take], p.targets[take], w, keep))
-    return out
 
 
 class Anytime(Ensemble):
