@@ -8,6 +8,7 @@ alone would give.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -320,3 +321,28 @@ def test_lightning_takes_trainer_max_time_as_the_fit_limit(tmp_path):
     assert isinstance(own.model, Anytime) and own.model.time_limit == 30.0
     with pytest.raises(ValueError, match="time_limit"):
         XRFMLitModule(tree, time_limit=-1, **dm.system_kwargs())
+
+
+def test_train_py_takes_system_time_limit(tmp_path):
+    from test_configs import compose_with
+    from xrfm_torch.pipeline import run
+
+    cfg = compose_with(
+        [
+            "dataset=synthetic",
+            "dataset.n_samples=800",
+            "dataset.n_features=6",
+            "model.max_leaf_size=300",
+            "model.leaf.n_iters=2",
+            "system.time_limit=120",
+            "trainer.enable_progress_bar=false",
+        ],
+        tmp_path,
+    )
+    result = run(cfg)
+    model = result["objects"]["system"].model
+    assert isinstance(model, Anytime) and model.time_limit == 120.0
+    assert result["metrics"]["test/r2"] > 0.6  # the synthetic task is learnable
+    summary = json.loads((tmp_path / "tree_summary.json").read_text())
+    assert summary["chosen"] == model.summary()["chosen"]
+    assert [t["candidate"] for t in summary["trials"]] == [r.name for r in model.rungs()]

@@ -70,14 +70,18 @@ class TreeSummary(_FileCallback):
     """Writes ``tree_summary.json`` and logs a one-line summary once the tree is fitted."""
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        summary = tree_summary(_module(pl_module))
+        module = _module(pl_module)
+        summary = tree_summary(module)
         (self.out_dir(trainer) / "tree_summary.json").write_text(json.dumps(summary, indent=1))
-        for k, one in enumerate(summary.get("bags", [summary])):
+        # one line per single tree, whatever the model's kind (its own summary's layout varies)
+        trees = [tree for _, tree in module.model.single_trees()]
+        for k, tree in enumerate(trees):
+            one = tree.summary()
             sizes = [leaf["n_support"] for leaf in one["leaves"]]
             log.info(
                 "xRFM tree%s: %d tree(s) on %s, %d leaves, depth %s, leaf sizes %d..%d, t* %s, "
                 "temperature %.3g, fit %.2fs",
-                f" (bag {k + 1} of {summary['n_bags']})" if "bags" in summary else "",
+                f" (bag {k + 1} of {len(trees)})" if len(trees) > 1 else "",
                 one["n_trees"],
                 " & ".join(one["input_maps"]),
                 one["n_leaves"],
