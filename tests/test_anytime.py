@@ -24,6 +24,7 @@ from xrfm_torch import (
     LeafConfig,
     XRFMClassifier,
     XRFMRegressor,
+    export_program,
     load_model,
     save_model,
     xRFMTree,
@@ -255,6 +256,8 @@ def test_a_saved_anytime_model_loads_with_its_choice(tmp_path):
     assert loaded.summary()["chosen"] == model.summary()["chosen"]
     again = model_from_config(model.get_config())
     assert isinstance(again, Anytime) and again.get_config() == model.get_config()
+    program = export_program(model, X[:2])  # exports as the candidate it kept
+    torch.testing.assert_close(program.module()(X[:30]), model(X[:30]), rtol=1e-4, atol=1e-5)
 
 
 def test_bad_time_limits_are_refused_by_name():
