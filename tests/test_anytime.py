@@ -185,6 +185,20 @@ def test_it_keeps_the_candidate_of_lowest_honest_loss_as_fitted_alone():
     torch.testing.assert_close(model.honest_outputs().outputs, alone.honest_outputs().outputs)
 
 
+def test_rows_of_weight_zero_are_left_out_as_if_never_given():
+    X, y = planted(500, d=5, seed=3, noise=0.1)
+    w = torch.ones(500)
+    w[::7] = 0.0
+    weighted = _anytime().fit(X, y, sample_weight=w, generator=torch.Generator().manual_seed(2))
+    keep = w > 0
+    plain = _anytime().fit(X[keep], y[keep], generator=torch.Generator().manual_seed(2))
+    assert int(weighted.chosen_) == int(plain.chosen_)
+    torch.testing.assert_close(weighted.trials_[:, 0], plain.trials_[:, 0])
+    torch.testing.assert_close(weighted(X[:40]), plain(X[:40]))
+    with pytest.raises(ValueError, match="sample_weight must be non-negative"):
+        _anytime().fit(X, y, sample_weight=-w)
+
+
 def test_a_limit_too_short_for_anything_keeps_the_quick_candidate_cut_short(caplog):
     X, y = planted(500, d=5, seed=1)
     with caplog.at_level("INFO", logger="xrfm_torch"):

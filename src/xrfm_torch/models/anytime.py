@@ -33,7 +33,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from xrfm_torch.models.bagging import BaggedTree
+from xrfm_torch.leaf.data import weighted_rows
 from xrfm_torch.models.blend import KernelBlend
 from xrfm_torch.models.contract import Model
 from xrfm_torch.models.ensemble import Ensemble
@@ -109,19 +109,16 @@ class Anytime(Ensemble):
 
     def _candidate(self, index: int) -> Model:
         """Rung ``index`` as an unfitted model (a mix: an empty ``KernelBlend``)."""
+        from xrfm_torch.models.factory import build_model  # the factory registers this class
+
         tree, kernels, _ = target_parts(self.prototype)
         rung = self.rungs()[index]
         if rung.mixes:
-            member: xRFMTree | BaggedTree = tree
-            if rung.bags > 1:
-                member = BaggedTree(tree, n_bags=rung.bags, distributed=tree.config.distributed)
-            return KernelBlend(member, kernels=cast(list[str], kernels))
+            return build_model(tree, rung.bags, kernels)
         one = tree if kernels is None else tree.with_kernel(kernels[rung.kernel])
         if rung.quick:
             one = quick_tree(one, self.quick_leaf_size)
-        if rung.bags > 1:
-            return BaggedTree(one, n_bags=rung.bags, distributed=one.config.distributed)
-        return one
+        return build_model(one, rung.bags)
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (the target's settings as a nested config)."""
@@ -200,9 +197,11 @@ class Anytime(Ensemble):
         end = start + min(self.time_limit, deadline.time_left())
         generator = own_generator(generator)
         state = generator.get_state()
-        X, y, sample_weight = _positive(X, y, sample_weight)
+        X, y, sample_weight = _positive(X, y, sample_weight, "sample_weight")
         if X_val is not None and y_val is not None:
-            X_val, y_val, val_sample_weight = _positive(X_val, y_val, val_sample_weight)
+            X_val, y_val, val_sample_weight = _positive(
+                X_val, y_val, val_sample_weight, "val_sample_weight"
+            )
         rungs = self.rungs()
         fitted: dict[int, Model] = {}
         seconds = [math.nan] * len(rungs)
@@ -214,9 +213,9 @@ class Anytime(Ensemble):
                     fitted[i] = blend.mix([cast(Any, fitted[j]) for j in rung.mixes])
                     seconds[i] = sum(seconds[j] for j in rung.mixes)
                 continue
-            if fitted and estimate(rung, rungs, seconds) > left:
-                log.info("anytime: %s skipped (about %.1fs, %.1fs left)", rung.name,
-                         estimate(rung, rungs, seconds), left)  # fmt: skip
+            cost = estimate(rung, rungs, seconds)
+            if fitted and cost > left:
+                log.info("anytime: %s skipped (about %.1fs, %.1fs left)", rung.name, cost, left)
                 break
             model = self._candidate(i)
             draws = torch.Generator()
@@ -298,11 +297,13 @@ def _num(v: float) -> float | None:
     return None if math.isnan(v) else v
 
 
-def _positive(X: Tensor, y: Tensor, w: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The rows of positive weight (all rows without weights)."""
-    if w is None or not isinstance(w, Tensor) or w.shape != (X.shape[0],):
-        return X, y, w  # the candidates' own checks name what is wrong
-    keep = w > 0
-    if bool(keep.all()):
+def _positive(
+    X: Tensor, y: Tensor, w: Tensor | None, name: str
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The rows of positive weight (:func:`~xrfm_torch.leaf.data.weighted_rows`; raw weights).
+
+    Inputs that are not yet tensors pass as they are: the candidates convert and check them.
+    """
+    if w is None or not isinstance(X, Tensor):
         return X, y, w
-    return X[keep], y[keep], w[keep]
+    return weighted_rows(X, y, w, name)
