@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from xrfm_torch.leaf.data import weighted_rows
-from xrfm_torch.models.blend import KernelBlend
+from xrfm_torch.models.blend import KernelBlend, compose
 from xrfm_torch.models.contract import Model
 from xrfm_torch.models.ensemble import Ensemble
 from xrfm_torch.models.ladder import (
@@ -109,16 +109,14 @@ class Anytime(Ensemble):
 
     def _candidate(self, index: int) -> Model:
         """Rung ``index`` as an unfitted model (a mix: an empty ``KernelBlend``)."""
-        from xrfm_torch.models.factory import build_model  # the factory registers this class
-
         tree, kernels, _ = target_parts(self.prototype)
         rung = self.rungs()[index]
         if rung.mixes:
-            return build_model(tree, rung.bags, kernels)
+            return compose(tree, rung.bags, kernels)
         one = tree if kernels is None else tree.with_kernel(kernels[rung.kernel])
         if rung.quick:
             one = quick_tree(one, self.quick_leaf_size)
-        return build_model(one, rung.bags)
+        return compose(one, rung.bags)
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (the target's settings as a nested config)."""

@@ -55,6 +55,20 @@ def weight_grid(n_kernels: int, steps: int) -> Tensor:
     return torch.tensor(rows, dtype=torch.float64) / steps
 
 
+def compose(
+    tree: xRFMTree, n_bags: int = 1, kernels: Sequence[str] | None = None
+) -> xRFMTree | BaggedTree | KernelBlend:
+    """``tree``, as ``n_bags`` cross-fitted bags (1: itself), fitted once per kernel and blended.
+
+    ``kernels=None``: the tree's kernel alone. The composition behind
+    :func:`~xrfm_torch.models.factory.build_model` and the anytime fit's candidates.
+    """
+    member: xRFMTree | BaggedTree = tree
+    if n_bags > 1:
+        member = BaggedTree(tree, n_bags=n_bags, distributed=tree.config.distributed)
+    return KernelBlend(member, kernels=list(kernels)) if kernels else member
+
+
 class KernelBlend(Ensemble):
     """A model fitted once per kernel, its members mixed by weights chosen on honest outputs.
 

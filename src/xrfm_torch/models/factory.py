@@ -22,7 +22,7 @@ from typing import Any, TypeVar, cast
 
 from xrfm_torch.models.anytime import Anytime
 from xrfm_torch.models.bagging import BaggedTree
-from xrfm_torch.models.blend import KernelBlend
+from xrfm_torch.models.blend import KernelBlend, compose
 from xrfm_torch.models.contract import Model
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.numerics.config import allow_target, from_config
@@ -144,8 +144,5 @@ def build_model(
     that model is the target of an anytime fit (:class:`~xrfm_torch.models.anytime.Anytime`):
     the best of its cheaper candidates found within the limit.
     """
-    member: xRFMTree | BaggedTree = tree
-    if n_bags > 1:
-        member = BaggedTree(tree, n_bags=n_bags, distributed=tree.config.distributed)
-    model: Model = KernelBlend(member, kernels=list(kernels)) if kernels else member
+    model = compose(tree, n_bags, kernels)
     return model if time_limit is None else Anytime(model, time_limit=time_limit)
