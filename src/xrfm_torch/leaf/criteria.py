@@ -125,6 +125,8 @@ def fit_platt(scores: Tensor, labels: Tensor, weights: Tensor | None = None) -> 
             if new <= current:
                 break
             t *= 0.5
+        if new > current:  # no step along the Newton direction lowers the loss: at the minimum
+            break
         w = w - t * step
         done = current - new < 1e-15 * max(1.0, abs(current))
         current = new
