@@ -10,7 +10,7 @@ import torch
 from test_parallel import _assert_same, _run
 from xrfm_torch import BaggedTree, LeafConfig, XRFMClassifier, XRFMRegressor, xRFMTree
 from xrfm_torch.models import export_program, load_model, save_model
-from xrfm_torch.models.bagging import cross_folds
+from xrfm_torch.models.bagging import cross_folds, first_bag_plan
 from xrfm_torch.models.factory import model_from_config
 from xrfm_torch.tree.parallel import leaf_seeds
 
@@ -70,9 +70,11 @@ def test_bag_k_is_the_tree_fitted_on_the_other_folds_validating_on_fold_k(regres
     folds = cross_folds(500, 3, g)
     seeds = leaf_seeds(g, 3)
     assert torch.equal(bagged.folds_, folds)
+    plan = first_bag_plan(bagged.bags[0])  # the later bags follow the first one's choices
+    assert plan is not None
     for k in (0, 2):
         tr, va = folds != k, folds == k
-        ref = _proto().fit(
+        ref = _proto(leaf=LeafConfig(n_iters=2) if k == 0 else plan).fit(
             Xp[tr], yp[tr], Xp[va], yp[va], generator=torch.Generator().manual_seed(seeds[k])
         )
         assert torch.equal(ref(X[500:]), bagged.bags[k](X[500:]))
@@ -326,3 +328,55 @@ def test_the_input_map_probe_runs_once_per_bagged_model_and_every_bag_takes_its_
     calls.clear()
     xRFMTree(leaf=LeafConfig(n_iters=1), input_transform="quantile").fit(X, y)
     assert calls == []  # a given map is not probed
+
+
+def test_a_classification_bag_is_one_tree_per_map_and_round_trips(tmp_path):
+    # n_trees=None is 2 trees per map for one classification tree, 1 in each bag (the bags
+    # already average); the bags equal those of an explicit n_trees=1 and load back the same
+    g = torch.Generator().manual_seed(2)
+    X = torch.randn(700, 3, generator=g, dtype=torch.float64)
+    y = (torch.sin(2 * X[:, 0]) + X[:, 1] > 0).long()
+    alone = _proto(task="classification").fit(X, y, generator=torch.Generator().manual_seed(0))
+    assert alone.n_leaves > 2 and len(alone.partition_trees()) == 2
+    fits = {}
+    for n_trees in (None, 1):
+        model = BaggedTree(_proto(task="classification", n_trees=n_trees), n_bags=3)
+        fits[n_trees] = model.fit(X[:600], y[:600], generator=torch.Generator().manual_seed(4))
+    assert all(len(bag.partition_trees()) == 1 for bag in fits[None].bags)
+    assert torch.equal(fits[None].predict_proba(X[600:]), fits[1].predict_proba(X[600:]))
+    save_model(fits[None], tmp_path / "bags.pt")
+    back = load_model(tmp_path / "bags.pt")
+    assert torch.equal(back.predict_proba(X[600:]), fits[None].predict_proba(X[600:]))
+
+
+def test_later_bags_follow_the_first_bags_plan(regression):
+    # the plan: iterate to one step past the last kept iteration, the leaves' majority shape,
+    # the exponents they chose (offered beside the kernel's own); each leaf walks its ridge
+    X, y = regression
+    leaf = LeafConfig(n_iters=6, patience=None, reg_factors=(0.1, 10.0, 100.0))
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    shared = BaggedTree(_proto(leaf=leaf), n_bags=3).fit(X[:500], y[:500], generator=g())
+    alone = BaggedTree(_proto(leaf=leaf), n_bags=3, shared_plan=False)
+    alone.fit(X[:500], y[:500], generator=g())
+    assert torch.equal(shared.bags[0](X[500:]), alone.bags[0](X[500:]))  # the same first fit
+    first = shared.bags[0].leaves()
+    plan = first_bag_plan(shared.bags[0])
+    assert plan is not None and plan.reg_factors == leaf.reg_factors and plan.reg == leaf.reg
+    assert plan.n_iters == 1 + max(int(leaf.best_iter_) for leaf in first)
+    diag = [leaf.sqrt_m_.ndim == 1 for leaf in first if leaf.sqrt_m_.numel()]
+    assert plan.diag == (2 * sum(diag) >= len(diag))
+    own = shared.bags[0].kernel.q
+    chosen = tuple(sorted({float(leaf.kernel.q) for leaf in first} - {own}))
+    assert plan.kernel_exponents == (chosen or None)
+    for bag in shared.bags[1:]:
+        assert bag.config.leaf == plan
+        for later in bag.leaves():
+            assert int(later.best_iter_) <= plan.n_iters
+            assert (later.sqrt_m_.ndim == 1) == plan.diag or not later.sqrt_m_.numel()
+    # following costs nothing in held-out error on this planted function
+    err = {name: float(((m(X[500:])[:, 0] - y[500:]) ** 2).mean()) for name, m in
+           (("shared", shared), ("alone", alone))}  # fmt: skip
+    assert err["shared"] < 1.1 * err["alone"]
+    assert BaggedTree.from_config(shared.get_config()).shared_plan is True
+    with pytest.raises(TypeError, match="shared_plan"):
+        BaggedTree(_proto(), shared_plan="yes")  # type: ignore[arg-type]

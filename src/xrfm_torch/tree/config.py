@@ -44,9 +44,10 @@ class TreeConfig:
             stay within ``max_leaf_size`` (routing is unchanged).
         n_trees: Trees per input map, all averaged (they differ through the split-model
             subsamples). A tree with a single leaf stops the count (more would be identical).
-            ``None``: 2 for classification, 1 for regression and in a large fit
-            (``large_fit_rows``): a second tree pays in classification log-loss, much less in
-            regression RMSE for twice the time (docs/benchmarks.md).
+            ``None``: 2 for classification, 1 for regression, in a large fit
+            (``large_fit_rows``) and in each bag of a ``BaggedTree``: a second tree pays in the
+            log-loss of one classification model, not in bags, which already average, and much
+            less in regression RMSE, for twice the time (docs/benchmarks.md).
         temperature: Soft-routing temperature; ``None`` tunes it on validation data over
             ``temperature_grid`` (0 = hard routing is always a candidate), ``0`` forces hard routing.
         temperature_grid: Candidate temperatures for tuning (default: 0 and 20 values 0.025..4.5).
