@@ -34,8 +34,9 @@ def seed_noise(rows: list[dict[str, Any]], models: set[str]) -> dict[str, float]
     """Per table, the standard deviation of the test loss over the seeds of ``models``' rows."""
     by_table: dict[str, dict[int, float]] = {}
     for r in rows:
-        if r.get("model") in models:
-            by_table.setdefault(r["table"], {})[int(r["seed"])] = score(r)
+        if r.get("model") in models:  # bench.run's regression rows name a reg_num "dataset"
+            table = r.get("table") or f"reg_num/{r['dataset']}"
+            by_table.setdefault(table, {})[int(r["seed"])] = score(r)
     return {t: statistics.stdev(v.values()) for t, v in by_table.items() if len(v) >= 2}
 
 
@@ -51,7 +52,7 @@ def compare(
         "|---|---|---|---|---|---|---|",
     ]
     ratios: dict[str, list[float]] = {"classification": [], "regression": []}
-    moved = []
+    moved: dict[str, list[str]] = {"worse": [], "better": []}
     for r in after:
         b = old.get(key(r))
         if b is None:
@@ -62,7 +63,8 @@ def compare(
         lo, la = score(b), score(r)
         sd = noise.get(r["table"])
         if sd is not None and abs(la - lo) > sd:
-            moved.append(f"{r['table']} ({lo:.4g} -> {la:.4g}, sd {sd:.2g})")
+            way = "worse" if la > lo else "better"
+            moved[way].append(f"{r['table']} ({lo:.4g} -> {la:.4g}, sd {sd:.2g})")
         lines.append(
             f"| {r['table']} | {r['seed']} | {b['fit_s']:.1f} -> {r['fit_s']:.1f} | "
             f"{ratio:.2f} | {lo:.4f} -> {la:.4f} | {100 * (la - lo) / lo:+.1f} % | "
@@ -78,7 +80,8 @@ def compare(
                     f"- {name}: median ratio {statistics.median(rs):.2f} over {len(rs)} fits "
                     f"({third} at or below 1/3)"
                 )
-        lines.append(f"- beyond seed noise: {', '.join(moved) if moved else 'none'}")
+        for way, tables in moved.items():
+            lines.append(f"- {way} beyond seed noise: {', '.join(tables) if tables else 'none'}")
     return lines
 
 

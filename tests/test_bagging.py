@@ -9,7 +9,7 @@ import torch
 
 from test_parallel import _assert_same, _run
 from xrfm_torch import BaggedTree, LeafConfig, XRFMClassifier, XRFMRegressor, xRFMTree
-from xrfm_torch.models import export_program, load_model, save_model
+from xrfm_torch.models import bagging, export_program, load_model, save_model
 from xrfm_torch.models.bagging import cross_folds, first_bag_plan
 from xrfm_torch.models.factory import model_from_config
 from xrfm_torch.tree.parallel import leaf_seeds
@@ -70,11 +70,9 @@ def test_bag_k_is_the_tree_fitted_on_the_other_folds_validating_on_fold_k(regres
     folds = cross_folds(500, 3, g)
     seeds = leaf_seeds(g, 3)
     assert torch.equal(bagged.folds_, folds)
-    plan = first_bag_plan(bagged.bags[0])  # the later bags follow the first one's choices
-    assert plan is not None
-    for k in (0, 2):
+    for k in (0, 2):  # 500 pooled rows: below PLAN_MIN_ROWS, every bag searches on its own
         tr, va = folds != k, folds == k
-        ref = _proto(leaf=LeafConfig(n_iters=2) if k == 0 else plan).fit(
+        ref = _proto().fit(
             Xp[tr], yp[tr], Xp[va], yp[va], generator=torch.Generator().manual_seed(seeds[k])
         )
         assert torch.equal(ref(X[500:]), bagged.bags[k](X[500:]))
@@ -349,20 +347,23 @@ def test_a_classification_bag_is_one_tree_per_map_and_round_trips(tmp_path):
     assert torch.equal(back.predict_proba(X[600:]), fits[None].predict_proba(X[600:]))
 
 
-def test_later_bags_follow_the_first_bags_plan(regression):
-    # the plan: iterate to one step past the last kept iteration, the leaves' majority shape,
+def test_later_bags_follow_the_first_bags_plan(regression, monkeypatch):
+    # the plan: iterate up to the last kept iteration, the leaves' majority shape,
     # the exponents they chose (offered beside the kernel's own); each leaf walks its ridge
     X, y = regression
     leaf = LeafConfig(n_iters=6, patience=None, reg_factors=(0.1, 10.0, 100.0))
     g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
-    shared = BaggedTree(_proto(leaf=leaf), n_bags=3).fit(X[:500], y[:500], generator=g())
     alone = BaggedTree(_proto(leaf=leaf), n_bags=3, shared_plan=False)
     alone.fit(X[:500], y[:500], generator=g())
+    small = BaggedTree(_proto(leaf=leaf), n_bags=3).fit(X[:500], y[:500], generator=g())
+    assert torch.equal(small(X[500:]), alone(X[500:]))  # 500 rows < PLAN_MIN_ROWS: no plan
+    monkeypatch.setattr(bagging, "PLAN_MIN_ROWS", 500)
+    shared = BaggedTree(_proto(leaf=leaf), n_bags=3).fit(X[:500], y[:500], generator=g())
     assert torch.equal(shared.bags[0](X[500:]), alone.bags[0](X[500:]))  # the same first fit
     first = shared.bags[0].leaves()
     plan = first_bag_plan(shared.bags[0])
     assert plan is not None and plan.reg_factors == leaf.reg_factors and plan.reg == leaf.reg
-    assert plan.n_iters == 1 + max(int(leaf.best_iter_) for leaf in first)
+    assert plan.n_iters == max(int(leaf.best_iter_) for leaf in first)
     diag = [leaf.sqrt_m_.ndim == 1 for leaf in first if leaf.sqrt_m_.numel()]
     assert plan.diag == (2 * sum(diag) >= len(diag))
     own = shared.bags[0].kernel.q

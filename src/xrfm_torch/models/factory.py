@@ -11,8 +11,9 @@ The default per task: classification fits the Laplace and the Gaussian kernel an
 fit has at most ``AUTO_BAG_ROWS`` rows (on small tables one model's validation rows are too few to
 calibrate its probabilities); regression fits one tree. ``xRFMTree`` itself is always one tree:
 it is the building block the ensembles wrap (docs/design.md: defaults). The classifier's default
-fits 10 single trees below ``AUTO_BAG_ROWS`` rows (2 kernels x 5 bags; measured 6.7-8.9x one
-tree's fit time, ``python -m bench.preset_costs``), 2 above.
+fits 10 single trees below ``AUTO_BAG_ROWS`` rows (2 kernels x 5 bags, the later bags following
+the first one's plan; measured 2.4-4.6x one tree's fit time, ``python -m bench.preset_costs``),
+2 above.
 """
 
 from __future__ import annotations
