@@ -16,10 +16,10 @@ Each candidate is fitted on the same rows from the same generator state, so thei
 (validation rows of a single tree, out-of-fold rows of the bags) cover common rows, on which
 their losses are compared (log-loss or mean squared error, :mod:`xrfm_torch.tree.honest`); the
 model kept is the candidate of lowest loss (ties: the cheaper). A candidate starts only when its
-cost, estimated from the ones before (:func:`~xrfm_torch.models.ladder.estimate`), fits in the time left; it runs under an
-aborting deadline (:mod:`xrfm_torch.numerics.deadline`) and is dropped if the limit comes first.
-The first candidate runs under a degrading deadline instead (its leaves stop iterating), so the
-fit always ends with a model. What was tried, its loss and its seconds are logged, kept in
+cost, estimated from the ones before (:func:`~xrfm_torch.models.ladder.estimate`), fits in the
+time left; it runs under an aborting deadline (:mod:`xrfm_torch.numerics.deadline`) and is
+dropped if the limit comes first. The first candidate runs under a degrading deadline instead
+(its leaves stop iterating), so the fit always ends with a model. What was tried, its loss and its seconds are logged, kept in
 ``trials_`` (saved) and shown by :meth:`Anytime.summary`.
 """
 

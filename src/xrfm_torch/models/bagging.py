@@ -12,11 +12,12 @@ Compared with one tree with a fixed hold-out, each bag trains on ``(K-1)/K`` of 
 (validation rows included) and the average lowers the variance of the validation-driven choices;
 the cost is ``K`` fits (spread over ``torch.distributed`` ranks with ``distributed=True``).
 
-With ``shared_plan`` (the default; from ``PLAN_MIN_ROWS`` pooled rows on) the later bags follow the first bag's plan
-(:func:`first_bag_plan`): they iterate no further than the last iteration any of its leaves kept,
-with its feature-matrix shape and exponents, instead of searching all of these again.
-The bags see 3/4 of each other's rows, and their searches agree (digits: all ten leaves of a blend's
-bags chose the same exponent, ridge and shape); the searches were most of a small leaf's solves.
+With ``shared_plan`` (the default; from ``PLAN_MIN_ROWS`` pooled rows on) the later bags follow
+the first bag's plan (:func:`first_bag_plan`): they iterate no further than the last iteration any
+of its leaves kept, with its feature-matrix shape and exponents, instead of searching all of these
+again. The bags see 3/4 of each other's rows, and their searches agree (digits: all ten leaves of
+a blend's bags chose the same exponent, ridge and shape); the searches were most of a small
+leaf's solves.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from xrfm_torch.inputs.input_map import InputTransform
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.models.ensemble import Ensemble
 from xrfm_torch.models.xrfm_tree import xRFMTree
-from xrfm_torch.numerics.checks import check_int
+from xrfm_torch.numerics.checks import check_bool, check_int
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import HonestOutputs
@@ -72,23 +73,25 @@ def first_bag_plan(bag: xRFMTree) -> LeafConfig | None:
 
     With ``t*`` each leaf's kept iteration, the plan iterates up to ``max t*`` (still stopping
     early by validation, and keeping its best iteration; ``max t* + 1`` cost 7-9 % more time at
-    equal log-loss on five small tables, seeds 0-2), fixes the feature matrix's
-    shape to the leaves' majority (diagonal on a tie), offers beside the kernel's own exponent
-    only those some leaf chose (each leaf still picks by the configured margin: one exponent for
-    all lost 24 % MSE on a planted 4-leaf regression). Each leaf still walks its own ridge (the
-    first bag's median ridge for all lost 15 % log-loss on digits at one seed).
-    ``None`` when no leaf iterated (nothing to follow).
+    equal log-loss on five small tables, seeds 0-2), fixes the feature matrix's shape to the
+    leaves' majority (diagonal on a tie), offers beside the kernel's own exponent only those some
+    leaf chose (each leaf still picks by the configured margin: one exponent for all lost 24 %
+    MSE on a planted 4-leaf regression). Each leaf still walks its own ridge (the first bag's
+    median ridge for all lost 15 % log-loss on digits at one seed). ``None`` when no leaf
+    iterated (nothing to follow).
     """
-    leaves = [leaf for leaf in bag.leaves() if int(leaf.best_iter_) >= 0]
-    if not leaves:
+    kept = [(leaf, int(leaf.best_iter_)) for leaf in bag.leaves()]
+    kept = [(leaf, t) for leaf, t in kept if t >= 0]
+    if not kept:
         return None
+    leaves = [leaf for leaf, _ in kept]
     cfg = bag.config.leaf
     shaped = [leaf.sqrt_m_.ndim == 1 for leaf in leaves if leaf.sqrt_m_.numel()]
     diag = 2 * sum(shaped) >= len(shaped) if shaped else cfg.diag
     own = float(bag.kernel.q)
     chosen = sorted({float(leaf.kernel.q) for leaf in leaves} - {own})
     return cfg.replace(
-        n_iters=min(cfg.n_iters, max(int(leaf.best_iter_) for leaf in leaves)),
+        n_iters=min(cfg.n_iters, max(t for _, t in kept)),
         diag=diag,
         kernel_exponents=tuple(chosen) or None,
     )
@@ -133,12 +136,8 @@ class BaggedTree(Ensemble):
         if not isinstance(proto, xRFMTree):
             raise TypeError(f"tree must be an xRFMTree, got {type(proto).__name__}")
         self.n_bags = check_int(n_bags, "n_bags", 2)
-        if not isinstance(distributed, bool):
-            raise TypeError(f"distributed must be a bool, got {distributed!r}")
-        self.distributed = distributed
-        if not isinstance(shared_plan, bool):
-            raise TypeError(f"shared_plan must be a bool, got {shared_plan!r}")
-        self.shared_plan = shared_plan
+        self.distributed = check_bool(distributed, "distributed")
+        self.shared_plan = check_bool(shared_plan, "shared_plan")
         self._hold_prototype(proto)
         self.bags = nn.ModuleList()
         self.register_buffer("oof_", torch.zeros(0), persistent=False)
@@ -298,8 +297,9 @@ class BaggedTree(Ensemble):
         if first:
             run_leaf_jobs(bags[:1], jobs[:1], [0], distributed=self.distributed)
             plan = first_bag_plan(bags[0])
-            for bag in bags[1:] if plan is not None else ():
-                bag.config = bag.config.replace(leaf=plan)
+            if plan is not None:
+                for bag in bags[1:]:
+                    bag.config = bag.config.replace(leaf=plan)
         owners = assign_by_cost([1.0] * (self.n_bags - first), size)
         run_leaf_jobs(bags[first:], jobs[first:], owners, distributed=self.distributed)
         widths = {b.n_outputs_ for b in bags}
@@ -320,7 +320,8 @@ class BaggedTree(Ensemble):
         bag = self.tree
         if bag.config.n_trees is None:
             # the bags already average several trees; a second tree per map in each bag cost
-            # 1.3-2x the fit at equal log-loss (docs/design.md, "Where a default fit's time goes")
+            # 1.3-2.1x the fit for log-loss within one seed sd (pol, house_16H, california;
+            # docs/design.md, "Where a default fit's time goes")
             bag.config = bag.config.replace(n_trees=1)
         if spread_bags:  # a bag is fitted whole on its rank
             bag.config = bag.config.replace(distributed=False)

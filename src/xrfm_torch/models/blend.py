@@ -29,7 +29,7 @@ from xrfm_torch.kernels import KERNELS
 from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.ensemble import Ensemble
 from xrfm_torch.models.xrfm_tree import xRFMTree
-from xrfm_torch.numerics.checks import check_int
+from xrfm_torch.numerics.checks import check_bool, check_int
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import (
@@ -167,9 +167,7 @@ class KernelBlend(Ensemble):
 
     @distributed.setter
     def distributed(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"distributed must be a bool, got {value!r}")
-        self.prototype.distributed = value
+        self.prototype.distributed = check_bool(value, "distributed")
 
     @property
     def is_fitted(self) -> bool:

@@ -119,6 +119,13 @@ def check_positive(value: float, name: str, *, allow_zero: bool = False) -> floa
     return v
 
 
+def check_bool(value: bool, name: str) -> bool:
+    """Raise ``TypeError`` unless ``value`` is a ``bool`` (not merely truthy: ``1``, ``"yes"``)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
 def check_int(value: int, name: str, low: int, high: int | None = None) -> int:
     """Raise ``ValueError`` unless ``value`` is an integer in ``[low, high]`` (no upper bound: None)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and int(value) == value

@@ -20,7 +20,7 @@ from typing import Any, cast
 from xrfm_torch.inputs.choice import check_input_transform
 from xrfm_torch.inputs.input_map import PROBED_MAPS, InputTransform
 from xrfm_torch.leaf.config import LeafConfig
-from xrfm_torch.numerics.checks import check_fraction, check_int, check_positive
+from xrfm_torch.numerics.checks import check_bool, check_fraction, check_int, check_positive
 from xrfm_torch.tree.memory import MemoryBudget
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
 from xrfm_torch.tree.temperature import DEFAULT_TEMPERATURE_GRID
@@ -185,8 +185,7 @@ class TreeConfig:
             "large_fit_iter_rows",
             check_int(self.large_fit_iter_rows, "large_fit_iter_rows", 2),
         )
-        if not isinstance(self.distributed, bool):
-            raise TypeError(f"distributed must be a bool, got {self.distributed!r}")
+        check_bool(self.distributed, "distributed")
         if self.memory_budget is not None and self.memory_budget != "auto":
             budget = check_int(cast(int, self.memory_budget), "memory_budget", 1)
             put(self, "memory_budget", budget)

@@ -64,8 +64,9 @@ class FitPlan:
 
         Resolves the rules: a large fit's leaves iterate on ``large_fit_iter_rows``-row
         subsamples (unless the leaf sets ``iter_rows``); ``n_trees=None`` is 2 trees per map for
-        classification and 1 for regression or a large fit; a set's trees are cheaper members
-        with leaves of ``set_leaf_fraction * max_leaf_size`` rows.
+        classification and 1 for regression or a large fit (a ``BaggedTree`` sets 1 in its bags
+        itself); a set's trees are cheaper members with leaves of ``set_leaf_fraction *
+        max_leaf_size`` rows.
         """
         large = config.is_large(n_rows)
         leaf = config.leaf
