@@ -12,6 +12,8 @@ from xrfm_torch import BaggedTree, LeafConfig, XRFMClassifier, XRFMRegressor, xR
 from xrfm_torch.models import bagging, export_program, load_model, save_model
 from xrfm_torch.models.bagging import cross_folds, first_bag_plan
 from xrfm_torch.models.factory import model_from_config
+from xrfm_torch.tree import fit as fit_module
+from xrfm_torch.tree.fit import start_matrix
 from xrfm_torch.tree.parallel import leaf_seeds
 
 
@@ -351,7 +353,7 @@ def test_later_bags_follow_the_first_bags_plan(regression, monkeypatch):
     # the plan: iterate up to the last kept iteration, the leaves' majority shape,
     # the exponents they chose (offered beside the kernel's own); each leaf walks its ridge
     X, y = regression
-    leaf = LeafConfig(n_iters=6, patience=None, reg_factors=(0.1, 10.0, 100.0))
+    leaf = LeafConfig(n_iters=6, patience=4, reg_factors=(0.1, 10.0, 100.0))
     g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
     alone = BaggedTree(_proto(leaf=leaf), n_bags=3, shared_plan=False)
     alone.fit(X[:500], y[:500], generator=g())
@@ -369,6 +371,7 @@ def test_later_bags_follow_the_first_bags_plan(regression, monkeypatch):
     own = shared.bags[0].kernel.q
     chosen = tuple(sorted({float(leaf.kernel.q) for leaf in first} - {own}))
     assert plan.kernel_exponents == (chosen or None)
+    assert plan.min_iters == 0 and plan.patience == 2  # the later bags start from bag 0's M
     for bag in shared.bags[1:]:
         assert bag.config.leaf == plan
         for later in bag.leaves():
@@ -381,3 +384,54 @@ def test_later_bags_follow_the_first_bags_plan(regression, monkeypatch):
     assert BaggedTree.from_config(shared.get_config()).shared_plan is True
     with pytest.raises(TypeError, match="shared_plan"):
         BaggedTree(_proto(), shared_plan="yes")  # type: ignore[arg-type]
+
+
+def test_later_bags_start_from_the_first_bags_matrices(regression, monkeypatch):
+    # each later leaf's t = 0 is the M of the first-bag leaf that most of its rows route to
+    X, y = regression
+    monkeypatch.setattr(bagging, "PLAN_MIN_ROWS", 500)
+    calls = []
+    chosen = fit_module.start_matrix
+
+    def recorded(tree, x, diag):
+        calls.append((tree, x, diag, chosen(tree, x, diag)))
+        return calls[-1][3]
+
+    monkeypatch.setattr(fit_module, "start_matrix", recorded)
+    model = BaggedTree(_proto(leaf=LeafConfig(n_iters=4, diag=True)), n_bags=3)
+    model.fit(X[:600], y[:600], generator=torch.Generator().manual_seed(3))
+    first = model.bags[0].partition_trees()[0]
+    later = [leaf for bag in model.bags[1:] for leaf in bag.leaves()]
+    assert len(calls) == len(later) and all(leaf.start_sqrt_m is None for leaf in first.leaf_list())
+    warm = 0
+    for (tree, x, diag, start), leaf in zip(calls, later):
+        assert tree is first and diag is True and leaf.start_sqrt_m is start
+        votes = torch.bincount(first.route(x), minlength=first.n_leaves)
+        source = first.leaf_list()[int(votes.argmax())]
+        if int(source.best_iter_) == 0:
+            assert start is None  # that leaf kept the identity
+        else:
+            assert start is not None and torch.equal(start, source.sqrt_m_)
+            warm += 1
+    assert warm > 0
+    assert all(bag._start_trees == () for bag in model.bags)  # no reference kept once fitted
+
+
+def test_a_start_matrix_takes_the_layout_asked_for(regression):
+    X, y = regression
+    tree = _proto(leaf=LeafConfig(n_iters=3, diag=False)).fit(X[:600], y[:600])
+    part = tree.partition_trees()[0]
+    ids = part.route(X[:600])
+    k = int(torch.bincount(ids).argmax())
+    leaf = part.leaf_list()[k]
+    S = leaf.sqrt_m_
+    assert S.ndim == 2 and int(leaf.best_iter_) >= 1
+    x = X[:600][ids == k]
+    assert torch.equal(start_matrix(part, x, None), S)
+    torch.testing.assert_close(start_matrix(part, x, True), (S @ S).diagonal().sqrt())
+    s = S.diagonal().abs()
+    leaf.sqrt_m_ = s  # a diagonal leaf asked for the full layout
+    assert torch.equal(start_matrix(part, x, False), torch.diag(s))
+    assert start_matrix(part, x[:, :3], None) is None  # another input width
+    leaf.best_iter_ = torch.tensor(0)
+    assert start_matrix(part, x, None) is None  # the identity

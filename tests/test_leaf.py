@@ -538,3 +538,29 @@ def test_iteration_agop_from_the_gram_matrix_matches_input_grads(p):
     )  # fmt: skip
     grads = kernel.input_grads(X, X, cand.alpha, sqrt_m, exclude_self=True)
     torch.testing.assert_close(G, agop_from_grads(grads), rtol=1e-9, atol=1e-12)
+
+
+def test_a_start_matrix_is_t_zero_and_fixes_the_layout():
+    # t = 0 from sqrt(M) = s is kernel ridge regression on the inputs scaled by s
+    X, y = planted(300, d=4, dtype=torch.float64)
+    Xt, _ = planted(50, d=4, seed=3, dtype=torch.float64)
+    s = torch.tensor([2.0, 1.5, 0.2, 0.1], dtype=torch.float64)
+    L, reg = 3.0, 1e-2
+    leaf = plain_leaf(ProductLaplaceKernel(bandwidth=L), n_iters=0, reg=reg, diag=False)
+    leaf.start_sqrt_m = s
+    leaf.fit(X, y, Xt, torch.zeros(50, dtype=torch.float64))
+    ref = KernelRidge(alpha=reg, kernel="laplacian", gamma=1 / L).fit((X * s).numpy(), y.numpy())
+    torch.testing.assert_close(
+        leaf(Xt)[:, 0], torch.from_numpy(ref.predict((Xt * s).numpy())), rtol=0, atol=1e-8
+    )
+    assert torch.equal(leaf.sqrt_m_, s) and int(leaf.best_iter_) == 0  # diagonal, as started
+    # from a learned M the walk starts ahead: its t = 0 beats the identity's on planted features
+    Xv, yv = planted(200, d=4, seed=1, dtype=torch.float64)
+    cold = plain_leaf(n_iters=3, early_stop_multiplier=None).fit(X, y, Xv, yv)
+    warm = plain_leaf(n_iters=3, early_stop_multiplier=None)
+    warm.start_sqrt_m = cold.sqrt_m_
+    warm.fit(X, y, Xv, yv)
+    assert float(warm.val_errors_[0]) == pytest.approx(
+        float(cold.val_errors_[int(cold.best_iter_)]), rel=1e-6
+    )
+    assert float(warm.val_errors_[0]) < 0.8 * float(cold.val_errors_[0])

@@ -188,6 +188,7 @@ def run_iterations(
     y_val: Tensor,
     generator: torch.Generator | None,
     weights: tuple[Tensor | None, Tensor | None] = (None, None),
+    start: Tensor | None = None,
 ) -> tuple[Candidate, Tensor, bool, tuple[Tensor, Tensor] | None]:
     """Fit ``t = 0 .. tau`` with ``M_{t+1} = G_t / (eps + max G_t)`` and keep the best validation MSE.
 
@@ -207,6 +208,8 @@ def run_iterations(
         generator: For the adaptive-bandwidth subsamples.
         weights: ``(training weights (n,), validation weights (n_val,))``, each ``None`` for 1:
             every solve, AGOP and validation error is weighted (:func:`rfm_step`).
+        start: ``sqrt(M)`` of ``t = 0``, (d,) or (d, d), which also fixes the layout (``None``:
+            the identity, the layout by ``diag``).
 
     Returns:
         ``(best candidate, validation MSE per iteration (tau + 1,) with NaN where not run,
@@ -250,7 +253,7 @@ def run_iterations(
         return cand, G
 
     started = time.perf_counter()
-    best, errors, mode = iterate(step, cfg, n)
+    best, errors, mode = iterate(step, cfg, n, start)
     factored = None
     if (cfg.bandwidth_factors or cfg.kernel_exponents or cfg.reg_factors) and not (
         deadline.should_stop(search_cost(cfg, time.perf_counter() - started, errors))
@@ -283,13 +286,16 @@ def search_cost(cfg: LeafConfig, iter_seconds: float, errors: Tensor) -> float:
 Step = Callable[[Tensor | None, bool, bool], tuple[Candidate, Tensor | None]]
 
 
-def iterate(step: Step, cfg: LeafConfig, n: int) -> tuple[Candidate, Tensor, bool | None]:
+def iterate(
+    step: Step, cfg: LeafConfig, n: int, start: Tensor | None = None
+) -> tuple[Candidate, Tensor, bool | None]:
     """The RFM loop over ``t = 0 .. tau`` with the leaf's stopping rules, for any solve ``step``.
 
     ``M_{t+1} = G_t / (eps + max G_t)`` (plus ``agop_ridge``), ``diag="auto"`` fits both layouts
     at ``t = 1`` and continues with the better; stops on ``early_stop_multiplier``, ``patience``
     (from ``min_iters``), a failed step, or a time limit that the next step would pass
-    (:mod:`xrfm_torch.numerics.deadline`). Shared by the exact iterations (:func:`run_iterations`)
+    (:mod:`xrfm_torch.numerics.deadline`). ``t = 0`` solves with ``start`` (``None``: the
+    identity); a given start fixes the layout to its own. Shared by the exact iterations (:func:`run_iterations`)
     and the approximate ones (:mod:`xrfm_torch.leaf.approx_iteration`).
 
     Returns:
@@ -301,6 +307,8 @@ def iterate(step: Step, cfg: LeafConfig, n: int) -> tuple[Candidate, Tensor, boo
     # "auto" decides diag vs full at t = 1 (both are fitted from the full G_0; the one with the
     # lower validation error continues), so it costs one extra solve, not twice the iterations.
     mode: bool | None = None if cfg.diag == "auto" else bool(cfg.diag)
+    if start is not None:  # a warm start fixes the layout: its own
+        mode = start.ndim == 1
     best: Candidate | None = None
     t_gain = 0  # last iteration that improved the best error by more than tol
     G: Tensor | None = None
@@ -313,7 +321,7 @@ def iterate(step: Step, cfg: LeafConfig, n: int) -> tuple[Candidate, Tensor, boo
             break
         started = time.perf_counter()
         if t == 0:
-            cands = [step(None, agop, mode is True)]
+            cands = [step(start, agop, mode is True)]
         elif G is None:
             break
         elif mode is None:

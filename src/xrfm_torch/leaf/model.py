@@ -90,6 +90,9 @@ class LeafRFM(ResizableBuffers):
         #: Keep the final solve's Cholesky factor for :meth:`fit_posterior` (the tree sets it
         #: when it fits posteriors; otherwise the factor, as large as the kernel matrix, is freed).
         self.keep_factor = False
+        #: ``sqrt(M)`` the iterations start from (``None``: the identity); set by the tree for
+        #: a bag that starts from the first bag's leaves.
+        self.start_sqrt_m: Tensor | None = None
         self.register_buffer("support_", torch.empty(0, 0))
         self.register_buffer("alpha_", torch.empty(0, 0))
         self.register_buffer("sqrt_m_", torch.empty(0))
@@ -273,7 +276,15 @@ class LeafRFM(ResizableBuffers):
             self._store_approx(X, best)
         else:
             fitted = run_iterations(
-                self.kernel, cfg, X, y, data.X_val, data.y_val, generator, (w, data.w_val)
+                self.kernel,
+                cfg,
+                X,
+                y,
+                data.X_val,
+                data.y_val,
+                generator,
+                (w, data.w_val),
+                self.start_sqrt_m,
             )
             best, self.val_errors_, self._chosen_diag, factored = fitted
             self._store(X, best)

@@ -8,8 +8,8 @@ them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import cast
 
 import torch
@@ -44,11 +44,15 @@ class FitPlan:
             for the trees of a set of maps), ``n_trees`` (never ``None``) and ``leaf`` (with the
             ``iter_rows`` of a large fit).
         keep_factor: Leaves keep their final solve's Cholesky factor for their posterior.
+        start_trees: Fitted trees, one per tree of this fit (or none): the leaves of tree ``i``
+            start their iterations from the ``M`` of ``start_trees[i]``'s leaves
+            (:func:`start_matrices`).
     """
 
     kernel: Kernel
     config: TreeConfig
     keep_factor: bool = False
+    start_trees: tuple[PartitionTree, ...] = ()
 
     @classmethod
     def resolve(
@@ -87,6 +91,10 @@ class FitPlan:
         resolved = config.replace(leaf=leaf, n_trees=n_trees, max_leaf_size=leaf_size)
         return cls(kernel, resolved, keep_factor=keep_factor)
 
+    def starting_from(self, trees: Sequence[PartitionTree]) -> FitPlan:
+        """This plan with leaves that start from the ``M`` of ``trees``' leaves."""
+        return replace(self, start_trees=tuple(trees))
+
     def new_leaf(self) -> LeafRFM:
         """A fresh, unfitted leaf."""
         leaf = LeafRFM(self.kernel, self.config.leaf)
@@ -110,7 +118,34 @@ class FitPlan:
             generator=generator,
             progress=progress,
             tree_index=tree_index,
+            start=self._start(tree_index),
         )
+
+    def _start(self, tree_index: int) -> Callable[[Tensor], Tensor | None] | None:
+        if tree_index >= len(self.start_trees):
+            return None
+        tree, diag = self.start_trees[tree_index], self.config.leaf.diag
+        return lambda x: start_matrix(tree, x, None if diag == "auto" else bool(diag))
+
+
+def start_matrix(tree: PartitionTree, x: Tensor, diag: bool | None) -> Tensor | None:
+    """``sqrt(M)`` of the leaf of ``tree`` that most rows of ``x`` (m, d) route to.
+
+    In the layout ``diag`` asks for (``None``: the leaf's own): a full ``sqrt(M) = S`` gives
+    ``sqrt(diag(S S))``, a diagonal one its diagonal matrix. ``None`` (the identity) when that
+    leaf kept ``t* = 0`` or has no ``M``, or ``tree`` encodes its inputs with another width.
+    """
+    leaves = tree.leaf_list()
+    if leaves[0].support_.shape[-1] != x.shape[1]:  # another encoding (e.g. levels a bag lacks)
+        return None
+    ids = tree.route(x) if len(leaves) > 1 else x.new_zeros(x.shape[0], dtype=torch.long)
+    leaf = leaves[int(torch.bincount(ids, minlength=len(leaves)).argmax())]
+    s = leaf.sqrt_m_
+    if int(leaf.best_iter_) < 1 or s.numel() == 0 or not bool(s.isfinite().all()):
+        return None
+    if diag is None or diag == (s.ndim == 1):
+        return s.clone()
+    return torch.diag(s) if s.ndim == 1 else (s @ s).diagonal().clamp(min=0).sqrt()
 
 
 @dataclass

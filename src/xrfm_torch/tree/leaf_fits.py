@@ -74,6 +74,7 @@ def fit_leaves(
     generator: torch.Generator | None,
     progress: Progress | None = None,
     tree_index: int = 0,
+    start: Callable[[Tensor], Tensor | None] | None = None,
 ) -> tuple[list[LeafRFM], list[Tensor | None], list[int]]:
     """Fit one LeafRFM per leaf of ``layout`` on the rows routed to it.
 
@@ -148,6 +149,7 @@ def fit_leaves(
         def run(leaf: LeafRFM) -> None:
             deadline.check()  # an aborting time limit drops the fit before the next leaf
             g = torch.Generator().manual_seed(seeds[k])
+            leaf.start_sqrt_m = None if start is None else start(X[tr])
             if Xv.shape[0] == 0:
                 leaf.fit(X[tr], y[tr], sample_weight=wt, generator=g, final_solve=False)
             else:
