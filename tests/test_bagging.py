@@ -9,10 +9,10 @@ import torch
 
 from test_parallel import _assert_same, _run
 from xrfm_torch import BaggedTree, LeafConfig, XRFMClassifier, XRFMRegressor, xRFMTree
+from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.models import bagging, export_program, load_model, save_model
 from xrfm_torch.models.bagging import cross_folds, first_bag_plan
 from xrfm_torch.models.factory import model_from_config
-from xrfm_torch.tree import fit as fit_module
 from xrfm_torch.tree.fit import start_matrix
 from xrfm_torch.tree.parallel import leaf_seeds
 
@@ -390,23 +390,23 @@ def test_later_bags_start_from_the_first_bags_matrices(regression, monkeypatch):
     # each later leaf's t = 0 is the M of the first-bag leaf that most of its rows route to
     X, y = regression
     monkeypatch.setattr(bagging, "PLAN_MIN_ROWS", 500)
-    calls = []
-    chosen = fit_module.start_matrix
+    starts = []  # (rows, start) of every leaf fit of a tree (split models pass no start)
+    fit = LeafRFM.fit
 
-    def recorded(tree, x, diag):
-        calls.append((tree, x, diag, chosen(tree, x, diag)))
-        return calls[-1][3]
+    def recorded(leaf, X_leaf, *args, **kwargs):
+        if "start_sqrt_m" in kwargs:
+            starts.append((X_leaf, kwargs["start_sqrt_m"]))
+        return fit(leaf, X_leaf, *args, **kwargs)
 
-    monkeypatch.setattr(fit_module, "start_matrix", recorded)
+    monkeypatch.setattr(LeafRFM, "fit", recorded)
     model = BaggedTree(_proto(leaf=LeafConfig(n_iters=4, diag=True)), n_bags=3)
     model.fit(X[:600], y[:600], generator=torch.Generator().manual_seed(3))
     first = model.bags[0].partition_trees()[0]
-    later = [leaf for bag in model.bags[1:] for leaf in bag.leaves()]
-    assert len(calls) == len(later) and all(leaf.start_sqrt_m is None for leaf in first.leaf_list())
+    assert len(starts) == sum(bag.n_leaves for bag in model.bags)
+    assert all(start is None for _, start in starts[: first.n_leaves])
     warm = 0
-    for (tree, x, diag, start), leaf in zip(calls, later):
-        assert tree is first and diag is True and leaf.start_sqrt_m is start
-        votes = torch.bincount(first.route(x), minlength=first.n_leaves)
+    for X_leaf, start in starts[first.n_leaves :]:
+        votes = torch.bincount(first.route(X_leaf), minlength=first.n_leaves)
         source = first.leaf_list()[int(votes.argmax())]
         if int(source.best_iter_) == 0:
             assert start is None  # that leaf kept the identity

@@ -547,8 +547,7 @@ def test_a_start_matrix_is_t_zero_and_fixes_the_layout():
     s = torch.tensor([2.0, 1.5, 0.2, 0.1], dtype=torch.float64)
     L, reg = 3.0, 1e-2
     leaf = plain_leaf(ProductLaplaceKernel(bandwidth=L), n_iters=0, reg=reg, diag=False)
-    leaf.start_sqrt_m = s
-    leaf.fit(X, y, Xt, torch.zeros(50, dtype=torch.float64))
+    leaf.fit(X, y, Xt, torch.zeros(50, dtype=torch.float64), start_sqrt_m=s)
     ref = KernelRidge(alpha=reg, kernel="laplacian", gamma=1 / L).fit((X * s).numpy(), y.numpy())
     torch.testing.assert_close(
         leaf(Xt)[:, 0], torch.from_numpy(ref.predict((Xt * s).numpy())), rtol=0, atol=1e-8
@@ -558,9 +557,12 @@ def test_a_start_matrix_is_t_zero_and_fixes_the_layout():
     Xv, yv = planted(200, d=4, seed=1, dtype=torch.float64)
     cold = plain_leaf(n_iters=3, early_stop_multiplier=None).fit(X, y, Xv, yv)
     warm = plain_leaf(n_iters=3, early_stop_multiplier=None)
-    warm.start_sqrt_m = cold.sqrt_m_
-    warm.fit(X, y, Xv, yv)
+    warm.fit(X, y, Xv, yv, start_sqrt_m=cold.sqrt_m_)
     assert float(warm.val_errors_[0]) == pytest.approx(
         float(cold.val_errors_[int(cold.best_iter_)]), rel=1e-6
     )
     assert float(warm.val_errors_[0]) < 0.8 * float(cold.val_errors_[0])
+    with pytest.raises(
+        ValueError, match=r"start_sqrt_m must have shape \(4,\) or \(4, 4\), got \(3,\)"
+    ):
+        plain_leaf(n_iters=1).fit(X, y, Xv, yv, start_sqrt_m=s[:3])

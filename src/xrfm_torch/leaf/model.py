@@ -90,9 +90,6 @@ class LeafRFM(ResizableBuffers):
         #: Keep the final solve's Cholesky factor for :meth:`fit_posterior` (the tree sets it
         #: when it fits posteriors; otherwise the factor, as large as the kernel matrix, is freed).
         self.keep_factor = False
-        #: ``sqrt(M)`` the iterations start from (``None``: the identity); set by the tree for
-        #: a bag that starts from the first bag's leaves.
-        self.start_sqrt_m: Tensor | None = None
         self.register_buffer("support_", torch.empty(0, 0))
         self.register_buffer("alpha_", torch.empty(0, 0))
         self.register_buffer("sqrt_m_", torch.empty(0))
@@ -185,6 +182,7 @@ class LeafRFM(ResizableBuffers):
         final_solve: bool = True,
         extra: tuple[Tensor, Tensor] | None = None,
         extra_weight: Tensor | None = None,
+        start_sqrt_m: Tensor | None = None,
     ) -> LeafRFM:
         """Run the RFM iterations and keep the iteration with the lowest validation MSE.
 
@@ -215,6 +213,9 @@ class LeafRFM(ResizableBuffers):
                 extra rows) instead of factoring ``n + b`` rows afresh. Only without a hold-out
                 or ``iter_rows`` subsample (whose rows would need the same final solve).
             extra_weight: The weights of the ``extra`` rows (b,), given with ``sample_weight``.
+            start_sqrt_m: ``sqrt(M)`` of ``t = 0``, (d,) or (d, d), also fixing the layout
+                (``None``: the identity); a later bag starts from the first bag's leaves. The
+                exact iterations use it (``approx_iters`` start from the identity).
 
         Returns:
             ``self``.
@@ -256,6 +257,13 @@ class LeafRFM(ResizableBuffers):
         self.kernel.q = self._kernel_start[0]
         self.kernel.bandwidth.fill_(self._kernel_start[1])
         d = X.shape[1]
+        if start_sqrt_m is not None:
+            if tuple(start_sqrt_m.shape) not in ((d,), (d, d)):
+                raise ValueError(
+                    f"start_sqrt_m must have shape ({d},) or ({d}, {d}), "
+                    f"got {tuple(start_sqrt_m.shape)}"
+                )
+            start_sqrt_m = start_sqrt_m.to(X)
         if (
             cfg.approx_iters
             and not self.keep_factor
@@ -284,7 +292,7 @@ class LeafRFM(ResizableBuffers):
                 data.y_val,
                 generator,
                 (w, data.w_val),
-                self.start_sqrt_m,
+                start_sqrt_m,
             )
             best, self.val_errors_, self._chosen_diag, factored = fitted
             self._store(X, best)

@@ -149,9 +149,11 @@ def fit_leaves(
         def run(leaf: LeafRFM) -> None:
             deadline.check()  # an aborting time limit drops the fit before the next leaf
             g = torch.Generator().manual_seed(seeds[k])
-            leaf.start_sqrt_m = None if start is None else start(X[tr])
+            m0 = None if start is None else start(X[tr])
             if Xv.shape[0] == 0:
-                leaf.fit(X[tr], y[tr], sample_weight=wt, generator=g, final_solve=False)
+                leaf.fit(
+                    X[tr], y[tr], sample_weight=wt, generator=g, final_solve=False, start_sqrt_m=m0
+                )
             else:
                 final_rows: dict[str, Any] = {"final_solve": False}
                 if holdout is None and leaf.config.iter_rows is None:
@@ -173,6 +175,7 @@ def fit_leaves(
                     sample_weight=wt,
                     val_sample_weight=wv,
                     generator=g,
+                    start_sqrt_m=m0,
                     **final_rows,
                 )
             done[0] += 1
