@@ -295,8 +295,8 @@ def iterate(
     at ``t = 1`` and continues with the better; stops on ``early_stop_multiplier``, ``patience``
     (from ``min_iters``), a failed step, or a time limit that the next step would pass
     (:mod:`xrfm_torch.numerics.deadline`). ``t = 0`` solves with ``start`` (``None``: the
-    identity); a given start fixes the layout to its own. Shared by the exact iterations (:func:`run_iterations`)
-    and the approximate ones (:mod:`xrfm_torch.leaf.approx_iteration`).
+    identity); a given start fixes the layout to its own. Shared by the exact iterations
+    (:func:`run_iterations`) and the approximate ones (:mod:`xrfm_torch.leaf.approx_iteration`).
 
     Returns:
         ``(best candidate, validation error per iteration (tau + 1,) float64 with NaN where not

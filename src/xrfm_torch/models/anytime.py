@@ -19,8 +19,8 @@ model kept is the candidate of lowest loss (ties: the cheaper). A candidate star
 cost, estimated from the ones before (:func:`~xrfm_torch.models.ladder.estimate`), fits in the
 time left; it runs under an aborting deadline (:mod:`xrfm_torch.numerics.deadline`) and is
 dropped if the limit comes first. The first candidate runs under a degrading deadline instead
-(its leaves stop iterating), so the fit always ends with a model. What was tried, its loss and its seconds are logged, kept in
-``trials_`` (saved) and shown by :meth:`Anytime.summary`.
+(its leaves stop iterating), so the fit always ends with a model. What was tried, its loss and
+its seconds are logged, kept in ``trials_`` (saved) and shown by :meth:`Anytime.summary`.
 """
 
 from __future__ import annotations

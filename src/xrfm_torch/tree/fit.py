@@ -46,7 +46,7 @@ class FitPlan:
         keep_factor: Leaves keep their final solve's Cholesky factor for their posterior.
         start_trees: Fitted trees, one per tree of this fit (or none): the leaves of tree ``i``
             start their iterations from the ``M`` of ``start_trees[i]``'s leaves
-            (:func:`start_matrices`).
+            (:func:`start_matrix`).
     """
 
     kernel: Kernel
@@ -138,14 +138,13 @@ def start_matrix(tree: PartitionTree, x: Tensor, diag: bool | None) -> Tensor | 
     leaves = tree.leaf_list()
     if leaves[0].support_.shape[-1] != x.shape[1]:  # another encoding (e.g. levels a bag lacks)
         return None
-    ids = tree.route(x) if len(leaves) > 1 else x.new_zeros(x.shape[0], dtype=torch.long)
-    leaf = leaves[int(torch.bincount(ids, minlength=len(leaves)).argmax())]
+    leaf = leaves[int(torch.bincount(tree.route(x), minlength=len(leaves)).argmax())]
     s = leaf.sqrt_m_
     if int(leaf.best_iter_) < 1 or s.numel() == 0 or not bool(s.isfinite().all()):
         return None
     if diag is None or diag == (s.ndim == 1):
         return s.clone()
-    return torch.diag(s) if s.ndim == 1 else (s @ s).diagonal().clamp(min=0).sqrt()
+    return torch.diag(s) if s.ndim == 1 else leaf.M.diagonal().clamp(min=0).sqrt()
 
 
 @dataclass
