@@ -38,6 +38,7 @@ from xrfm_torch.models.ensemble import Ensemble
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.numerics.checks import check_bool, check_int
 from xrfm_torch.numerics.rng import own_generator
+from xrfm_torch.tree.fit import follow_plan
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.parallel import assign_by_cost, leaf_seeds, run_leaf_jobs, world
@@ -71,38 +72,15 @@ def cross_folds(n: int, k: int, generator: torch.Generator, labels: Tensor | Non
 
 
 def first_bag_plan(bag: xRFMTree) -> LeafConfig | None:
-    """The leaf settings of the later bags, from the choices of the first bag's leaves.
+    """The leaf settings of the later bags: :func:`~xrfm_torch.tree.fit.follow_plan` of the first.
 
-    With ``t*`` each leaf's kept iteration, the plan iterates up to ``max t*`` (still stopping
-    early by validation, and keeping its best iteration; ``max t* + 1`` cost 7-9 % more time at
-    equal log-loss on five small tables, seeds 0-2). The later bags' leaves start from the first
-    bag's ``M`` (:meth:`~xrfm_torch.xRFMTree.start_from`), so the plan drops the warm-up
-    (``min_iters=0``) and stops after 2 steps without a gain (``patience`` at most 2): seed 0,
-    pol 64.0 -> 45.5 s at log-loss 0.0309 -> 0.0294, diamonds 141.3 -> 111.7 s at 0.5730 ->
-    0.5729 (pol's later bags walked 6-14 steps before, 4-5 with the start and patience 3). It
-    fixes the feature matrix's shape to the leaves' majority (diagonal on a tie), offers beside
-    the kernel's own exponent only those some leaf chose (each leaf still picks by the
-    configured margin: one exponent for all lost 24 % MSE on a planted 4-leaf regression). Each
-    leaf still walks its own ridge (the first bag's median ridge for all lost 15 % log-loss on
-    digits at one seed). ``None`` when no leaf iterated (nothing to follow).
+    The later bags' leaves start from the first bag's ``M``
+    (:meth:`~xrfm_torch.xRFMTree.start_from`) and iterate up to its leaves' last kept
+    iteration, with their majority ``M`` shape and exponents. Seed 0: pol 64.0 -> 45.5 s at
+    log-loss 0.0309 -> 0.0294, diamonds 141.3 -> 111.7 s at 0.5730 -> 0.5729 (pol's later bags
+    walked 6-14 steps from the identity, 4-5 from the first bag's ``M`` with patience 3).
     """
-    kept = [(leaf, int(leaf.best_iter_)) for leaf in bag.leaves()]
-    kept = [(leaf, t) for leaf, t in kept if t >= 0]
-    if not kept:
-        return None
-    leaves = [leaf for leaf, _ in kept]
-    cfg = bag.config.leaf
-    shaped = [leaf.sqrt_m_.ndim == 1 for leaf in leaves if leaf.sqrt_m_.numel()]
-    diag = 2 * sum(shaped) >= len(shaped) if shaped else cfg.diag
-    own = float(bag.kernel.q)
-    chosen = sorted({float(leaf.kernel.q) for leaf in leaves} - {own})
-    return cfg.replace(
-        n_iters=min(cfg.n_iters, max(t for _, t in kept)),
-        diag=diag,
-        kernel_exponents=tuple(chosen) or None,
-        min_iters=0,
-        patience=None if cfg.patience is None else min(cfg.patience, 2),
-    )
+    return follow_plan(bag.leaves(), bag.config.leaf, float(bag.kernel.q))
 
 
 class BaggedTree(Ensemble):

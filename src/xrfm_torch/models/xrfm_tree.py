@@ -103,6 +103,7 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
         split_rule: SplitRule | None = None,
         overlap_fraction: float = DEFAULTS.overlap_fraction,
         n_trees: int | None = DEFAULTS.n_trees,
+        shared_plan: bool = DEFAULTS.shared_plan,
         temperature: float | None = DEFAULTS.temperature,
         temperature_grid: Sequence[float] | None = None,
         keep_mass: float = DEFAULTS.keep_mass,

@@ -48,6 +48,10 @@ class TreeConfig:
             (``large_fit_rows``) and in each bag of a ``BaggedTree``: a second tree pays in the
             log-loss of one classification model, not in bags, which already average, and much
             less in regression RMSE, for twice the time (docs/benchmarks.md).
+        shared_plan: A map's later trees start each leaf from the ``M`` of the first tree's
+            leaf that most of its rows route to, and follow the first tree's plan
+            (:meth:`~xrfm_torch.tree.fit.FitPlan.following`); ``False``: every tree walks from
+            the identity on its own.
         temperature: Soft-routing temperature; ``None`` tunes it on validation data over
             ``temperature_grid`` (0 = hard routing is always a candidate), ``0`` forces hard routing.
         temperature_grid: Candidate temperatures for tuning (default: 0 and 20 values 0.025..4.5).
@@ -113,6 +117,7 @@ class TreeConfig:
     split_rule: SplitRule = field(default_factory=AGOPSplit)
     overlap_fraction: float = 0.1
     n_trees: int | None = None
+    shared_plan: bool = True
     temperature: float | None = None
     temperature_grid: Sequence[float] = tuple(DEFAULT_TEMPERATURE_GRID)
     keep_mass: float = 0.99
@@ -186,6 +191,7 @@ class TreeConfig:
             check_int(self.large_fit_iter_rows, "large_fit_iter_rows", 2),
         )
         check_bool(self.distributed, "distributed")
+        check_bool(self.shared_plan, "shared_plan")
         if self.memory_budget is not None and self.memory_budget != "auto":
             budget = check_int(cast(int, self.memory_budget), "memory_budget", 1)
             put(self, "memory_budget", budget)
