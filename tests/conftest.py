@@ -54,3 +54,39 @@ def needs_shared_datasets():
 def plain_leaf(kernel=None, **settings) -> LeafRFM:
     """A leaf with the paper's fixed-budget settings (``LeafConfig.plain``), some changed."""
     return LeafRFM(kernel, LeafConfig.plain(**settings))
+
+
+def record_leaf_starts(monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor | None, LeafConfig]]:
+    """``(rows, start_sqrt_m, settings)`` of every tree leaf fit from now on, in fit order.
+
+    Split models fit their leaves without ``start_sqrt_m`` and are not recorded.
+    """
+    calls = []
+    fit = LeafRFM.fit
+
+    def recorded(leaf, X_leaf, *args, **kwargs):
+        if "start_sqrt_m" in kwargs:
+            calls.append((X_leaf, kwargs["start_sqrt_m"], leaf.config))
+        return fit(leaf, X_leaf, *args, **kwargs)
+
+    monkeypatch.setattr(LeafRFM, "fit", recorded)
+    return calls
+
+
+def check_starts(first, calls) -> int:
+    """Assert each recorded leaf started from ``first``'s majority-routed leaf; count the warm ones.
+
+    ``first`` is a fitted ``PartitionTree``; ``calls`` are :func:`record_leaf_starts` entries of
+    leaves that follow it. Where that leaf kept ``t* = 0`` the start is ``None`` (the identity),
+    else its ``sqrt(M)``.
+    """
+    warm = 0
+    for X_leaf, start, _ in calls:
+        votes = torch.bincount(first.route(X_leaf), minlength=first.n_leaves)
+        source = first.leaf_list()[int(votes.argmax())]
+        if int(source.best_iter_) == 0:
+            assert start is None  # that leaf kept the identity
+        else:
+            assert start is not None and torch.equal(start, source.sqrt_m_)
+            warm += 1
+    return warm

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import check_starts, record_leaf_starts
 from test_parallel import _assert_same, _run
 from xrfm_torch import BaggedTree, LeafConfig, XRFMClassifier, XRFMRegressor, xRFMTree
-from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.models import bagging, export_program, load_model, save_model
 from xrfm_torch.models.bagging import cross_folds, first_bag_plan
 from xrfm_torch.models.factory import model_from_config
@@ -390,30 +390,13 @@ def test_later_bags_start_from_the_first_bags_matrices(regression, monkeypatch):
     # each later leaf's t = 0 is the M of the first-bag leaf that most of its rows route to
     X, y = regression
     monkeypatch.setattr(bagging, "PLAN_MIN_ROWS", 500)
-    starts = []  # (rows, start) of every leaf fit of a tree (split models pass no start)
-    fit = LeafRFM.fit
-
-    def recorded(leaf, X_leaf, *args, **kwargs):
-        if "start_sqrt_m" in kwargs:
-            starts.append((X_leaf, kwargs["start_sqrt_m"]))
-        return fit(leaf, X_leaf, *args, **kwargs)
-
-    monkeypatch.setattr(LeafRFM, "fit", recorded)
+    starts = record_leaf_starts(monkeypatch)
     model = BaggedTree(_proto(leaf=LeafConfig(n_iters=4, diag=True)), n_bags=3)
     model.fit(X[:600], y[:600], generator=torch.Generator().manual_seed(3))
     first = model.bags[0].partition_trees()[0]
     assert len(starts) == sum(bag.n_leaves for bag in model.bags)
-    assert all(start is None for _, start in starts[: first.n_leaves])
-    warm = 0
-    for X_leaf, start in starts[first.n_leaves :]:
-        votes = torch.bincount(first.route(X_leaf), minlength=first.n_leaves)
-        source = first.leaf_list()[int(votes.argmax())]
-        if int(source.best_iter_) == 0:
-            assert start is None  # that leaf kept the identity
-        else:
-            assert start is not None and torch.equal(start, source.sqrt_m_)
-            warm += 1
-    assert warm > 0
+    assert all(start is None for _, start, _ in starts[: first.n_leaves])
+    assert check_starts(first, starts[first.n_leaves :]) > 0
     assert all(bag._start_trees == () for bag in model.bags)  # no reference kept once fitted
 
 
