@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import check_starts, record_leaf_starts
+from conftest import record_leaf_starts
 from test_parallel import _assert_same, _run
 from xrfm_torch import BaggedTree, LeafConfig, XRFMClassifier, XRFMRegressor, xRFMTree
 from xrfm_torch.models import bagging, export_program, load_model, save_model
@@ -371,7 +371,8 @@ def test_later_bags_follow_the_first_bags_plan(regression, monkeypatch):
     own = shared.bags[0].kernel.q
     chosen = tuple(sorted({float(leaf.kernel.q) for leaf in first} - {own}))
     assert plan.kernel_exponents == (chosen or None)
-    assert plan.min_iters == 0 and plan.patience == 2  # the later bags start from bag 0's M
+    # the later bags start from the identity (tree.fit.leaf_plan): the warm-up stays
+    assert plan.min_iters == leaf.min_iters and plan.patience == leaf.patience
     for bag in shared.bags[1:]:
         assert bag.config.leaf == plan
         for later in bag.leaves():
@@ -386,18 +387,20 @@ def test_later_bags_follow_the_first_bags_plan(regression, monkeypatch):
         BaggedTree(_proto(), shared_plan="yes")  # type: ignore[arg-type]
 
 
-def test_later_bags_start_from_the_first_bags_matrices(regression, monkeypatch):
-    # each later leaf's t = 0 is the M of the first-bag leaf that most of its rows route to
+def test_later_bags_start_from_the_identity_not_from_the_first_bag(regression, monkeypatch):
+    # the first bag trained on every later bag's validation fold: a start from its M would make
+    # their validation errors (stopping, out-of-fold outputs) optimistic
     X, y = regression
     monkeypatch.setattr(bagging, "PLAN_MIN_ROWS", 500)
     starts = record_leaf_starts(monkeypatch)
     model = BaggedTree(_proto(leaf=LeafConfig(n_iters=4, diag=True)), n_bags=3)
     model.fit(X[:600], y[:600], generator=torch.Generator().manual_seed(3))
-    first = model.bags[0].partition_trees()[0]
+    first = model.bags[0].leaves()
     assert len(starts) == sum(bag.n_leaves for bag in model.bags)
-    assert all(start is None for _, start, _ in starts[: first.n_leaves])
-    assert check_starts(first, starts[first.n_leaves :]) > 0
-    assert all(bag._start_trees == () for bag in model.bags)  # no reference kept once fitted
+    assert max(int(leaf.best_iter_) for leaf in first) >= 1  # there was an M to start from
+    assert all(start is None for _, start, _ in starts)
+    plan = first_bag_plan(model.bags[0])
+    assert all(cfg == plan for _, _, cfg in starts[len(first) :])
 
 
 def test_a_start_matrix_takes_the_layout_asked_for(regression):

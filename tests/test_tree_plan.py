@@ -7,9 +7,7 @@ import torch
 
 from conftest import check_starts, record_leaf_starts
 from xrfm_torch import LeafConfig, xRFMTree
-from xrfm_torch.kernels import LaplaceKernel
-from xrfm_torch.tree.config import TreeConfig
-from xrfm_torch.tree.fit import FitPlan, follow_plan
+from xrfm_torch.tree.fit import follow_plan
 
 
 @pytest.fixture(scope="module")
@@ -89,13 +87,3 @@ def test_one_tree_per_map_is_the_same_fit_either_way(labelled):
     for key in a:
         same = torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key]
         assert same, key
-
-
-def test_a_plan_that_already_follows_other_trees_is_kept(labelled):
-    X, y = labelled
-    model = _tree().fit(X[:600], y[:600], generator=torch.Generator().manual_seed(1))
-    tree = model.partition_trees()[0]
-    plan = FitPlan(LaplaceKernel(), TreeConfig(n_trees=2))
-    assert plan.following(tree, 0) is not None
-    # a later bag starts from its first bag's trees: its own trees do not re-follow each other
-    assert plan.starting_from([tree, tree]).following(tree, 0) is None

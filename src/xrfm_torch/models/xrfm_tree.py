@@ -28,7 +28,6 @@ from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.memory import MemoryBudget
 from xrfm_torch.tree.parallel import broadcast_module
-from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
 from xrfm_torch.tree.targets import Calibration, ClassCoding, TargetCoding, Task
 from xrfm_torch.tree.uncertainty import (
@@ -146,9 +145,6 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
         if self.config.trainable_routing:
             self.raw_temperature = nn.Parameter(torch.tensor(0.0))
         self.fit_seconds_: float | None = None
-        #: Fitted trees whose leaves' ``M`` the next fit's leaves start from (a tuple, so not
-        #: submodules; :meth:`start_from`).
-        self._start_trees: tuple[PartitionTree, ...] = ()
 
     # the constructor's arguments that the model's modules hold, read back (get_config)
     @property
@@ -199,19 +195,7 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
     def _plan(self, n_rows: int, n_maps: int = 1) -> FitPlan:
         """The kernel and resolved settings of a fit on ``n_rows`` rows (:meth:`FitPlan.resolve`)."""
         keep_factor = self.uncertainty != "none"
-        plan = FitPlan.resolve(self.kernel, self.config, self.task, n_rows, n_maps, keep_factor)
-        return plan.starting_from(self._start_trees)
-
-    def start_from(self, other: xRFMTree | None) -> None:
-        """Let the next fit's leaves start their iterations from ``other``'s learned ``M``.
-
-        Each leaf starts from the ``M`` of the leaf of ``other``'s tree of the same index (the
-        same input map) that most of its training rows route to
-        (:func:`~xrfm_torch.tree.fit.start_matrix`); ``t = 0`` is then that ``M``, not the
-        identity. A later bag of a :class:`~xrfm_torch.BaggedTree` starts from the first bag.
-        ``None``: from the identity again.
-        """
-        self._start_trees = () if other is None else tuple(other.partition_trees())
+        return FitPlan.resolve(self.kernel, self.config, self.task, n_rows, n_maps, keep_factor)
 
     def single_trees(self) -> list[tuple[float, xRFMTree]]:
         """``[(1.0, self)]``: the contract's single trees (an ensemble has several)."""

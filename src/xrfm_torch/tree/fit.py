@@ -92,20 +92,13 @@ class FitPlan:
         resolved = config.replace(leaf=leaf, n_trees=n_trees, max_leaf_size=leaf_size)
         return cls(kernel, resolved, keep_factor=keep_factor)
 
-    def starting_from(self, trees: Sequence[PartitionTree]) -> FitPlan:
-        """This plan with leaves that start from the ``M`` of ``trees``' leaves."""
-        return replace(self, start_trees=tuple(trees))
-
     def following(self, tree: PartitionTree, n_before: int) -> FitPlan | None:
         """The plan of a map's later trees: start from ``tree``'s leaves and follow their plan.
 
         ``tree`` is the map's first tree, fitted as tree ``n_before`` of this fit; the later
         trees' leaves start from the ``M`` of its leaves (:func:`start_matrix`) and iterate by
-        :func:`follow_plan`. ``None`` when the plan already starts from other trees (a later
-        bag follows its first bag) or no leaf of ``tree`` iterated.
+        :func:`follow_plan`. ``None`` when no leaf of ``tree`` iterated.
         """
-        if self.start_trees:
-            return None
         leaf = follow_plan(tree.leaf_list(), self.config.leaf, float(self.kernel.q))
         if leaf is None:
             return None
@@ -146,18 +139,17 @@ class FitPlan:
         return lambda x: start_matrix(tree, x, None if diag == "auto" else bool(diag))
 
 
-def follow_plan(leaves: Sequence[LeafRFM], cfg: LeafConfig, own_q: float) -> LeafConfig | None:
-    """The leaf settings of fits that start from ``leaves``' ``M`` (:func:`start_matrix`).
+def leaf_plan(leaves: Sequence[LeafRFM], cfg: LeafConfig, own_q: float) -> LeafConfig | None:
+    """The leaf settings of fits that follow the choices of fitted ``leaves``.
 
     With ``t*`` each leaf's kept iteration, the plan iterates up to ``max t*`` (still stopping
     early by validation, and keeping its best iteration; ``max t* + 1`` cost 7-9 % more time at
-    equal log-loss on five small tables, seeds 0-2). The leaves start from a learned ``M``, so
-    the plan drops the warm-up (``min_iters=0``) and stops after 2 steps without a gain
-    (``patience`` at most 2). It fixes the feature matrix's shape to the leaves' majority
-    (diagonal on a tie) and offers beside the kernel's own exponent ``own_q`` only those some
-    leaf chose (each leaf still picks by the configured margin: one exponent for all lost 24 %
-    MSE on a planted 4-leaf regression). Each leaf still walks its own ridge (one median ridge
-    for all lost 15 % log-loss on digits at one seed). ``None`` when no leaf iterated.
+    equal log-loss on five small tables, seeds 0-2). It fixes the feature matrix's shape to the
+    leaves' majority (diagonal on a tie) and offers beside the kernel's own exponent ``own_q``
+    only those some leaf chose (each leaf still picks by the configured margin: one exponent for
+    all lost 24 % MSE on a planted 4-leaf regression). Each leaf still walks its own ridge (one
+    median ridge for all lost 15 % log-loss on digits at one seed). ``None`` when no leaf
+    iterated.
     """
     kept = [(leaf, int(leaf.best_iter_)) for leaf in leaves]
     kept = [(leaf, t) for leaf, t in kept if t >= 0]
@@ -170,9 +162,24 @@ def follow_plan(leaves: Sequence[LeafRFM], cfg: LeafConfig, own_q: float) -> Lea
         n_iters=min(cfg.n_iters, max(t for _, t in kept)),
         diag=diag,
         kernel_exponents=tuple(chosen) or None,
-        min_iters=0,
-        patience=None if cfg.patience is None else min(cfg.patience, 2),
     )
+
+
+def follow_plan(leaves: Sequence[LeafRFM], cfg: LeafConfig, own_q: float) -> LeafConfig | None:
+    """:func:`leaf_plan` for fits whose leaves start from ``leaves``' ``M`` (:func:`start_matrix`).
+
+    Such a leaf starts from a learned ``M``, so the plan also drops the warm-up (``min_iters=0``)
+    and stops after 2 steps without a gain (``patience`` at most 2). Only for fits on the rows
+    ``leaves`` trained on, validated on the same rows (a map's later trees): a start learned
+    with a fit's validation rows among its training rows makes that fit's validation errors,
+    and so its stopping and its honest outputs, optimistic (why later bags do not start from
+    the first bag, :func:`~xrfm_torch.models.bagging.first_bag_plan`).
+    """
+    plan = leaf_plan(leaves, cfg, own_q)
+    if plan is None:
+        return None
+    patience = None if cfg.patience is None else min(cfg.patience, 2)
+    return plan.replace(min_iters=0, patience=patience)
 
 
 def start_matrix(tree: PartitionTree, x: Tensor, diag: bool | None) -> Tensor | None:
