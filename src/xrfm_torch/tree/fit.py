@@ -45,15 +45,14 @@ class FitPlan:
             for the trees of a set of maps), ``n_trees`` (never ``None``) and ``leaf`` (with the
             ``iter_rows`` of a large fit).
         keep_factor: Leaves keep their final solve's Cholesky factor for their posterior.
-        start_trees: Fitted trees, one per tree of this fit (or none): the leaves of tree ``i``
-            start their iterations from the ``M`` of ``start_trees[i]``'s leaves
-            (:func:`start_matrix`).
+        start_tree: A fitted tree (or none) whose leaves' ``M`` this plan's leaves start their
+            iterations from (:func:`start_matrix`): a map's first tree, for its later trees.
     """
 
     kernel: Kernel
     config: TreeConfig
     keep_factor: bool = False
-    start_trees: tuple[PartitionTree, ...] = ()
+    start_tree: PartitionTree | None = None
 
     @classmethod
     def resolve(
@@ -92,19 +91,17 @@ class FitPlan:
         resolved = config.replace(leaf=leaf, n_trees=n_trees, max_leaf_size=leaf_size)
         return cls(kernel, resolved, keep_factor=keep_factor)
 
-    def following(self, tree: PartitionTree, n_before: int) -> FitPlan | None:
+    def following(self, tree: PartitionTree) -> FitPlan | None:
         """The plan of a map's later trees: start from ``tree``'s leaves and follow their plan.
 
-        ``tree`` is the map's first tree, fitted as tree ``n_before`` of this fit; the later
-        trees' leaves start from the ``M`` of its leaves (:func:`start_matrix`) and iterate by
-        :func:`follow_plan`. ``None`` when no leaf of ``tree`` iterated.
+        ``tree`` is the map's first tree; the later trees' leaves start from the ``M`` of its
+        leaves (:func:`start_matrix`) and iterate by :func:`follow_plan`. ``None`` when no leaf
+        of ``tree`` iterated.
         """
         leaf = follow_plan(tree.leaf_list(), self.config.leaf, float(self.kernel.q))
         if leaf is None:
             return None
-        # tree i starts from start_trees[i]: every index up to the map's last tree gets ``tree``
-        starts = (tree,) * (n_before + cast(int, self.config.n_trees))
-        return replace(self, config=self.config.replace(leaf=leaf), start_trees=starts)
+        return replace(self, config=self.config.replace(leaf=leaf), start_tree=tree)
 
     def new_leaf(self) -> LeafRFM:
         """A fresh, unfitted leaf."""
@@ -129,13 +126,13 @@ class FitPlan:
             generator=generator,
             progress=progress,
             tree_index=tree_index,
-            start=self._start(tree_index),
+            start=self._start(),
         )
 
-    def _start(self, tree_index: int) -> Callable[[Tensor], Tensor | None] | None:
-        if tree_index >= len(self.start_trees):
+    def _start(self) -> Callable[[Tensor], Tensor | None] | None:
+        tree, diag = self.start_tree, self.config.leaf.diag
+        if tree is None:
             return None
-        tree, diag = self.start_trees[tree_index], self.config.leaf.diag
         return lambda x: start_matrix(tree, x, None if diag == "auto" else bool(diag))
 
 
@@ -319,7 +316,7 @@ def fit_trees(
             tree = PartitionTree(leaves, trainable=cfg.trainable_routing)
             tree.set_structure(layout.vectors, layout.thresholds, layout.scales, layout.children)
             if t == 0 and n_trees > 1 and cfg.shared_plan:
-                tree_plan = plan.following(tree, len(grown.trees)) or plan
+                tree_plan = plan.following(tree) or plan
             grown.trees.append(tree)
             grown.maps.append(name)
             grown.data.append(mapped)
