@@ -172,12 +172,33 @@ def measure(model: str, d: Any, seed: int, device: str) -> dict[str, Any]:
         return {"error": traceback.format_exc()[-3000:]}
 
 
-def tally(model: str, d: Any, seed: int, device: str) -> dict[str, Any]:
-    """One fit under :class:`OpTally`, synchronizing calls counted."""
-    fit = fitter(model, d, seed, device)
+def _site(frames: list[traceback.FrameSummary]) -> str:
+    """The innermost frame in a model's own code (ours or the reference's), as ``file:line fn``."""
+    own = [f for f in frames if "xrfm_torch" in f.filename or "/xrfm/" in f.filename]
+    if not own:
+        return "elsewhere"
+    f = own[-1]
+    path = f.filename.split("xrfm_torch/")[-1].split("/xrfm/")[-1]
+    return f"{path}:{f.lineno} {f.name}"
+
+
+def tally_fit(fit: Callable[[], Any], device: str) -> dict[str, Any]:
+    """Run ``fit()`` under :class:`OpTally`, synchronizing calls counted by where they start.
+
+    ``torch.cuda.set_sync_debug_mode("warn")`` warns at each call that makes the host wait for
+    the device (a scalar read, a copy to the host, a data-dependent shape); the warning is raised
+    in the calling Python frame, so the stack at that moment names the line that asked for it.
+    """
     mode = OpTally()
-    with warnings.catch_warnings(record=True) as caught:
+    sites: Counter[str] = Counter()
+
+    def hook(message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
+        if "synchroniz" in str(message):
+            sites[_site(traceback.extract_stack()[:-1])] += 1
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = hook
         if device.startswith("cuda"):
             torch.cuda.set_sync_debug_mode("warn")
         try:
@@ -186,8 +207,34 @@ def tally(model: str, d: Any, seed: int, device: str) -> dict[str, Any]:
         finally:
             if device.startswith("cuda"):
                 torch.cuda.set_sync_debug_mode("default")
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
-    return {**mode.summary(), "synchronizing_calls": len(syncs)}
+    return {
+        **mode.summary(),
+        "synchronizing_calls": sum(sites.values()),
+        "sync_sites": sites.most_common(25),
+    }
+
+
+def tally(model: str, d: Any, seed: int, device: str) -> dict[str, Any]:
+    """One fit of ``model`` under :func:`tally_fit`."""
+    return tally_fit(fitter(model, d, seed, device), device)
+
+
+def estimator_tally(path: Path, seed: int, device: str) -> dict[str, Any]:
+    """The default estimator (classifier or regressor, by the table) fitted once on ``path``'s
+    protocol split under :func:`tally_fit`, with its wall seconds outside the tally."""
+    from bench.peers import is_regression, split_table
+    from xrfm_torch import XRFMClassifier, XRFMRegressor
+
+    name = f"{path.parent.name}/{path.name.removesuffix('.csv.gz')}"
+    parts, ys, _ = split_table(path, seed)
+    cls = XRFMRegressor if is_regression(name) else XRFMClassifier
+
+    def fit() -> Any:
+        m = cls(random_state=seed, device=device)
+        return m.fit(parts[0], ys[0], eval_set=(parts[1], ys[1]))
+
+    _, wall = synced(fit, device)
+    return {"table": name, "fit_s": wall, **tally_fit(fit, device)}
 
 
 def profile(model: str, d: Any, seed: int, device: str) -> tuple[dict[str, Any], str]:
@@ -307,6 +354,13 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--budget", type=float, default=300.0, help="stop starting seeds after (s)")
     ap.add_argument("--profile-dataset", default="house_16H")
+    ap.add_argument(
+        "--estimator-tables",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="table files: the default estimator fitted once on each under the op tally",
+    )
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     for spec in a.variant:
@@ -376,6 +430,21 @@ def main() -> None:
                 "```",
                 "",
             ]
+    for path in a.estimator_tables:
+        try:
+            t = estimator_tally(path, 0, a.device)
+        except Exception:
+            prof_lines += [f"## {path.name}: failed", "```", traceback.format_exc()[-3000:], "```"]
+            continue
+        print("estimator", json.dumps({k: v for k, v in t.items() if k != "cpu_top"}), flush=True)
+        prof_lines += [
+            f"## the default estimator on {t['table']}, seed 0",
+            "",
+            "```",
+            json.dumps(t, indent=1),
+            "```",
+            "",
+        ]
     (a.out / "profile.md").write_text("\n".join(prof_lines))
     if a.solver_sizes:
         costs = solver_costs(a.solver_sizes, a.device)

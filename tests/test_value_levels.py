@@ -11,9 +11,12 @@ from xrfm_torch.inputs.categories import ONE_HOT
 from xrfm_torch.inputs.levels import (
     BINS,
     FOLDS,
+    LEVEL_ROWS,
     MIN_GAIN,
     PRIOR_ROWS,
     ValueLevels,
+    _levels,
+    _quantiles,
     level_columns,
     level_gain,
 )
@@ -46,7 +49,9 @@ def reference_gain(x: np.ndarray, y: np.ndarray) -> float:
     e_bin, e_val = np.zeros(n), np.zeros(n)
     for j in range(FOLDS):
         tr = fold != j
-        edges = np.unique(np.quantile(x[tr & (x != spike)], np.linspace(0, 1, BINS + 1)[1:-1]))
+        rest = x[tr & (x != spike)]  # empty: no edges, every other value in one bin
+        probs = np.linspace(0, 1, BINS + 1)[1:-1]
+        edges = np.unique(np.quantile(rest, probs)) if len(rest) else np.zeros(0)
         b = np.where(x == spike, -1, np.searchsorted(edges, x, side="right"))
         for i in np.nonzero(~tr)[0]:
             same_bin = tr & (b == b[i])
@@ -56,6 +61,42 @@ def reference_gain(x: np.ndarray, y: np.ndarray) -> float:
             e_val[i] = (y[same].sum() + PRIOR_ROWS * s) / (same.sum() + PRIOR_ROWS)
     sst = ((y - y.mean()) ** 2).sum()
     return (((y - e_bin) ** 2).sum() - ((y - e_val) ** 2).sum()) / sst
+
+
+def test_masked_quantiles_match_numpy_on_the_kept_entries():
+    rng = np.random.default_rng(3)
+    v = np.round(rng.normal(size=200), 1)  # repeated values: equal neighbouring quantiles
+    probs = np.linspace(0, 1, BINS + 1)[1:-1]
+    for share in (0.9, 0.3, 0.01):
+        keep = rng.random(200) < share
+        keep[0] = True  # at least one kept
+        got = _quantiles(torch.tensor(v), torch.tensor(keep), torch.tensor(probs))
+        np.testing.assert_allclose(got.numpy(), np.quantile(v[keep], probs), rtol=0, atol=1e-12)
+    none = _quantiles(torch.tensor(v), torch.zeros(200, dtype=torch.bool), torch.tensor(probs))
+    assert torch.isposinf(none).all()  # no edges: every other value shares one bin
+
+
+def test_levels_count_the_frequent_values_besides_the_spike():
+    rng = np.random.default_rng(5)
+    for trial in range(20):
+        n = int(rng.integers(50, 400))
+        x = rng.choice(rng.normal(size=int(rng.integers(2, 60))).round(2), size=n)
+        x[rng.random(n) < rng.random()] = 0.0  # a spike of any share
+        x[rng.random(n) < 0.1 * (trial % 2)] = np.nan  # missing cells in every other trial
+        seen = x[~np.isnan(x)]
+        counts = np.sort(np.unique(seen, return_counts=True)[1])[::-1]
+        want = int((counts[1:] >= LEVEL_ROWS).sum())  # counts[0]: the most frequent value
+        assert int(_levels(torch.tensor(x))) == want
+
+
+def test_level_gain_when_a_fold_sees_only_the_spike():
+    # the only other values sit in fold 0's rows: the other folds' training rows hold the spike
+    # alone, so their bins have no edges (the reference's empty quantile set)
+    x = np.zeros(100)
+    x[[0, 5, 10]] = [3.0, 4.0, 5.0]
+    y = np.random.default_rng(0).random(100)
+    got = level_gain(torch.tensor(x), torch.tensor(y)[:, None])
+    assert got == pytest.approx(reference_gain(x, y), rel=1e-9, abs=1e-12)
 
 
 def test_level_gain_matches_a_row_by_row_reference():

@@ -62,6 +62,18 @@ class MapLayout:
     levels: list[int]
     level_widths: list[int]
 
+    @property
+    def numeric_index(self) -> list[int] | slice:
+        """``numeric`` as a slice where it is a run of consecutive columns (the usual case).
+
+        Indexing with a slice takes a view; with a list, the indices become a tensor on the host
+        that is copied to the data's device each time (a synchronization on a GPU).
+        """
+        cols = self.numeric
+        if cols and cols == list(range(cols[0], cols[-1] + 1)):
+            return slice(cols[0], cols[-1] + 1)
+        return cols
+
 
 class InputMap(ResizableBuffers):
     """What each tree sees of an input row ``x`` (d columns), as ``[map(s), c, v, m]``.
@@ -234,17 +246,18 @@ class InputMap(ResizableBuffers):
         The same tensor operations for any values of ``x`` (no branch on the data), which is what
         ``torch.export`` needs; a NaN in an unexpected numeric column becomes the column's mean.
         """
-        xn = x[:, layout.numeric]
+        cols = layout.numeric_index
+        xn = x[:, cols]
         nan = torch.isnan(xn)
 
         def standardized(values: Tensor, stats: Standardize) -> Tensor:
-            s = (values - stats.center_[layout.numeric]) / stats.scale_[layout.numeric]
+            s = (values - stats.center_[cols]) / stats.scale_[cols]
             return torch.where(nan, torch.zeros_like(s), s)
 
         parts: list[Tensor] = []
         if name != "quantile":  # the raw part, linear or (qualifying columns) on a log scale
             logged = name in LOG_MAPS.values()
-            raw = self._signed_log(xn, layout.numeric) if logged else xn
+            raw = self._signed_log(xn, cols) if logged else xn
             parts.append(standardized(raw, self.log_standardize if logged else self.standardize))
         if name.startswith("quantile"):  # rank scores: a log does not change them
             s = parts[0] if name == "quantile+raw" else standardized(xn, self.standardize)

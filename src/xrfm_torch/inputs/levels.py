@@ -25,6 +25,7 @@ from torch import Tensor
 
 from xrfm_torch.inputs.categories import ONE_HOT, OneHotColumns
 from xrfm_torch.numerics.deterministic import nanmedian
+from xrfm_torch.numerics.host import read_scalars
 
 #: A column is tested when at least this share of its observed training values is one value ...
 SPIKE_SHARE = 0.5
@@ -64,44 +65,62 @@ def level_gain(x: Tensor, y: Tensor) -> float:
     Returns:
         The gain, a float (0 where ``y`` is constant).
     """
+    values, inverse, counts = torch.unique(
+        x.to(torch.float64), return_inverse=True, return_counts=True
+    )
+    return float(_gain(x, y, values, inverse, counts))
+
+
+def _gain(x: Tensor, y: Tensor, values: Tensor, inverse: Tensor, counts: Tensor) -> Tensor:
+    """:func:`level_gain` as a 0-dim float64 tensor, from ``torch.unique(x)``'s three outputs.
+
+    Written with masks instead of row selections, so that it runs without reading anything back
+    to the host: each fold's bin edges are interpolated quantiles of the masked, sorted values
+    (left duplicated where the values repeat: a duplicate edge only adds an empty bin, and a row
+    in no training row's bin is predicted by the fold's mean either way).
+    """
     n = x.shape[0]
     y = y.reshape(n, -1).to(torch.float64)
     x = x.to(torch.float64)
-    values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
     spike = values[counts.argmax()]
     fold = torch.arange(n, device=x.device) % FOLDS
     by_bin, by_value = torch.empty_like(y), torch.empty_like(y)
     probs = torch.linspace(0, 1, BINS + 1, dtype=x.dtype, device=x.device)[1:-1]
+    n_bins = BINS + 1  # the spike's, and BINS - 1 edges' worth of others
     for j in range(FOLDS):
-        train, held = fold != j, fold == j
-        rest = x[train & (x != spike)]
-        edges = _quantiles(rest, probs).unique() if rest.numel() else x.new_zeros(0)
+        held = fold == j
+        train = ~held
+        w = train.to(y.dtype)
+        edges = _quantiles(x, train & (x != spike), probs)
         b = torch.where(x == spike, 0, 1 + torch.searchsorted(edges, x.contiguous(), right=True))
-        n_bins = int(edges.numel()) + 2
-        mean = y[train].mean(0)
-        count = torch.bincount(b[train], minlength=n_bins).to(y.dtype)[:, None]
-        total = y.new_zeros(n_bins, y.shape[1]).index_add_(0, b[train], y[train])
+        mean = (y * w[:, None]).sum(0) / w.sum()
+        count = torch.bincount(b, weights=w, minlength=n_bins)[:, None]
+        total = y.new_zeros(n_bins, y.shape[1]).index_add_(0, b, y * w[:, None])
         smooth = torch.where(count > 0, total / count.clamp_min(1), mean)[b]  # (n, c)
-        v_count = torch.bincount(inverse[train], minlength=values.numel()).to(y.dtype)
-        v_total = y.new_zeros(values.numel(), y.shape[1]).index_add_(0, inverse[train], y[train])
+        v_count = torch.bincount(inverse, weights=w, minlength=values.numel())
+        v_total = y.new_zeros(values.numel(), y.shape[1]).index_add_(0, inverse, y * w[:, None])
         shrunk = (v_total[inverse] + PRIOR_ROWS * smooth) / (v_count[inverse] + PRIOR_ROWS)[:, None]
-        by_bin[held], by_value[held] = smooth[held], shrunk[held]
-    sst = float(((y - y.mean(0)) ** 2).sum())
-    if sst <= 0:
-        return 0.0
-    return (float(((y - by_bin) ** 2).sum()) - float(((y - by_value) ** 2).sum())) / sst
+        by_bin = torch.where(held[:, None], smooth, by_bin)
+        by_value = torch.where(held[:, None], shrunk, by_value)
+    sst = ((y - y.mean(0)) ** 2).sum()
+    gain = (((y - by_bin) ** 2).sum() - ((y - by_value) ** 2).sum()) / sst
+    return torch.where(sst > 0, gain, 0.0)
 
 
-def _quantiles(v: Tensor, probs: Tensor) -> Tensor:
-    """Quantiles of ``v`` (m,) at ``probs``, interpolated linearly (as numpy and ``torch.quantile``).
+def _quantiles(v: Tensor, keep: Tensor, probs: Tensor) -> Tensor:
+    """Quantiles at ``probs`` of the entries of ``v`` (n,) where ``keep``, linearly interpolated.
 
-    By a sort, since ``torch.quantile`` refuses inputs of more than 2**24 elements.
+    As numpy and ``torch.quantile`` interpolate; all ``+inf`` where nothing is kept. By a sort
+    (``torch.quantile`` refuses inputs of more than 2**24 elements) in which the entries not kept
+    come last as ``+inf``, so the positions read are the kept entries' (no row selection).
     """
-    s = v.sort().values
-    pos = probs * (s.numel() - 1)
+    s = torch.where(keep, v, torch.inf).sort().values
+    last = (keep.sum() - 1).clamp_min(0).to(probs.dtype)
+    pos = probs * last
     lo = pos.floor().long()
     hi = pos.ceil().long()
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo.to(pos.dtype))
+    between = s[lo] + (s[hi] - s[lo]) * (pos - lo.to(pos.dtype))
+    return torch.where(hi > lo, between, s[lo])  # inf - inf is NaN: nothing kept gives +inf
 
 
 @torch.no_grad()
@@ -122,18 +141,41 @@ def level_columns(X: Tensor, y: Tensor, columns: Sequence[int]) -> list[int]:
     observed = (~torch.isnan(Xc)).sum(0).clamp_min(1)
     lower, upper = nanmedian(Xc, 0), -nanmedian(-Xc, 0)
     spike = torch.maximum((Xc == lower).sum(0), (Xc == upper).sum(0))
-    out = []
-    for c in (c for c, ok in zip(cols, (spike >= SPIKE_SHARE * observed).tolist()) if ok):
-        col = X[:, c]
-        seen = ~torch.isnan(col)
-        x = col[seen]
-        counts = torch.unique(x, return_counts=True)[1].sort(descending=True).values
-        if int((counts[1:] >= LEVEL_ROWS).sum()) < MIN_LEVELS:  # counts[0]: the spike
+    spiky, holes = torch.stack([spike >= SPIKE_SHARE * observed, torch.isnan(Xc).any(0)]).tolist()
+    candidates = [(c, h) for c, ok, h in zip(cols, spiky, holes) if ok]
+    # their levels (other values of LEVEL_ROWS rows or more) read back together
+    levels = read_scalars(*(_levels(X[:, c]) for c, _ in candidates))
+    tested, gains = [], []
+    for (c, has_nan), n_levels in zip(candidates, levels):
+        if n_levels < MIN_LEVELS:
             continue
-        gain = level_gain(x, y[seen])
-        if gain >= MIN_GAIN:
-            out.append(int(c))
-    return out
+        seen = ~torch.isnan(X[:, c]) if has_nan else None  # a complete column: no row selection
+        x = X[:, c] if seen is None else X[seen, c]
+        values, inverse, counts = torch.unique(
+            x.to(torch.float64), return_inverse=True, return_counts=True
+        )
+        tested.append(c)
+        gains.append(_gain(x, y if seen is None else y[seen], values, inverse, counts))
+    # the gains read back together: one host-device synchronization on a GPU
+    kept = read_scalars(*gains)
+    return [c for c, g in zip(tested, kept) if g >= MIN_GAIN]
+
+
+def _levels(col: Tensor) -> Tensor:
+    """The number of values of ``col`` (n,) besides its most frequent one with LEVEL_ROWS rows.
+
+    A 0-dim long tensor, computed without a read back: each row's value count is its run's
+    length in the sorted column (two binary searches), a run is counted at its first row, and
+    NaN (missing) sorts last as ``+inf`` and is left out. Observed values are finite.
+    """
+    s = torch.where(torch.isnan(col), torch.inf, col).sort().values
+    left = torch.searchsorted(s, s)
+    count = torch.searchsorted(s, s, right=True) - left
+    observed = torch.isfinite(s)
+    first = observed & (left == torch.arange(s.shape[0], device=s.device))
+    frequent = (first & (count >= LEVEL_ROWS)).sum()
+    top = torch.where(observed, count, 0).amax()  # the most frequent value's rows
+    return frequent - (top >= LEVEL_ROWS).long()
 
 
 class ValueLevels(OneHotColumns):

@@ -225,9 +225,8 @@ class Kernel(nn.Module):
         if w is None:
             r = self.distance(xs, zs)
             w = self.grad_weights(r, self.from_distance(r), out=r)
-        if row_offset is not None:
-            rows = torch.arange(xs.shape[0], device=xs.device)
-            w[rows, rows + row_offset] = 0.0
+        if row_offset is not None:  # pairs (i, row_offset + i): a diagonal of w, zeroed in place
+            w.diagonal(row_offset)[: xs.shape[0]].zero_()
         n, d = xs.shape
         c = alpha.shape[1]
         if self.p == 2.0:

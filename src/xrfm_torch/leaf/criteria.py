@@ -26,6 +26,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from xrfm_torch.numerics.host import read_scalars
+
 #: A validation criterion (see the module docstring).
 Criterion = Literal["mse", "logloss", "error"]
 CRITERIA: tuple[Criterion, ...] = ("mse", "logloss", "error")
@@ -95,18 +97,17 @@ def fit_platt(scores: Tensor, labels: Tensor, weights: Tensor | None = None) -> 
           else relative(weights).double())  # fmt: skip
     rw = rw / n  # the (weighted) mean
     logs = s.clamp_min(PLATT_FLOOR).log()  # (n, K): d logits / d a
-    onehot = torch.zeros_like(s)
-    onehot[torch.arange(n, device=s.device), labels.long()] = 1.0
+    onehot = torch.zeros_like(s).scatter_(1, labels.long()[:, None], 1.0)  # a fill, no copy
     eye = torch.eye(k + 1, dtype=torch.float64, device=s.device)
 
-    def loss(w: Tensor) -> float:
+    def loss(w: Tensor) -> Tensor:  # 0-dim, on the device: read back with what else is due
         z = platt_logits(s, w)
         rows = torch.logsumexp(z, 1) - (z * onehot).sum(1)
-        return float((rw * rows).sum() + PLATT_RIDGE * (w * w).sum())
+        return (rw * rows).sum() + PLATT_RIDGE * (w * w).sum()
 
     w = torch.zeros(k + 1, dtype=torch.float64, device=s.device)
-    w[0] = 1.0
-    current = loss(w)
+    w[:1].fill_(1.0)  # a number written on the device (w[0] = 1.0 copies a host scalar there)
+    current = float(loss(w))
     for _ in range(PLATT_NEWTON_STEPS):
         p = torch.softmax(platt_logits(s, w), 1)
         r = rw[:, None] * (p - onehot)  # (n, K): weighted d loss / d logits
@@ -118,19 +119,23 @@ def fit_platt(scores: Tensor, labels: Tensor, weights: Tensor | None = None) -> 
         h_bb = torch.diag((rw[:, None] * p).sum(0)) - (rw[:, None] * p).T @ p
         H = torch.empty(k + 1, k + 1, dtype=torch.float64, device=s.device)
         H[0, 0], H[0, 1:], H[1:, 0], H[1:, 1:] = h_aa, h_ab, h_ab, h_bb
-        step = torch.linalg.solve(H + 2 * PLATT_RIDGE * eye, grad)
+        step, info = torch.linalg.solve_ex(H + 2 * PLATT_RIDGE * eye, grad)
+        # the first trial's loss, the gradient's size and the solve's status in one read back
         t = 1.0
-        while t > 1e-8:
-            new = loss(w - t * step)
-            if new <= current:
-                break
+        new, g_max, singular = read_scalars(loss(w - step), grad.abs().max(), info != 0)
+        if singular:
+            raise torch.linalg.LinAlgError("Platt's Newton system is singular")
+        while new > current:  # halve the step until the loss does not rise (t > 1e-8)
             t *= 0.5
+            if t <= 1e-8:
+                break
+            new = float(loss(w - t * step))
         if new > current:  # no step along the Newton direction lowers the loss: at the minimum
             break
         w = w - t * step
         done = current - new < 1e-15 * max(1.0, abs(current))
         current = new
-        if done or float(grad.abs().max()) < 1e-12:
+        if done or g_max < 1e-12:
             break
     return w.to(scores.dtype)
 
@@ -220,10 +225,22 @@ def validation_errors(
     mean) is the weighted mean loss, and the paired tests on these rows
     (:func:`~xrfm_torch.leaf.selection.paired_win`) compare weighted losses.
     """
+    value, per_row = validation_loss(pred, target, criterion, weights)
+    return float(value), per_row
+
+
+def validation_loss(
+    pred: Tensor, target: Tensor, criterion: Criterion, weights: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """:func:`validation_errors` with the value left on the device: a 0-dim float64 tensor.
+
+    For callers that read it back together with other scalars (one host-device
+    synchronization on a GPU instead of one per scalar).
+    """
     if criterion == "mse":
         per_row = ((pred - target) ** 2).sum(1)
         per_row = per_row if weights is None else per_row * relative(weights).to(per_row)
-        return float(per_row.mean()) / pred.shape[1], per_row
+        return per_row.mean().double() / pred.shape[1], per_row
     true = target.argmax(1, keepdim=True)
     if criterion == "logloss":
         per_row = row_logloss(class_probabilities(pred), true[:, 0])
@@ -232,7 +249,7 @@ def validation_errors(
     else:
         raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
     per_row = per_row if weights is None else per_row * relative(weights).to(per_row)
-    return float(per_row.mean()), per_row
+    return per_row.mean().double(), per_row
 
 
 def relative(weights: Tensor) -> Tensor:

@@ -8,7 +8,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets, as_tensor, as_weights
+from xrfm_torch.numerics.checks import (
+    as_float_matrix,
+    as_float_targets,
+    as_tensor,
+    as_weights,
+    check_all_finite,
+)
 
 
 def holdout_rows(
@@ -90,10 +96,14 @@ def fit_data(
     set by its mean (the tree's rule: a weight's unit does not matter); weights that are then all
     1 become ``None``, so equal weights fit the unweighted model exactly.
     """
-    X = as_float_matrix(X, "X", n_features=n_features, allow_nan=allow_nan)
+    # values are checked once all four arguments are in shape: one read back of their flags
+    X = as_float_matrix(X, "X", n_features=n_features, allow_nan=allow_nan, finite=False)
     y = as_tensor(y, "y", X.device)
     wide = target_precision and y.dtype == torch.float64
-    y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=torch.float64 if wide else X.dtype)
+    y = as_float_targets(
+        y, "y", n_rows=X.shape[0], dtype=torch.float64 if wide else X.dtype, finite=False
+    )
+    checks = [(X, "X", allow_nan), (y, "y", False)]
     n_given = X.shape[0]
     X, y, w = weighted_rows(X, y, sample_weight, "sample_weight", relative_weights)
     if X.shape[0] < min_rows:
@@ -102,6 +112,7 @@ def fit_data(
     if (X_val is None) != (y_val is None):
         raise ValueError("X_val and y_val must be given together")
     if X_val is None or y_val is None:
+        check_all_finite(checks)
         if val_sample_weight is not None:
             raise ValueError("val_sample_weight needs X_val and y_val")
         va = holdout_rows(X.shape[0], val_fraction, generator, X.device)
@@ -109,10 +120,13 @@ def fit_data(
         holdout[va] = True
         rows = va if X.shape[0] == n_given else None
         return FitData(X, y, X[va], y[va], holdout, w, None if w is None else w[va], rows)
-    X_val = as_float_matrix(X_val, "X_val", n_features=X.shape[1], allow_nan=allow_nan).to(X.dtype)
-    y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=y.dtype)
+    X_val = as_float_matrix(
+        X_val, "X_val", n_features=X.shape[1], allow_nan=allow_nan, finite=False
+    ).to(X.dtype)
+    y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=y.dtype, finite=False)
     if y_val.shape[1] != y.shape[1]:
         raise ValueError(f"y_val has {y_val.shape[1]} outputs but y has {y.shape[1]}")
+    check_all_finite([*checks, (X_val, "X_val", allow_nan), (y_val, "y_val", False)])
     n_val = X_val.shape[0]
     X_val, y_val, w_val = weighted_rows(
         X_val, y_val, val_sample_weight, "val_sample_weight", relative_weights

@@ -22,11 +22,12 @@ from xrfm_torch.kernels import Kernel, chain_rule, transform
 from xrfm_torch.kernels.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels.linear import features_or_none, linear_grad, summed_predict
 from xrfm_torch.leaf.config import LeafConfig
-from xrfm_torch.leaf.criteria import validation_errors
+from xrfm_torch.leaf.criteria import validation_loss
 from xrfm_torch.leaf.selection import Candidate, select_kernel
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd
 from xrfm_torch.numerics.events import count
+from xrfm_torch.numerics.host import read_scalars
 from xrfm_torch.numerics.progress import report_iteration
 from xrfm_torch.numerics.solvers import KRRSolveError, krr_workspace, solve_krr
 from xrfm_torch.numerics.warm_solves import pcg_krr
@@ -128,8 +129,9 @@ def rfm_step(
     row_w, w_val = weights
     reg, linear_mix, criterion = cfg.reg, cfg.linear_mix, cfg.criterion
     solve_dtype, adaptive_bandwidth = cfg.solve_dtype, cfg.adaptive_bandwidth
-    if sqrt_m is not None and not bool(sqrt_m.isfinite().all()):
-        return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None, False
+    # a non-finite sqrt(M) fails the step; its flag is read with the step's other scalars (a
+    # solve on it fails or gives a non-finite error, and the flag decides either way)
+    usable = None if sqrt_m is None else sqrt_m.isfinite().all()
     xs = transform(X, sqrt_m)
     if adaptive_bandwidth is not None:
         med = median_pairwise_distance(xs, kernel.p, generator=generator)
@@ -152,16 +154,26 @@ def rfm_step(
                 raise
             return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None, False
     pred = summed_predict(kernel, transform(X_val, sqrt_m), xs, alpha, linear_mix)
-    err, sq = validation_errors(pred, y_val, criterion, w_val)
-    cand = Candidate(err, -1, alpha, sqrt_m, float(kernel.bandwidth), kernel.q, reg, sq)
-    if not (agop and math.isfinite(cand.err)):
+    err_t, sq = validation_loss(pred, y_val, criterion, w_val)
+    G = None
+    if agop:  # computed before the error is known (wasted only on a failed step): one read back
+        lin = linear_grad(xs, alpha, linear_mix)  # (1, c, d) w.r.t. S x, or None
+        # reuse the Gram matrix: gradient weights overwrite the distances
+        w = kernel.grad_weights(R, K, out=R)
+        gs = kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0)
+        G = agop_from_grads(
+            chain_rule(gs if lin is None else gs + lin, sqrt_m), diag=diag, weights=row_w
+        )
+    reads = [err_t, kernel.bandwidth]
+    reads += [] if usable is None else [usable]
+    reads += [] if G is None else [G.max()]
+    err, bandwidth, *rest = read_scalars(*reads)
+    if usable is not None and not rest.pop(0):
+        return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None, False
+    cand = Candidate(err, -1, alpha, sqrt_m, bandwidth, kernel.q, reg, sq)
+    if G is None or not math.isfinite(err):
         return cand, None, factored
-    lin = linear_grad(xs, alpha, linear_mix)  # (1, c, d) w.r.t. S x, or None
-    # reuse the Gram matrix: gradient weights overwrite the distances
-    w = kernel.grad_weights(R, K, out=R)
-    gs = kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0)
-    g = chain_rule(gs if lin is None else gs + lin, sqrt_m)
-    return cand, agop_or_none(g, diag, X.shape[0], row_w), factored
+    return cand, usable_agop(G, rest[0], X.shape[0]), factored  # rest: [max G]
 
 
 def agop_or_none(g: Tensor, diag: bool, n: int, weights: Tensor | None = None) -> Tensor | None:
@@ -170,7 +182,14 @@ def agop_or_none(g: Tensor, diag: bool, n: int, weights: Tensor | None = None) -
     ``None`` (with a warning; the iterations then stop) when it is degenerate: not finite, or zero.
     """
     G = agop_from_grads(g, diag=diag, weights=weights)
-    top = float(G.max())
+    return usable_agop(G, float(G.max()), n)
+
+
+def usable_agop(G: Tensor, top: float, n: int) -> Tensor | None:
+    """``G``, or ``None`` when its largest entry ``top`` is not finite or not positive.
+
+    A degenerate AGOP is logged and stops the iterations (:func:`agop_or_none`).
+    """
     if not math.isfinite(top) or top <= 0.0:
         count("leaves stopped on a degenerate AGOP")
         log.debug("leaf n=%d: degenerate AGOP (max %g); stopping", n, top)

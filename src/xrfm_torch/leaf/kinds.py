@@ -35,7 +35,7 @@ from xrfm_torch.leaf.approx import (
     kmeans_centres,
     nystrom_weights,
 )
-from xrfm_torch.leaf.criteria import Criterion, validation_errors
+from xrfm_torch.leaf.criteria import Criterion, validation_loss
 from xrfm_torch.leaf.selection import Candidate, paired_win
 from xrfm_torch.leaf.view import LeafKind, LeafView
 from xrfm_torch.numerics.events import count
@@ -198,7 +198,7 @@ def mean_beats(
         return False
     y = y.reshape(y.shape[0], -1)
     mean = weighted_mean(y, w).expand(y_val.shape[0], -1)
-    err, rows = validation_errors(mean, y_val, criterion, w_val)
+    err, rows = validation_loss(mean, y_val, criterion, w_val)  # read back only when it wins
     if not paired_win(rows, best.sq_err, MEAN_FALLBACK_MARGIN):
         return False
     count("leaves predict their training mean")
@@ -208,7 +208,7 @@ def mean_beats(
         y.shape[0],
         criterion,
         best.err,
-        err,
+        float(err),
     )
     return True
 

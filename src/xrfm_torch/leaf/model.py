@@ -323,9 +323,10 @@ class LeafRFM(ResizableBuffers):
         # row-major like a loaded state, so a reloaded leaf predicts bit for bit the same (the
         # solver's column-major layout would change BLAS's summation order for c > 1 outputs)
         self.alpha_ = best.alpha.detach().contiguous()
-        self.reg_ = torch.tensor(best.reg, dtype=torch.float64, device=X.device)
+        # filled on the device (a tensor made from a number would be copied there)
+        self.reg_ = torch.full((), best.reg, dtype=torch.float64, device=X.device)
         self.sqrt_m_ = sqrt_m.detach().to(device=X.device, dtype=X.dtype)
-        self.best_iter_ = torch.tensor(best.t, device=X.device)
+        self.best_iter_ = torch.full((), best.t, dtype=torch.long, device=X.device)
         self._set_kind("exact")
 
     def _store_approx(self, centres: Tensor, best: Candidate) -> None:

@@ -12,12 +12,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, transform
 from xrfm_torch.kernels.linear import features_or_none, summed_predict
 from xrfm_torch.leaf.config import LeafConfig, RidgeRule
 from xrfm_torch.leaf.criteria import validation_errors
+from xrfm_torch.numerics.host import read_scalars
 from xrfm_torch.numerics.risk import gcv_ridge
 from xrfm_torch.numerics.solvers import solve_krr
 from xrfm_torch.numerics.warm_solves import pcg_krr
@@ -55,6 +57,8 @@ def beats(challenger: Candidate, incumbent: Candidate, margin: float) -> bool:
     """
     if not math.isfinite(challenger.err) or challenger.err >= incumbent.err:
         return False  # on the recorded MSE, by which the selection ranks candidates
+    if margin <= 0.0:  # the recorded errors are the means of these per-row errors: decided
+        return True
     return paired_win(challenger.sq_err, incumbent.sq_err, margin)
 
 
@@ -64,13 +68,17 @@ def paired_win(challenger: Tensor, incumbent: Tensor, margin: float) -> bool:
     The challenger needs a finite and lower mean; then, for ``d = incumbent - challenger``,
     ``mean(d) > margin * std(d) / sqrt(n)`` (any lower mean when ``margin <= 0`` or ``n < 2``).
     """
-    c_mean = float(challenger.mean())
-    if not math.isfinite(c_mean) or c_mean >= float(incumbent.mean()):
+    d = (incumbent - challenger).double()
+    # the four statistics read back at once (one host-device synchronization on a GPU)
+    spread = d.std() if d.shape[0] > 1 else d.new_zeros(())  # one row: no spread to test
+    c_mean, i_mean, d_mean, d_std = read_scalars(
+        challenger.mean(), incumbent.mean(), d.mean(), spread
+    )
+    if not math.isfinite(c_mean) or c_mean >= i_mean:
         return False
     if margin <= 0.0 or incumbent.shape[0] < 2:
         return True
-    d = (incumbent - challenger).double()
-    return float(d.mean()) > margin * float(d.std()) / math.sqrt(d.shape[0])
+    return bool(d_mean > margin * d_std / math.sqrt(d.shape[0]))
 
 
 def ridge_rule(cfg: LeafConfig, n_val: int) -> RidgeRule:
@@ -151,7 +159,8 @@ def select_kernel(
         kernel.q = q
         kernel.bandwidth.fill_(bandwidth)
         kernel.from_distance(R, out=K)  # solve_krr leaves K intact: reused across ridges
-        built = (kernel.q, float(kernel.bandwidth))
+        # the stored value, rounded to the buffer's dtype on the host (no read back)
+        built = (kernel.q, torch.tensor(bandwidth, dtype=kernel.bandwidth.dtype).item())
 
     def consider(lam: float, best: Candidate, force: bool = False) -> Candidate:
         nonlocal factored
@@ -166,7 +175,8 @@ def select_kernel(
             factored = None if built is None else (*built, lam)
         pred = summed_predict(kernel, xv, xs, alpha, linear_mix)
         err, sq = validation_errors(pred, y_val, criterion, w_val)
-        q, bandwidth = kernel.q, float(kernel.bandwidth)
+        q = kernel.q
+        bandwidth = built[1] if built is not None else float(kernel.bandwidth)
         log.debug(
             "leaf n=%d q %.3g bandwidth %.4g reg %.3g: val mse %.6g (best %.6g)",
             X.shape[0],

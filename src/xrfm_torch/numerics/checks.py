@@ -6,10 +6,13 @@ input never turns into a silently wrong model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from xrfm_torch.numerics.host import read_scalars
 
 
 def as_tensor(x: Any, name: str, device: torch.device | str | None = None) -> Tensor:
@@ -36,7 +39,12 @@ def as_tensor(x: Any, name: str, device: torch.device | str | None = None) -> Te
 
 
 def as_float_matrix(
-    x: Any, name: str, *, n_features: int | None = None, allow_nan: bool = False
+    x: Any,
+    name: str,
+    *,
+    n_features: int | None = None,
+    allow_nan: bool = False,
+    finite: bool = True,
 ) -> Tensor:
     """Return ``x`` as a finite, non-empty floating 2-D tensor.
 
@@ -45,6 +53,8 @@ def as_float_matrix(
         name: Argument name used in error messages.
         n_features: If given, the required number of columns.
         allow_nan: Let NaN through (missing cells); infinities are refused either way.
+        finite: Check the values here (``False``: the caller checks them, e.g. with
+            :func:`check_all_finite` together with other arguments).
 
     Returns:
         The input as a tensor (no copy when it already is a floating tensor).
@@ -58,11 +68,14 @@ def as_float_matrix(
         raise ValueError(f"{name} is empty: shape {tuple(x.shape)}")
     if n_features is not None and x.shape[1] != n_features:
         raise ValueError(f"{name} has {x.shape[1]} features but the model expects {n_features}")
-    check_finite(x, name, allow_nan=allow_nan)
+    if finite:
+        check_finite(x, name, allow_nan=allow_nan)
     return x
 
 
-def as_float_targets(y: Any, name: str, *, n_rows: int, dtype: torch.dtype) -> Tensor:
+def as_float_targets(
+    y: Any, name: str, *, n_rows: int, dtype: torch.dtype, finite: bool = True
+) -> Tensor:
     """Return targets as a finite floating tensor of shape (n, c).
 
     Args:
@@ -70,6 +83,7 @@ def as_float_targets(y: Any, name: str, *, n_rows: int, dtype: torch.dtype) -> T
         name: Argument name used in error messages.
         n_rows: Required number of rows (the matching inputs' row count).
         dtype: Floating dtype to cast to (the inputs' dtype).
+        finite: Check the values here (as in :func:`as_float_matrix`).
     """
     y = as_tensor(y, name)
     if y.ndim == 1:
@@ -81,7 +95,8 @@ def as_float_targets(y: Any, name: str, *, n_rows: int, dtype: torch.dtype) -> T
     if y.shape[1] == 0:
         raise ValueError(f"{name} has no output columns: shape {tuple(y.shape)}")
     y = y.to(dtype)
-    check_finite(y, name)
+    if finite:
+        check_finite(y, name)
     return y
 
 
@@ -96,6 +111,20 @@ def as_real_dtype(x: Tensor, dtype: torch.dtype, name: str) -> Tensor:
     if x.is_complex():
         raise TypeError(f"{name} must hold real numbers, got dtype {x.dtype}")
     return x.to(dtype)
+
+
+def check_all_finite(items: Sequence[tuple[Tensor, str, bool]]) -> None:
+    """:func:`check_finite` of several ``(tensor, name, allow_nan)`` with one read back.
+
+    The flags of all of them come to the host together (one host-device synchronization on a
+    GPU); the first offending tensor, in the given order, gets :func:`check_finite`'s error.
+    """
+    if not items:
+        return
+    flags = [(torch.isinf(x) if nan else ~torch.isfinite(x)).any() for x, _, nan in items]
+    for (x, name, nan), bad in zip(items, read_scalars(*flags)):
+        if bad:
+            check_finite(x, name, allow_nan=nan)
 
 
 def check_finite(x: Tensor, name: str, *, allow_nan: bool = False) -> None:

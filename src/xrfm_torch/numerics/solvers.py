@@ -13,6 +13,7 @@ from torch import Tensor
 
 from xrfm_torch.numerics.checks import check_positive
 from xrfm_torch.numerics.events import count
+from xrfm_torch.numerics.host import read_scalars
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +46,11 @@ def krr_workspace(
 
 def _residual_too_large(
     K: Tensor, alpha: Tensor, b: Tensor, U: Tensor | None = None, w: Tensor | None = None
-) -> bool:
+) -> Tensor:
     """Whether ``||(K + U U^T) alpha - b||_w^2 > ||b||_w^2`` (float64 sums, row chunks of ``K``).
 
-    ``w``: row weights of the norm (default 1).
+    ``w``: row weights of the norm (default 1). A 0-dim bool tensor on ``K``'s device, so the
+    caller reads it back together with the factorization's status (one synchronization).
     """
     a = alpha.to(K.dtype)
     wd = None if w is None else w.double()[:, None]
@@ -62,8 +64,7 @@ def _residual_too_large(
         r = ka.double() - b[i : i + 4096].double()
         res += (r * r if wd is None else wd[i : i + 4096] * r * r).sum()
     bb = b.double() ** 2
-    # one comparison read back at the end: a single host-device synchronization on a GPU
-    return not bool(res <= (bb if wd is None else wd * bb).sum())  # also True for NaN
+    return ~(res <= (bb if wd is None else wd * bb).sum())  # also True for NaN
 
 
 def solve_krr(
@@ -179,20 +180,23 @@ def solve_krr(
                 W.diagonal()[:n].add_(inv_w, alpha=ridge)
             info_buf = torch.empty((), dtype=torch.int32, device=K.device)
             L, info = torch.linalg.cholesky_ex(W, out=(W, info_buf))
-        if int(info) == 0:
+        rhs = b if m == n else torch.cat([b, b.new_zeros(m - n, b.shape[1])])
+        # two triangular solves: much faster than cholesky_solve for few right-hand sides
+        # (run before the factorization's status is known: a failed one is rare, and reading
+        # the status together with the residual bound costs one host-device synchronization)
+        z = torch.linalg.solve_triangular(L, rhs, upper=False)
+        alpha = torch.linalg.solve_triangular(L.mT, z, upper=True)[:n]
+        if not differentiable and dtype != torch.float64:
+            excess = torch.as_tensor(_residual_too_large(K, alpha, b, U, weights))
+            failed, too_large = (bool(v) for v in read_scalars(info != 0, excess))
+        else:
+            failed, too_large = int(info) != 0, False
+        if not failed:
             if attempt > 0:
                 log.debug("KRR Cholesky needed jitter: ridge raised from %g to %g", reg, ridge)
                 count("solves needed jitter (ridge raised)")
-            rhs = b if m == n else torch.cat([b, b.new_zeros(m - n, b.shape[1])])
             reusable = attempt == 0 and not differentiable
-            # two triangular solves: much faster than cholesky_solve for few right-hand sides
-            z = torch.linalg.solve_triangular(L, rhs, upper=False)
-            alpha = torch.linalg.solve_triangular(L.mT, z, upper=True)[:n]
-            if (
-                not differentiable
-                and dtype != torch.float64
-                and _residual_too_large(K, alpha, b, U, weights)
-            ):
+            if too_large:
                 count(f"{dtype} solves repeated in float64")
                 log.debug(
                     "KRR solve in %s is numerically useless for n=%d (residual above ||y||); "

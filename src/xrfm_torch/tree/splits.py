@@ -22,6 +22,7 @@ from xrfm_torch.numerics.agop import top_eigenvector
 from xrfm_torch.numerics.checks import check_fraction, check_positive
 from xrfm_torch.numerics.deterministic import cumsum
 from xrfm_torch.numerics.events import count
+from xrfm_torch.numerics.host import read_scalars
 
 #: Where a split direction is cut: the rank-balanced median, or the least-squares point.
 Threshold = Literal["median", "sse"]
@@ -101,9 +102,11 @@ def balanced_split(proj: Tensor, weights: Tensor | None = None) -> tuple[Tensor,
         low = max(1, math.ceil(MIN_WEIGHTED_SIDE * n))
         k = min(max(half, low), n - low) if n - low >= low else k
     left, right = order[:k], order[k:]
-    threshold = (
-        0.5 * (float(proj[order[k - 1]]) + float(proj[order[k]])) if n > 1 else float(proj[0])
-    )
+    if n > 1:  # the two middle projections read back together
+        below, above = read_scalars(proj[order[k - 1]], proj[order[k]])
+        threshold = 0.5 * (below + above)
+    else:
+        threshold = float(proj[0])
     return left, right, threshold
 
 

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from xrfm_torch.leaf.criteria import Criterion, validation_errors
+from xrfm_torch.leaf.criteria import Criterion, validation_loss
 from xrfm_torch.numerics.checks import as_float_targets
+from xrfm_torch.numerics.host import read_scalars
 from xrfm_torch.tree.partition import PartitionTree
 
 #: 0 (hard routing) plus 20 geometrically spaced values from 0.025 to 4.5 (the reference's grid).
@@ -76,8 +77,10 @@ def prediction_errors(
     """
     y_val = as_float_targets(y_val, "y_val", n_rows=preds[0].shape[0], dtype=preds[0].dtype)
     if criterion == "mse" and weights is None:  # all entries at once (same value, one pass)
-        return [float(((pred - y_val) ** 2).mean()) for pred in preds]
-    return [validation_errors(pred, y_val, criterion, weights)[0] for pred in preds]
+        values = [((pred - y_val) ** 2).mean().double() for pred in preds]
+    else:
+        values = [validation_loss(pred, y_val, criterion, weights)[0] for pred in preds]
+    return read_scalars(*values)  # read back together: one synchronization on a GPU
 
 
 def temperature_errors(

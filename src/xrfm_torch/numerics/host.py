@@ -1,0 +1,46 @@
+"""Reading scalars back to the host: one read per device, not one per scalar.
+
+On a GPU each read of a value (``float(t)``, ``bool(t)``, ``t.item()``) makes the host wait
+until the device has finished everything queued before it; a fit that reads a few scalars per
+solve spends its time waiting instead of queueing work. The fit's decisions (stop iterating,
+keep a candidate) need those values on the host, but the scalars one decision needs can come
+back together: :func:`read_scalars`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def read_scalars(*values: Tensor) -> list[float]:
+    """The values of 0-dim (or one-element) tensors as Python floats, in the given order.
+
+    Tensors on the same device are stacked (in float64, which holds every float32, integer up to
+    2**53 and bool exactly) and read back in one transfer: one host-device synchronization per
+    device that holds any of them (none for tensors on the CPU). Tensors may live on different
+    devices, e.g. a kernel's bandwidth buffer on the CPU beside a validation error on a GPU.
+
+    Args:
+        values: Tensors with one element each.
+
+    Returns:
+        Their values, ``float(values[i])`` for each ``i``.
+
+    Raises:
+        ValueError: A tensor holds more or fewer than one element.
+    """
+    for i, v in enumerate(values):
+        if v.numel() != 1:
+            raise ValueError(
+                f"read_scalars takes one-element tensors; value {i} has shape {tuple(v.shape)}"
+            )
+    out: list[float] = [0.0] * len(values)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, v in enumerate(values):
+        by_device.setdefault(v.device, []).append(i)
+    for idx in by_device.values():
+        read = torch.stack([values[i].detach().reshape(()).double() for i in idx]).tolist()
+        for i, x in zip(idx, read):
+            out[i] = x
+    return out

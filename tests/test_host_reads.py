@@ -1,0 +1,113 @@
+"""Host reads: the scalars a fit's decisions need come back together, not one by one.
+
+On a GPU every read of a value waits for the device; these tests count reads on the CPU (where
+a read is free) so that a change that adds one per solve shows up without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from xrfm_torch import LeafConfig, LpqLaplaceKernel
+from xrfm_torch.leaf.iteration import rfm_step
+from xrfm_torch.numerics import host
+from xrfm_torch.numerics.host import read_scalars
+
+
+def test_read_scalars_keeps_values_and_order():
+    values = [
+        torch.tensor(0.1, dtype=torch.float32),
+        torch.tensor(True),
+        torch.tensor([7], dtype=torch.int32),
+        torch.tensor(float("nan"), dtype=torch.float64),
+        torch.tensor([[2.5]], dtype=torch.float64, requires_grad=True),
+    ]
+    got = read_scalars(*values)
+    assert got[:3] == [float(torch.tensor(0.1, dtype=torch.float32)), 1.0, 7.0]
+    assert math.isnan(got[3]) and got[4] == 2.5
+    assert read_scalars() == []
+    with pytest.raises(ValueError, match="value 1 has shape \\(2,\\)"):
+        read_scalars(torch.tensor(1.0), torch.ones(2))
+
+
+class Reads(TorchDispatchMode):
+    """Counts reads of tensor values to the host: ``float(t)``, ``bool(t)``, ``t.item()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ == "_local_scalar_dense":
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("agop", [True, False])
+def test_one_rfm_step_reads_back_twice(monkeypatch, agop):
+    # the solve reads its factorization status and residual bound together; the step reads
+    # its validation error, bandwidth, M's finiteness and the AGOP's largest entry together
+    batches = []
+    real = host.read_scalars
+
+    def counted(*values):
+        batches.append(len(values))
+        return real(*values)
+
+    for module in ("xrfm_torch.leaf.iteration", "xrfm_torch.numerics.solvers"):
+        monkeypatch.setattr(f"{module}.read_scalars", counted)
+    g = torch.Generator().manual_seed(0)
+    X, Xv = torch.randn(150, 4, generator=g), torch.randn(50, 4, generator=g)
+    y, yv = X[:, :1].sin(), Xv[:, :1].sin()
+    n = X.shape[0]
+    buffers = (torch.empty(n, n), torch.empty(n, n), torch.empty(n + 64, n + 64).mT)
+    sqrt_m = torch.tensor([1.0, 0.5, 2.0, 0.3])
+    reads = Reads()
+    with reads:
+        cand, G, _ = rfm_step(
+            LpqLaplaceKernel(3.0, p=1.0, q=1.0), X, y, Xv, yv, sqrt_m, buffers,
+            LeafConfig(reg=1e-3), agop=agop, diag=True, generator=None,
+        )  # fmt: skip
+    assert reads.n == 0  # no value read one at a time
+    assert batches == [2, 4 if agop else 3]
+    assert math.isfinite(cand.err) and (G is not None) == agop
+
+
+def test_a_non_finite_m_fails_the_step_after_the_joint_read():
+    # the finiteness of sqrt(M) is read with the step's other scalars; the step still fails
+    g = torch.Generator().manual_seed(0)
+    X, Xv = torch.randn(60, 3, generator=g), torch.randn(20, 3, generator=g)
+    n = X.shape[0]
+    buffers = (torch.empty(n, n), torch.empty(n, n), torch.empty(n + 64, n + 64).mT)
+    sqrt_m = torch.tensor([1.0, float("nan"), 1.0])
+    cand, G, factored = rfm_step(
+        LpqLaplaceKernel(3.0, p=1.0, q=1.0), X, X[:, :1], Xv, Xv[:, :1], sqrt_m, buffers,
+        LeafConfig(reg=1e-3), agop=True, diag=True, generator=None,
+    )  # fmt: skip
+    assert G is None and not factored and not math.isfinite(cand.err)
+
+
+def test_the_host_reads_tool_counts_device_reads_only():
+    # tools.host_reads: reads of values and data-shaped ops count; a number made on the host
+    # and read there does not (it would never leave the host on a GPU either)
+    from tools.host_reads import HostReads, _tolist_counted
+
+    real = torch.Tensor.tolist
+    torch.Tensor.tolist = _tolist_counted(real)
+    mode = HostReads()
+    try:
+        with mode:
+            x = torch.arange(6.0)
+            float(x.sum())  # a read
+            x[x > 2]  # a boolean index
+            torch.tensor(0.5, dtype=torch.float32).item()  # host-made: not counted
+            x.max().tolist()  # a read
+            x.nonzero()  # data-shaped
+    finally:
+        torch.Tensor.tolist = real
+    assert dict(mode.kinds) == {"read": 2, "boolean index": 1, "nonzero": 1}
+    assert all("test_host_reads" not in site for site in mode.sites)  # sites are the package's

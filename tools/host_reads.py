@@ -1,0 +1,143 @@
+"""Where a fit would make a GPU wait, counted on the CPU: host reads by the line that asks.
+
+On a GPU, reading a value back (``float(t)``, ``bool(t)``, ``.item()``, ``.tolist()``) or an
+operation whose output size depends on the data (``nonzero``, a boolean mask index,
+``unique``) makes the host wait until the device has run everything queued before it. With a
+few such waits per solve, the host spends the fit waiting instead of queueing work, so their
+number is a figure of the GPU path that a CPU can measure::
+
+    python -m tools.host_reads --table reg_num/house_16H --data-dir DIR
+    python -m tools.host_reads --table clf_num/pol --data-dir DIR --estimator
+
+Fits ``xRFMTree()`` (or, with ``--estimator``, the default ``XRFMClassifier`` /
+``XRFMRegressor`` on the protocol split) under a dispatch mode that counts those operations by
+the innermost line of the package that runs them, with the GPU's warm-solve rule (its CG
+budget), so the count is the GPU fit's. A value read from a tensor just made from a Python
+number on the host (e.g. a rounding to the buffer's dtype) is not counted: it never leaves the
+host. Prints the total by kind and the busiest lines. The bench tool ``bench.gpu`` counts the
+real synchronizations on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import traceback
+import weakref
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+from bench.common import DATASETS
+
+#: Operations whose output size depends on the values (the host needs the size to allocate).
+DATA_SHAPED = {"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive"}
+
+
+def _site() -> str:
+    frames = [
+        f
+        for f in traceback.extract_stack()
+        if "xrfm_torch" in f.filename and not f.filename.endswith("numerics/host.py")
+    ]  # a joint read (host.read_scalars) is its caller's
+    if not frames:
+        return "elsewhere"
+    f = frames[-1]
+    return f"{f.filename.split('xrfm_torch/')[-1]}:{f.lineno} {f.name}"
+
+
+class HostReads(TorchDispatchMode):
+    """Counts value reads and data-shaped operations by kind and by the line that runs them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: Counter[str] = Counter()
+        self.sites: Counter[str] = Counter()
+        self._host_made: weakref.WeakValueDictionary[int, torch.Tensor] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def made_here(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` was made from a Python number inside the fit (a host value)."""
+        return self._host_made.get(id(t)) is t
+
+    def note(self, kind: str) -> None:
+        self.kinds[kind] += 1
+        self.sites[f"{kind} {_site()}"] += 1
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.overloadpacket.__name__
+        out = func(*args, **(kwargs or {}))
+        if name == "lift_fresh":  # torch.tensor(number): made on the host, read there for free
+            self._host_made[id(out)] = out
+        elif name == "_local_scalar_dense" and not self.made_here(args[0]):
+            self.note("read")
+        elif name in DATA_SHAPED:
+            self.note(name)
+        elif name == "index" and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None
+        ):
+            self.note("boolean index")
+        return out
+
+
+def _tolist_counted(real: Any) -> Any:
+    def tolist(self: torch.Tensor) -> Any:
+        mode = _get_current_dispatch_mode()
+        if isinstance(mode, HostReads) and not mode.made_here(self):
+            mode.note("read")  # .tolist() does not pass the dispatcher on the CPU
+        return real(self)
+
+    return tolist
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", default="reg_num/house_16H")
+    ap.add_argument("--data-dir", type=Path, default=DATASETS)
+    ap.add_argument("--estimator", action="store_true", help="the default estimator, not a tree")
+    ap.add_argument("--top", type=int, default=25)
+    a = ap.parse_args()
+    from xrfm_torch.leaf import iteration
+
+    iteration.PCG_ROWS_PER_ITER = iteration.PCG_ROWS_PER_ITER_DEVICE  # the GPU's CG budget
+    path = a.data_dir / f"{a.table}.csv.gz"
+    if a.estimator:
+        from bench.peers import is_regression, split_table
+        from xrfm_torch import XRFMClassifier, XRFMRegressor
+
+        parts, ys, _ = split_table(path, 0)
+        cls = XRFMRegressor if is_regression(a.table) else XRFMClassifier
+
+        def fit() -> None:
+            cls(random_state=0).fit(parts[0], ys[0], eval_set=(parts[1], ys[1]))
+
+    else:
+        from xrfm_torch import xRFMTree
+        from xrfm_torch.data import prepare, read_csv
+
+        X, y, cols = read_csv(path, "target")
+        d = prepare(X, y, 0, feature_names=cols)
+        t = torch.from_numpy
+
+        def fit() -> None:
+            g = torch.Generator().manual_seed(0)
+            xRFMTree().fit(t(d.X_train), t(d.y_train), t(d.X_val), t(d.y_val), generator=g)
+
+    real = torch.Tensor.tolist
+    torch.Tensor.tolist = _tolist_counted(real)  # type: ignore[method-assign]
+    mode = HostReads()
+    try:
+        with mode:
+            fit()
+    finally:
+        torch.Tensor.tolist = real  # type: ignore[method-assign]
+    print(f"{a.table}: {sum(mode.kinds.values())} host waits", dict(mode.kinds))
+    for site, n in mode.sites.most_common(a.top):
+        print(f"{n:6d}  {site}")
+
+
+if __name__ == "__main__":
+    main()
