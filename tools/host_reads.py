@@ -32,8 +32,17 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from bench.common import DATASETS
 
-#: Operations whose output size depends on the values (the host needs the size to allocate).
-DATA_SHAPED = {"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive"}
+#: Operations whose output size depends on the values (the host needs the size to allocate;
+#: a GPU's ``bincount`` reads its input's maximum even with ``minlength``).
+DATA_SHAPED = {
+    "nonzero",
+    "masked_select",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "bincount",
+    "repeat_interleave",
+}
 
 
 def _site() -> str:
@@ -74,8 +83,8 @@ class HostReads(TorchDispatchMode):
             self._host_made[id(out)] = out
         elif name == "_local_scalar_dense" and not self.made_here(args[0]):
             self.note("read")
-        elif name in DATA_SHAPED:
-            self.note(name)
+        elif name in DATA_SHAPED and (kwargs or {}).get("output_size") is None:
+            self.note(name)  # repeat_interleave with its output_size given needs no read
         elif name == "index" and any(
             isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None
         ):

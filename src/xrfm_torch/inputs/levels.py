@@ -82,7 +82,7 @@ def _gain(x: Tensor, y: Tensor, values: Tensor, inverse: Tensor, counts: Tensor)
     n = x.shape[0]
     y = y.reshape(n, -1).to(torch.float64)
     x = x.to(torch.float64)
-    spike = values[counts.argmax()]
+    spike = values[counts.argmax().reshape(1)]  # (1,): a 0-dim index would be read back
     fold = torch.arange(n, device=x.device) % FOLDS
     by_bin, by_value = torch.empty_like(y), torch.empty_like(y)
     probs = torch.linspace(0, 1, BINS + 1, dtype=x.dtype, device=x.device)[1:-1]
@@ -94,10 +94,11 @@ def _gain(x: Tensor, y: Tensor, values: Tensor, inverse: Tensor, counts: Tensor)
         edges = _quantiles(x, train & (x != spike), probs)
         b = torch.where(x == spike, 0, 1 + torch.searchsorted(edges, x.contiguous(), right=True))
         mean = (y * w[:, None]).sum(0) / w.sum()
-        count = torch.bincount(b, weights=w, minlength=n_bins)[:, None]
+        # counts by index_add_ (exact: sums of 0/1): a GPU's bincount reads its input's maximum
+        count = w.new_zeros(n_bins).index_add_(0, b, w)[:, None]
         total = y.new_zeros(n_bins, y.shape[1]).index_add_(0, b, y * w[:, None])
         smooth = torch.where(count > 0, total / count.clamp_min(1), mean)[b]  # (n, c)
-        v_count = torch.bincount(inverse, weights=w, minlength=values.numel())
+        v_count = w.new_zeros(values.numel()).index_add_(0, inverse, w)
         v_total = y.new_zeros(values.numel(), y.shape[1]).index_add_(0, inverse, y * w[:, None])
         shrunk = (v_total[inverse] + PRIOR_ROWS * smooth) / (v_count[inverse] + PRIOR_ROWS)[:, None]
         by_bin = torch.where(held[:, None], smooth, by_bin)

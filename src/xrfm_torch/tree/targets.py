@@ -31,6 +31,7 @@ from xrfm_torch.leaf.criteria import (
 )
 from xrfm_torch.leaf.data import FitData
 from xrfm_torch.numerics.deterministic import bincount
+from xrfm_torch.numerics.host import read_scalars
 from xrfm_torch.numerics.state import ResizableBuffers
 
 #: What a model predicts: real values, or one of ``K`` classes.
@@ -116,6 +117,13 @@ class TargetCoding(ResizableBuffers):
 
     def labels(self, y: Tensor, name: str = "y") -> Tensor:
         """Class labels of ``y`` ((n,) or (n, 1), integer-valued) as a long tensor (n,)."""
+        as_long, bad = self._labels(y, name)
+        self._refuse(y, bad, bool(bad.any()), name)
+        return as_long
+
+    @staticmethod
+    def _labels(y: Tensor, name: str) -> tuple[Tensor, Tensor]:
+        """``y`` as labels (n,) and the rows that are no label (n,), without a read back."""
         if y.ndim == 2 and y.shape[1] == 1:
             y = y[:, 0]
         if y.ndim != 1:
@@ -123,14 +131,18 @@ class TargetCoding(ResizableBuffers):
                 f"{name} must hold one class label per row, got shape {tuple(y.shape)}"
             )
         as_long = y.long()
-        bad = (as_long != y) | (as_long < 0)
-        if bool(bad.any()):
+        return as_long, (as_long != y) | (as_long < 0)
+
+    @staticmethod
+    def _refuse(y: Tensor, bad: Tensor, any_bad: bool, name: str) -> None:
+        """Raise naming the first row of ``y`` that is no class label (``any_bad``: read)."""
+        if any_bad:
             i = int(bad.nonzero()[0])
+            value = y.reshape(-1)[i].item()
             raise ValueError(
-                f"{name} must hold class labels 0 .. K-1 (integers >= 0), got {y[i].item()!r} "
+                f"{name} must hold class labels 0 .. K-1 (integers >= 0), got {value!r} "
                 f"at row {i}; map other labels first (XRFMClassifier does)"
             )
-        return as_long
 
     @torch.no_grad()
     def fit(
@@ -171,11 +183,14 @@ class TargetCoding(ResizableBuffers):
         """The codes the leaves fit: (n, c) standardized targets, or (n, K) one-hot rows."""
         if self.task == "regression":
             return self.scaler(y)
-        labels = self.labels(y, name)
-        k = int(self.n_classes_)
-        if int(labels.max()) >= k:
+        labels, bad = self._labels(y, name)
+        # the checks' three scalars read back together (one synchronization on a GPU)
+        any_bad, top, n_classes = read_scalars(bad.any(), labels.max(), self.n_classes_)
+        self._refuse(y, bad, bool(any_bad), name)
+        k = int(n_classes)
+        if int(top) >= k:
             raise ValueError(
-                f"{name} has label {int(labels.max())}, but the model was fitted on {k} classes"
+                f"{name} has label {int(top)}, but the model was fitted on {k} classes"
             )
         return torch.nn.functional.one_hot(labels, k).to(y.dtype) - self.prior_.to(y.dtype)
 
