@@ -65,14 +65,11 @@ def level_gain(x: Tensor, y: Tensor) -> float:
     Returns:
         The gain, a float (0 where ``y`` is constant).
     """
-    values, inverse, counts = torch.unique(
-        x.to(torch.float64), return_inverse=True, return_counts=True
-    )
-    return float(_gain(x, y, values, inverse, counts))
+    return float(_gain(x, y))
 
 
-def _gain(x: Tensor, y: Tensor, values: Tensor, inverse: Tensor, counts: Tensor) -> Tensor:
-    """:func:`level_gain` as a 0-dim float64 tensor, from ``torch.unique(x)``'s three outputs.
+def _gain(x: Tensor, y: Tensor) -> Tensor:
+    """:func:`level_gain` as a 0-dim float64 tensor (read back by the caller).
 
     Written with masks instead of row selections, so that it runs without reading anything back
     to the host: each fold's bin edges are interpolated quantiles of the masked, sorted values
@@ -82,6 +79,7 @@ def _gain(x: Tensor, y: Tensor, values: Tensor, inverse: Tensor, counts: Tensor)
     n = x.shape[0]
     y = y.reshape(n, -1).to(torch.float64)
     x = x.to(torch.float64)
+    values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
     spike = values[counts.argmax().reshape(1)]  # (1,): a 0-dim index would be read back
     fold = torch.arange(n, device=x.device) % FOLDS
     by_bin, by_value = torch.empty_like(y), torch.empty_like(y)
@@ -152,11 +150,8 @@ def level_columns(X: Tensor, y: Tensor, columns: Sequence[int]) -> list[int]:
             continue
         seen = ~torch.isnan(X[:, c]) if has_nan else None  # a complete column: no row selection
         x = X[:, c] if seen is None else X[seen, c]
-        values, inverse, counts = torch.unique(
-            x.to(torch.float64), return_inverse=True, return_counts=True
-        )
         tested.append(c)
-        gains.append(_gain(x, y if seen is None else y[seen], values, inverse, counts))
+        gains.append(_gain(x, y if seen is None else y[seen]))
     # the gains read back together: one host-device synchronization on a GPU
     kept = read_scalars(*gains)
     return [c for c, g in zip(tested, kept) if g >= MIN_GAIN]

@@ -164,16 +164,19 @@ def rfm_step(
         G = agop_from_grads(
             chain_rule(gs if lin is None else gs + lin, sqrt_m), diag=diag, weights=row_w
         )
-    reads = [err_t, kernel.bandwidth]
-    reads += [] if usable is None else [usable]
-    reads += [] if G is None else [G.max()]
-    err, bandwidth, *rest = read_scalars(*reads)
-    if usable is not None and not rest.pop(0):
+    none = torch.zeros(())  # on the host: a value that does not apply costs no read
+    err, bandwidth, finite_m, top = read_scalars(
+        err_t,
+        kernel.bandwidth,
+        none + 1 if usable is None else usable,
+        none if G is None else G.max(),
+    )
+    if not finite_m:
         return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None, False
     cand = Candidate(err, -1, alpha, sqrt_m, bandwidth, kernel.q, reg, sq)
     if G is None or not math.isfinite(err):
         return cand, None, factored
-    return cand, usable_agop(G, rest[0], X.shape[0]), factored  # rest: [max G]
+    return cand, usable_agop(G, top, X.shape[0]), factored
 
 
 def agop_or_none(g: Tensor, diag: bool, n: int, weights: Tensor | None = None) -> Tensor | None:

@@ -187,7 +187,7 @@ def solve_krr(
         z = torch.linalg.solve_triangular(L, rhs, upper=False)
         alpha = torch.linalg.solve_triangular(L.mT, z, upper=True)[:n]
         if not differentiable and dtype != torch.float64:
-            excess = torch.as_tensor(_residual_too_large(K, alpha, b, U, weights))
+            excess = _residual_too_large(K, alpha, b, U, weights)
             failed, too_large = (bool(v) for v in read_scalars(info != 0, excess))
         else:
             failed, too_large = int(info) != 0, False

@@ -77,7 +77,7 @@ def prediction_errors(
     """
     y_val = as_float_targets(y_val, "y_val", n_rows=preds[0].shape[0], dtype=preds[0].dtype)
     if criterion == "mse" and weights is None:  # all entries at once (same value, one pass)
-        values = [((pred - y_val) ** 2).mean().double() for pred in preds]
+        values = [((pred - y_val) ** 2).mean() for pred in preds]
     else:
         values = [validation_loss(pred, y_val, criterion, weights)[0] for pred in preds]
     return read_scalars(*values)  # read back together: one synchronization on a GPU
