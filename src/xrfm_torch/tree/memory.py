@@ -35,7 +35,7 @@ LEAF_MATRICES = 4.0
 #: Fixed allocator and workspace overhead of a fit, bytes (what small leaves add beyond n^2).
 LEAF_OVERHEAD = 32 * 2**20
 #: Iteration rows and Nyström centres of a leaf approximated to fit the budget (halved until it
-#: does; the large fit's iteration subsample, ``xRFMTree(large_fit_iter_rows=3000)``).
+#: does). More than a large fit's 2000 iteration rows: here the centres are also the final solve.
 AUTO_APPROX_ROWS = 3000
 #: Fewest centres :func:`approximate_to_fit` tries before the fit stops.
 MIN_APPROX_ROWS = 64
