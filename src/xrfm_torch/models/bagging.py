@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -86,6 +86,19 @@ def first_bag_plan(bag: xRFMTree) -> LeafConfig | None:
     return leaf_plan(bag.leaves(), bag.config.leaf, float(bag.kernel.q))
 
 
+class _Pending(NamedTuple):
+    """A fit between :meth:`BaggedTree.begin_fit` and :meth:`BaggedTree.finish_fit`."""
+
+    Xp: Tensor  # the pooled rows (training, then validation)
+    yp: Tensor
+    w: Tensor | None
+    folds: Tensor
+    bags: list[xRFMTree]
+    jobs: list[Any]
+    first: int  # 1 where the first bag is fitted ahead of the others
+    start: float  # perf_counter at begin_fit
+
+
 class BaggedTree(Ensemble):
     """``n_bags`` cross-fitted :class:`~xrfm_torch.xRFMTree` s, averaged (see the module docstring).
 
@@ -132,6 +145,7 @@ class BaggedTree(Ensemble):
         self.register_buffer("oof_", torch.zeros(0), persistent=False)
         self.register_buffer("folds_", torch.zeros(0, dtype=torch.long), persistent=False)
         self.fit_seconds_: float | None = None
+        self._pending: _Pending | None = None
 
     # ---- settings ------------------------------------------------------------------------------
     @property
@@ -215,6 +229,38 @@ class BaggedTree(Ensemble):
         Raises:
             ValueError: Fewer rows than bags, a class with a single row, or mismatched arguments.
         """
+        self.begin_fit(
+            X,
+            y,
+            X_val,
+            y_val,
+            sample_weight=sample_weight,
+            val_sample_weight=val_sample_weight,
+            generator=generator,
+            progress=progress,
+        )
+        return self.finish_fit()
+
+    @torch.no_grad()
+    def begin_fit(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None = None,
+        y_val: Tensor | None = None,
+        *,
+        sample_weight: Tensor | None = None,
+        val_sample_weight: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        progress: Progress | None = None,
+    ) -> BaggedTree:
+        """The first part of :meth:`fit`: folds, seeds and (where the others follow it) bag 0.
+
+        :meth:`finish_fit` fits the others; ``fit`` is the two in a row.
+
+        Between them :meth:`first_fold_outputs` gives the first bag's outputs on its fold (a
+        :class:`~xrfm_torch.models.blend.KernelBlend` races its kernels on them).
+        """
         start = time.perf_counter()
         generator = own_generator(generator)
         if (X_val is None) != (y_val is None):
@@ -261,8 +307,7 @@ class BaggedTree(Ensemble):
             )
         folds = cross_folds(n, self.n_bags, generator, labels).to(Xp.device)
         seeds = leaf_seeds(generator, self.n_bags)
-        size = world(self.distributed)[1]
-        bags = [self._new_bag(size > 1, maps) for _ in range(self.n_bags)]
+        bags = [self._new_bag(world(self.distributed)[1] > 1, maps) for _ in range(self.n_bags)]
 
         def job(k: int) -> Any:
             def fit_bag(bag: xRFMTree) -> None:
@@ -289,16 +334,45 @@ class BaggedTree(Ensemble):
             if plan is not None:
                 for bag in bags[1:]:
                     bag.config = bag.config.replace(leaf=plan)
-        owners = assign_by_cost([1.0] * (self.n_bags - first), size)
-        run_leaf_jobs(bags[first:], jobs[first:], owners, distributed=self.distributed)
-        widths = {b.n_outputs_ for b in bags}
+        self._pending = _Pending(Xp, yp, w, folds, bags, jobs, first, start)
+        return self
+
+    def first_fold_outputs(self) -> HonestOutputs | None:
+        """Between :meth:`begin_fit` and :meth:`finish_fit`: the first bag's outputs on its fold.
+
+        ``None`` where the first bag is not fitted ahead of the others (below ``PLAN_MIN_ROWS``
+        pooled rows, or ``shared_plan=False``).
+        """
+        p = self._pending
+        if p is None or not p.first:
+            return None
+        rows = (p.folds == 0).nonzero().squeeze(1)
+        out = self._bag_output(p.bags[0], p.Xp[rows], None)
+        return HonestOutputs(out, p.yp[rows], None if p.w is None else p.w[rows], rows)
+
+    @torch.no_grad()
+    def finish_fit(self) -> BaggedTree:
+        """Fit the bags :meth:`begin_fit` left and keep them with their out-of-fold outputs.
+
+        Raises:
+            RuntimeError: No :meth:`begin_fit` came before.
+        """
+        p = self._pending
+        if p is None:
+            raise RuntimeError("finish_fit needs begin_fit first")
+        self._pending = None
+        rest = self.n_bags - p.first
+        owners = assign_by_cost([1.0] * rest, world(self.distributed)[1])
+        run_leaf_jobs(p.bags[p.first :], p.jobs[p.first :], owners, distributed=self.distributed)
+        widths = {b.n_outputs_ for b in p.bags}
         if len(widths) > 1:  # cannot happen with >= 2 rows a class; a guard for the average
             raise RuntimeError(f"bags fitted different output widths {sorted(widths)}")
-        self.bags = nn.ModuleList(bags)
-        self.folds_ = folds
-        self.oof_ = self._out_of_fold(Xp, folds)
-        self._honest = HonestOutputs(self.oof_, yp, w, torch.arange(n, device=Xp.device))
-        self.fit_seconds_ = time.perf_counter() - start
+        self.bags = nn.ModuleList(p.bags)
+        self.folds_ = p.folds
+        self.oof_ = self._out_of_fold(p.Xp, p.folds)
+        n = p.Xp.shape[0]
+        self._honest = HonestOutputs(self.oof_, p.yp, p.w, torch.arange(n, device=p.Xp.device))
+        self.fit_seconds_ = time.perf_counter() - p.start
         log.info(
             "fitted %d cross-fitted bags (%d leaves) in %.2fs", self.n_bags, self.n_leaves,
             self.fit_seconds_,

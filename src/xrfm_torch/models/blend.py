@@ -26,10 +26,11 @@ import torch
 from torch import Tensor, nn
 
 from xrfm_torch.kernels import KERNELS
+from xrfm_torch.leaf.selection import paired_win
 from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.ensemble import Ensemble
 from xrfm_torch.models.xrfm_tree import xRFMTree
-from xrfm_torch.numerics.checks import check_bool, check_int
+from xrfm_torch.numerics.checks import check_bool, check_int, check_positive
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import (
@@ -38,6 +39,7 @@ from xrfm_torch.tree.honest import (
     mean_loss,
     row_losses,
 )
+from xrfm_torch.tree.parallel import world
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +80,18 @@ class KernelBlend(Ensemble):
             ``kernels``, which keeps the prototype kernel's bandwidth). Default ``xRFMTree()``.
         kernels: Names of at least two distinct kernels (:data:`~xrfm_torch.kernels.KERNELS`).
         weight_steps: The weights are multiples of ``1 / weight_steps`` (4: 0, 0.25, ..., 1).
+        race_margin: Race bagged members: after each kernel's first bag (fitted ahead of the
+            others from ``PLAN_MIN_ROWS`` pooled rows), a kernel that one weight step would make
+            worse on the first fold by this many paired standard errors fits no further bags and
+            gets weight 0 (``fit``'s ``_race``). ``None``: every member is fitted whole.
 
     Attributes:
         members: The fitted models of non-zero weight.
         weights_: Their weights (sum 1).
         member_kernels_: Each member's index in ``kernels``.
         honest_losses_: The honest loss of every weight vector tried (not saved).
+        raced_: The kernels dropped after their first bag, with the first fold's loss increase
+            of one weight step to them (not saved).
 
     Example:
         >>> blend = KernelBlend(xRFMTree(task="classification"), kernels=("laplace", "gaussian"))
@@ -101,6 +109,7 @@ class KernelBlend(Ensemble):
         *,
         kernels: Sequence[str] = ("laplace", "gaussian"),
         weight_steps: int = 4,
+        race_margin: float | None = 2.0,
     ) -> None:
         super().__init__()
         proto = xRFMTree() if model is None else model
@@ -114,11 +123,15 @@ class KernelBlend(Ensemble):
             raise ValueError(f"kernels must name at least 2 distinct kernels, got {names}")
         self.kernels = tuple(names)
         self.weight_steps = check_int(weight_steps, "weight_steps", 1)
+        self.race_margin = (
+            None if race_margin is None else check_positive(race_margin, "race_margin")
+        )
         self._hold_prototype(proto)
         self.members = nn.ModuleList()
         self.register_buffer("weights_", torch.zeros(0))
         self.register_buffer("member_kernels_", torch.zeros(0, dtype=torch.long))
         self.honest_losses_: dict[tuple[float, ...], float] = {}
+        self.raced_: dict[str, float] = {}
         self.fit_seconds_: float | None = None
 
     # ---- settings ------------------------------------------------------------------------------
@@ -135,6 +148,7 @@ class KernelBlend(Ensemble):
             "n_bags": len(pairs),
             "n_leaves": self.n_leaves,
             "fit_seconds": self.fit_seconds_,
+            "raced": dict(self.raced_),
             "bag_weights": [w for w, _ in pairs],
             "bags": [tree.summary() for _, tree in pairs],
         }
@@ -146,6 +160,7 @@ class KernelBlend(Ensemble):
             "model": self.prototype.get_config(),
             "kernels": list(self.kernels),
             "weight_steps": self.weight_steps,
+            "race_margin": self.race_margin,
         }
 
     def _new_member(self, index: int) -> Member:
@@ -225,17 +240,23 @@ class KernelBlend(Ensemble):
 
         Arguments as the members' ``fit`` (:meth:`xRFMTree.fit`, :meth:`BaggedTree.fit`); every
         member starts from the state ``generator`` has at the call, so each is the model its
-        kernel alone would give with that seed.
+        kernel alone would give with that seed. Bagged members whose first bag is fitted ahead
+        of the others race (``race_margin``): each fits its first bag, then only the kernels
+        that may get a weight fit the rest.
         """
         start = time.perf_counter()
+        self.raced_ = {}
         generator = own_generator(generator)
         state = generator.get_state()
-        fitted: list[Member] = []
-        for index in range(len(self.kernels)):
-            member = self._new_member(index)
+        members = [self._new_member(i) for i in range(len(self.kernels))]
+        bagged = [m for m in members if isinstance(m, BaggedTree)]
+        race = self.race_margin is not None and len(bagged) == len(members)
+        race = race and world(self.distributed)[1] == 1  # every rank must make the same choice
+        for member in members:
             draws = torch.Generator()
             draws.set_state(state)
-            member.fit(
+            fit = cast(BaggedTree, member).begin_fit if race else member.fit
+            fit(
                 X,
                 y,
                 X_val,
@@ -245,49 +266,113 @@ class KernelBlend(Ensemble):
                 generator=draws,
                 progress=progress,
             )
-            fitted.append(member)
-        self.mix(fitted)
+        keep = list(range(len(members)))
+        if race:
+            keep = self._race([cast(BaggedTree, m) for m in members])
+            for i in keep:
+                cast(BaggedTree, members[i]).finish_fit()
+        self.mix([members[i] for i in keep], keep)
         self.fit_seconds_ = time.perf_counter() - start
         return self
 
-    def mix(self, fitted: Sequence[Member]) -> KernelBlend:
-        """Choose the weights of fitted members, one per kernel in ``kernels`` order, and keep them.
+    def _race(self, members: Sequence[BaggedTree]) -> list[int]:
+        """The kernels worth fitting whole, judged on the first bags' outputs on their fold.
+
+        On the first fold (the same rows for every member: same draws), the weight vector of
+        lowest loss ``w*`` is found on the grid; a kernel ``k`` with ``w*_k = 0`` is dropped if
+        moving one grid step of weight to it (from the largest weight) raises the per-row loss
+        by more than ``race_margin`` paired standard errors. The loss of a mixture is convex in
+        its weights, so a step that loses means every larger share loses too. Where no first
+        bag was fitted ahead (small pooled tables), every kernel is kept.
+        """
+        parts = [m.first_fold_outputs() for m in members]
+        if any(p is None for p in parts):
+            return list(range(len(members)))
+        outs = [cast(HonestOutputs, p) for p in parts]
+        check_same_rows(outs)
+        grid = weight_grid(len(outs), self.weight_steps)
+        per_row = self._grid_row_losses(outs, grid)  # (g, n)
+        means = [float(mean_loss(r, outs[0].weights)) for r in per_row]
+        best = min(range(len(means)), key=lambda i: means[i])
+        w_best = grid[best]
+        keep = []
+        for k in range(len(outs)):
+            if w_best[k] > 0:
+                keep.append(k)
+                continue
+            step = w_best.clone()
+            step[int(w_best.argmax())] -= 1.0 / self.weight_steps
+            step[k] += 1.0 / self.weight_steps
+            i = int((grid - step).abs().sum(1).argmin())
+            rows_w = outs[0].weights
+            scale = None if rows_w is None else rows_w.double() / rows_w.double().mean()
+            best_rows = per_row[best] if scale is None else per_row[best] * scale
+            step_rows = per_row[i] if scale is None else per_row[i] * scale
+            if paired_win(best_rows, step_rows, cast(float, self.race_margin)):
+                gap = means[i] - means[best]
+                self.raced_[self.kernels[k]] = gap
+                log.info(
+                    "kernel blend: %s dropped after its first bag (a %.2f share raises the "
+                    "first fold's honest loss by %.4g)", self.kernels[k],
+                    1.0 / self.weight_steps, gap,
+                )  # fmt: skip
+            else:
+                keep.append(k)
+        return keep
+
+    def _grid_row_losses(self, parts: Sequence[HonestOutputs], grid: Tensor) -> Tensor:
+        """Per-row losses (g, n) of the outputs ``parts`` mixed by each weight vector of ``grid``."""
+        outputs = torch.stack([p.outputs for p in parts]).double()
+        targets = parts[0].targets
+        return torch.stack(
+            [row_losses(torch.einsum("k,knc->nc", w.to(outputs), outputs), targets, self.task)
+             for w in grid]
+        )  # fmt: skip
+
+    def mix(self, fitted: Sequence[Member], indices: Sequence[int] | None = None) -> KernelBlend:
+        """Choose the weights of fitted members and keep them.
 
         The members must have been fitted in this session on the same rows with the same draws
         (their honest outputs are compared row by row). ``fit`` ends here; an anytime fit
         (:class:`~xrfm_torch.models.anytime.Anytime`) mixes members it already has.
 
+        Args:
+            fitted: The members, one per kernel of ``indices``.
+            indices: Their kernels' places in ``kernels`` (default: all, in order; a race
+                leaves some out).
+
         Raises:
             ValueError: Not one member per kernel, or honest outputs of different rows.
         """
-        if len(fitted) != len(self.kernels):
+        index = list(range(len(self.kernels))) if indices is None else [int(i) for i in indices]
+        if len(fitted) != len(index) or not fitted:
             raise ValueError(
-                f"mix needs {len(self.kernels)} members, one per kernel, got {len(fitted)}"
+                f"mix needs one member per kernel of {index}, got {len(fitted)} members"
             )
         parts = [m.honest_outputs() for m in fitted]
         check_same_rows(parts)
         grid = weight_grid(len(fitted), self.weight_steps)
-        outputs = torch.stack([p.outputs for p in parts]).double()
+        per_row = self._grid_row_losses(parts, grid)
         targets, weights = parts[0].targets, parts[0].weights
-        losses = []
-        for w in grid:
-            mixed = torch.einsum("k,knc->nc", w.to(outputs), outputs)
-            losses.append(float(mean_loss(row_losses(mixed, targets, self.task), weights)))
+        losses = [float(mean_loss(r, weights)) for r in per_row]
         best = min(range(len(losses)), key=lambda i: losses[i])
         chosen = grid[best]
         keep = (chosen > 0).nonzero().squeeze(1)
         first = fitted[0].single_trees()[0][1].fitted_temperature_  # the fit's dtype and device
         self.members = nn.ModuleList(fitted[int(k)] for k in keep)
         self.weights_ = chosen[keep].to(device=first.device, dtype=first.dtype)
-        self.member_kernels_ = keep.to(first.device)
-        self.honest_losses_ = {tuple(w.tolist()): v for w, v in zip(grid, losses)}
+        self.member_kernels_ = torch.tensor([index[int(k)] for k in keep], device=first.device)
+        full = torch.zeros(len(grid), len(self.kernels), dtype=grid.dtype)
+        full[:, index] = grid  # the weights of every kernel, 0 for those not fitted
+        self.honest_losses_ = {tuple(w.tolist()): v for w, v in zip(full, losses)}
+        outputs = torch.stack([p.outputs for p in parts]).double()
         mixed = torch.einsum("k,knc->nc", chosen.to(outputs), outputs).to(parts[0].outputs)
         self._honest = HonestOutputs(mixed, targets, weights, parts[0].rows)
         log.info(
             "kernel blend %s (honest %s: %s)",
-            " + ".join(f"{w:.2f} {self.kernels[int(k)]}" for w, k in zip(chosen[keep], keep)),
+            " + ".join(f"{w:.2f} {self.kernels[index[int(k)]]}" for w, k in zip(chosen[keep], keep)),
             "log-loss" if self.task == "classification" else "MSE",
-            ", ".join(f"{tuple(round(v, 2) for v in w)} {v:.4g}" for w, v in zip(grid.tolist(), losses)),
+            ", ".join(f"{tuple(round(v, 2) for v in w)} {v:.4g}" for w, v in zip(full.tolist(), losses)),
         )  # fmt: skip
         return self
 
