@@ -292,7 +292,7 @@ class KernelBlend(Ensemble):
         check_same_rows(outs)
         grid = weight_grid(len(outs), self.weight_steps)
         per_row = self._grid_row_losses(outs, grid)  # (g, n)
-        means = [float(mean_loss(r, outs[0].weights)) for r in per_row]
+        means = torch.stack([mean_loss(r, outs[0].weights) for r in per_row]).tolist()  # one read
         best = min(range(len(means)), key=lambda i: means[i])
         w_best = grid[best]
         keep = []
@@ -354,7 +354,7 @@ class KernelBlend(Ensemble):
         grid = weight_grid(len(fitted), self.weight_steps)
         per_row = self._grid_row_losses(parts, grid)
         targets, weights = parts[0].targets, parts[0].weights
-        losses = [float(mean_loss(r, weights)) for r in per_row]
+        losses = torch.stack([mean_loss(r, weights) for r in per_row]).tolist()  # one read
         best = min(range(len(losses)), key=lambda i: losses[i])
         chosen = grid[best]
         keep = (chosen > 0).nonzero().squeeze(1)
