@@ -146,3 +146,25 @@ def test_race_margin_is_checked_and_saved():
     blend = KernelBlend(race_margin=None)
     assert blend.get_config()["race_margin"] is None
     assert KernelBlend().get_config()["race_margin"] == 2.0
+
+
+def test_race_weighs_the_first_fold_rows_by_their_sample_weights():
+    g = torch.Generator().manual_seed(2)
+    labels = (torch.rand(600, generator=g) < 0.5).double()
+    good = (0.9 * labels + 0.05).clamp(0.01, 0.99)
+    bad = (0.98 * labels + 0.01 + 0.05 * torch.rand(600, generator=g)).clamp(0.01, 0.99)
+    bad[:300] = torch.rand(300, generator=g)  # wrong on the first half, better on the second
+    rows = torch.arange(600)
+
+    def member(p1: torch.Tensor, w: torch.Tensor) -> SimpleNamespace:
+        out = torch.stack([1 - p1, p1], 1).double()
+        return SimpleNamespace(first_fold_outputs=lambda: HonestOutputs(out, labels, w, rows))
+
+    tree = xRFMTree(task="classification")
+    on_bad_half = torch.cat([torch.ones(300), torch.full((300,), 1e-6)]).double()
+    blend = KernelBlend(tree, kernels=KERNELS, race_margin=2.0)
+    assert blend._race([member(good, on_bad_half), member(bad, on_bad_half)]) == [0]
+    on_good_half = on_bad_half.flip(0)  # the weight where the second kernel is better
+    blend = KernelBlend(tree, kernels=KERNELS, race_margin=2.0)
+    assert blend._race([member(good, on_good_half), member(bad, on_good_half)]) == [1]
+    assert list(blend.raced_) == ["laplace"]
