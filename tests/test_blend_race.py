@@ -11,7 +11,6 @@ import torch
 from conftest import planted
 from xrfm_torch import BaggedTree, KernelBlend, LeafConfig, xRFMTree
 from xrfm_torch.models.bagging import PLAN_MIN_ROWS
-from xrfm_torch.models.blend import weight_grid
 from xrfm_torch.tree.honest import HonestOutputs, row_losses
 
 KERNELS = ("laplace", "gaussian")
@@ -103,7 +102,7 @@ def test_race_keeps_both_kernels_when_a_mixture_is_best():
     blend = KernelBlend(xRFMTree(task="classification"), kernels=KERNELS, race_margin=2.0)
     assert blend._race([stand_in(a, labels), stand_in(b, labels)]) == [0, 1]
     parts = [stand_in(p, labels).first_fold_outputs() for p in (a, b)]
-    losses = blend._grid_row_losses(parts, weight_grid(2, 4)).mean(1)
+    losses = blend._grid_losses(parts)[2].mean(1)  # the grid of weight_steps=4
     assert 0 < int(losses.argmin()) < 4  # a mixture is best: both kernels have weight
 
 
@@ -121,7 +120,7 @@ def test_a_raced_blend_keeps_the_survivor_exactly_and_mixes_it_alone():
         s.begin_fit(X, y, generator=torch.Generator().manual_seed(5))
     firsts = [s.first_fold_outputs() for s in singles]
     gaps = {}
-    per_row = raced._grid_row_losses(firsts, weight_grid(2, 4)).mean(1)
+    per_row = raced._grid_losses(firsts)[2].mean(1)  # the grid of weight_steps=4
     best = int(per_row.argmin())
     if best == 0:
         gaps["gaussian"] = float(per_row[1] - per_row[0])

@@ -31,6 +31,7 @@ from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.ensemble import Ensemble
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.numerics.checks import check_bool, check_int, check_positive
+from xrfm_torch.numerics.host import read_scalars
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import (
@@ -249,8 +250,7 @@ class KernelBlend(Ensemble):
         generator = own_generator(generator)
         state = generator.get_state()
         members = [self._new_member(i) for i in range(len(self.kernels))]
-        bagged = [m for m in members if isinstance(m, BaggedTree)]
-        race = self.race_margin is not None and len(bagged) == len(members)
+        race = self.race_margin is not None and all(isinstance(m, BaggedTree) for m in members)
         race = race and world(self.distributed)[1] == 1  # every rank must make the same choice
         for member in members:
             draws = torch.Generator()
@@ -290,11 +290,12 @@ class KernelBlend(Ensemble):
             return list(range(len(members)))
         outs = [cast(HonestOutputs, p) for p in parts]
         check_same_rows(outs)
-        grid = weight_grid(len(outs), self.weight_steps)
-        per_row = self._grid_row_losses(outs, grid)  # (g, n)
-        means = torch.stack([mean_loss(r, outs[0].weights) for r in per_row]).tolist()  # one read
+        _, grid, per_row, means = self._grid_losses(outs)
         best = min(range(len(means)), key=lambda i: means[i])
         w_best = grid[best]
+        rows_w = outs[0].weights  # the paired test on per-row losses scaled to the weighted mean
+        if rows_w is not None:
+            per_row = per_row * (rows_w.double() / rows_w.double().mean())
         keep = []
         for k in range(len(outs)):
             if w_best[k] > 0:
@@ -304,11 +305,7 @@ class KernelBlend(Ensemble):
             step[int(w_best.argmax())] -= 1.0 / self.weight_steps
             step[k] += 1.0 / self.weight_steps
             i = int((grid - step).abs().sum(1).argmin())
-            rows_w = outs[0].weights
-            scale = None if rows_w is None else rows_w.double() / rows_w.double().mean()
-            best_rows = per_row[best] if scale is None else per_row[best] * scale
-            step_rows = per_row[i] if scale is None else per_row[i] * scale
-            if paired_win(best_rows, step_rows, cast(float, self.race_margin)):
+            if paired_win(per_row[best], per_row[i], cast(float, self.race_margin)):
                 gap = means[i] - means[best]
                 self.raced_[self.kernels[k]] = gap
                 log.info(
@@ -320,14 +317,23 @@ class KernelBlend(Ensemble):
                 keep.append(k)
         return keep
 
-    def _grid_row_losses(self, parts: Sequence[HonestOutputs], grid: Tensor) -> Tensor:
-        """Per-row losses (g, n) of the outputs ``parts`` mixed by each weight vector of ``grid``."""
+    def _grid_losses(
+        self, parts: Sequence[HonestOutputs]
+    ) -> tuple[Tensor, Tensor, Tensor, list[float]]:
+        """The honest outputs ``parts`` mixed by every weight vector of the grid, scored.
+
+        Returns:
+            The stacked outputs (k, n, c) in float64, the grid (g, k), the per-row losses
+            (g, n) and their (weighted) means, read back together.
+        """
         outputs = torch.stack([p.outputs for p in parts]).double()
-        targets = parts[0].targets
-        return torch.stack(
+        grid = weight_grid(len(parts), self.weight_steps)
+        targets, weights = parts[0].targets, parts[0].weights
+        per_row = torch.stack(
             [row_losses(torch.einsum("k,knc->nc", w.to(outputs), outputs), targets, self.task)
              for w in grid]
         )  # fmt: skip
+        return outputs, grid, per_row, read_scalars(*(mean_loss(r, weights) for r in per_row))
 
     def mix(self, fitted: Sequence[Member], indices: Sequence[int] | None = None) -> KernelBlend:
         """Choose the weights of fitted members and keep them.
@@ -351,10 +357,7 @@ class KernelBlend(Ensemble):
             )
         parts = [m.honest_outputs() for m in fitted]
         check_same_rows(parts)
-        grid = weight_grid(len(fitted), self.weight_steps)
-        per_row = self._grid_row_losses(parts, grid)
-        targets, weights = parts[0].targets, parts[0].weights
-        losses = torch.stack([mean_loss(r, weights) for r in per_row]).tolist()  # one read
+        outputs, grid, _, losses = self._grid_losses(parts)
         best = min(range(len(losses)), key=lambda i: losses[i])
         chosen = grid[best]
         keep = (chosen > 0).nonzero().squeeze(1)
@@ -365,9 +368,8 @@ class KernelBlend(Ensemble):
         full = torch.zeros(len(grid), len(self.kernels), dtype=grid.dtype)
         full[:, index] = grid  # the weights of every kernel, 0 for those not fitted
         self.honest_losses_ = {tuple(w.tolist()): v for w, v in zip(full, losses)}
-        outputs = torch.stack([p.outputs for p in parts]).double()
         mixed = torch.einsum("k,knc->nc", chosen.to(outputs), outputs).to(parts[0].outputs)
-        self._honest = HonestOutputs(mixed, targets, weights, parts[0].rows)
+        self._honest = HonestOutputs(mixed, parts[0].targets, parts[0].weights, parts[0].rows)
         log.info(
             "kernel blend %s (honest %s: %s)",
             " + ".join(f"{w:.2f} {self.kernels[index[int(k)]]}" for w, k in zip(chosen[keep], keep)),
