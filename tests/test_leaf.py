@@ -441,7 +441,9 @@ def test_warm_cg_iterations_give_the_factored_leaf(monkeypatch):
     Xv, yv = planted(400, d=6, seed=4)
     kw = {"n_iters": 6, "diag": False, "early_stop_multiplier": None, "reg": 1e-3}
     warm = plain_leaf(pcg_tol=1e-4, **kw).fit(X[:1600], y[:1600], Xv, yv)
-    assert sum(accepted) >= 3  # t = 2 .. 6 may warm-start from t = 1's factor onwards
+    # t = 2 .. 6 may warm-start from t = 1's factor onwards; here t = 2 and 3 give up (M still
+    # moves), t = 4 factors (the back-off) and t = 5, 6 converge
+    assert sum(accepted) >= 2
     accepted.clear()
     cold = plain_leaf(pcg_tol=None, **kw).fit(X[:1600], y[:1600], Xv, yv)
     assert not accepted
@@ -452,6 +454,34 @@ def test_warm_cg_iterations_give_the_factored_leaf(monkeypatch):
     errs = cold.val_errors_
     assert tw == tc or abs(float(errs[tw] - errs[tc])) <= 1e-4 * float(errs[tc]), (tw, tc)
     torch.testing.assert_close(warm(X[1600:]), cold(X[1600:]), rtol=0, atol=2e-3 * float(y.std()))
+
+
+@pytest.mark.parametrize(("pattern", "expected"), [("0", "000"), ("01", "01010"), ("001", "0010")])
+def test_warm_tries_back_off_after_give_ups_in_a_row(monkeypatch, pattern, expected):
+    """After k >= WARM_GIVE_UPS warm tries in a row gave up, a leaf skips k - 1 eligible steps.
+
+    A stub CG gives up (0) or solves (1) by ``pattern``, repeated; the tries it sees over
+    t = 2 .. 6 (t = 1 factors: the first learned M) are ``expected``: a run of give-ups is
+    thinned (t = 4 and t = 6 skipped), an alternating pattern keeps every try, and a leaf whose
+    solves converge later is tried again.
+    """
+    import xrfm_torch.leaf.iteration as iteration
+
+    assert iteration.WARM_GIVE_UPS == 2
+    seen: list[str] = []
+
+    def stub(K, y, reg, factor, **kwargs):
+        ok = pattern[len(seen) % len(pattern)] == "1"
+        seen.append("1" if ok else "0")
+        return iteration.solve_krr(K, y, reg, features=kwargs.get("features")) if ok else None
+
+    monkeypatch.setattr(iteration, "pcg_krr", stub)
+    X, y = planted(1600, d=6, seed=3)
+    Xv, yv = planted(400, d=6, seed=4)
+    kw = {"n_iters": 6, "diag": False, "early_stop_multiplier": None, "patience": None}
+    leaf = plain_leaf(pcg_tol=1e-4, **kw).fit(X, y, Xv, yv)
+    assert int(leaf.val_errors_.isfinite().sum()) == 7  # every iteration ran
+    assert "".join(seen) == expected
 
 
 def test_warm_budget_follows_the_device(monkeypatch):

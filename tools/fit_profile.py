@@ -3,15 +3,16 @@
 Fits ``XRFMClassifier()`` or ``XRFMRegressor()`` (their defaults, or ``--options``) on the
 protocol split of one table (seed 0, the validation rows as ``eval_set``) under cProfile, after
 a small warm-up fit, and prints the fit's seconds by phase (cumulative time of the function that
-runs it; the iterations exclude the post-hoc search they call) and the functions of most own
-time::
+runs it; ``iterate``, the RFM loop, and ``select_kernel``, the post-hoc search after it, are
+separate calls) and the functions of most own time::
 
     python -m tools.fit_profile --table clf_num/pol --data-dir DIR
     python -m tools.fit_profile --table reg_num/cpu_act --data-dir DIR --options '{"n_bags": 5}'
 
 A table is ``DIR/<path>.csv.gz`` with a ``target`` column; a ``clf_*`` folder means
-classification. cProfile adds some overhead to Python-heavy phases; shares, not seconds, are
-the point.
+classification. A table with text columns is split as the benchmark harness splits it
+(``bench.peers``) and fitted as a DataFrame. cProfile adds some overhead to Python-heavy
+phases; shares, not seconds, are the point.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import json
 import pstats
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
 
 from bench.common import DATASETS
+from bench.peers import split_table
 from xrfm_torch import XRFMClassifier, XRFMRegressor
 from xrfm_torch.data import prepare, read_csv
 
@@ -50,6 +54,22 @@ def cumulative(stats: pstats.Stats, suffix: str, name: str) -> float:
     return sum(v[3] for (path, _, fn), v in raw.items() if fn == name and path.endswith(suffix))
 
 
+def load(path: Path, classification: bool) -> Any:
+    """The protocol split of ``path`` (seed 0): numeric tables through ``prepare``, tables with
+    text columns as DataFrames through the benchmark harness's split (``bench.peers``)."""
+    try:
+        X, y, names = read_csv(path, "target")
+    except ValueError:  # text columns
+        parts, ys, _ = split_table(path, 0)
+        if classification:
+            ys = tuple(np.searchsorted(np.unique(ys[0]), v) for v in ys)
+        return SimpleNamespace(
+            X_train=parts[0], y_train=ys[0], X_val=parts[1], y_val=ys[1],
+            X_test=parts[2], y_test=ys[2],
+        )  # fmt: skip
+    return prepare(X, y, 0, regression=not classification, feature_names=names)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--table", required=True, help="path under DIR without .csv.gz")
@@ -60,8 +80,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     classification = Path(a.table).parts[0].startswith("clf")
-    X, y, names = read_csv(a.data_dir / f"{a.table}.csv.gz", "target")
-    d = prepare(X, y, 0, regression=not classification, feature_names=names)
+    d = load(a.data_dir / f"{a.table}.csv.gz", classification)
     cls = XRFMClassifier if classification else XRFMRegressor
     options = json.loads(a.options)
     cls(n_iters=1, random_state=0).fit(d.X_train[:300], d.y_train[:300])  # warm-up
@@ -79,8 +98,6 @@ def main() -> None:
     print("| phase | s | share |\n|---|---|---|")
     for phase, (suffix, name) in PHASES.items():
         s = cumulative(stats, suffix, name)
-        if phase.strip() == "RFM iterations":
-            s -= cumulative(stats, "leaf/selection.py", "select_kernel")
         print(f"| {phase} | {s:.1f} | {s / total:.0%} |")
     print(f"\nown time, top {a.top}:\n")
     rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[: a.top]  # type: ignore[attr-defined]
