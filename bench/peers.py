@@ -101,6 +101,12 @@ def split_table(path: Path, seed: int):
     return parts, (y[tr], y[va], y[te]), text
 
 
+def class_codes(ys: tuple) -> tuple:
+    """Each part's labels as codes ``0 .. K-1`` of the training part's (``ys[0]``) classes."""
+    classes = np.unique(ys[0])
+    return tuple(np.searchsorted(classes, y) for y in ys)
+
+
 def as_categories(parts: list, text: list[str]) -> list:
     """pandas ``category`` columns with the training rows' categories (others become missing)."""
     out = [p.copy() for p in parts]
@@ -281,8 +287,7 @@ def measure(
     INFO.clear()
     parts, ys, text = split_table(path, seed)
     if classify:  # labels 0 .. K-1 for every peer (string labels are the estimators' own test)
-        classes = np.unique(ys[0])
-        ys = tuple(np.searchsorted(classes, y) for y in ys)
+        ys = class_codes(ys)
     if warm_up:
         few = [p.iloc[:WARM_UP_ROWS] for p in parts]
         try:

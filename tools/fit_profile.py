@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from bench.common import DATASETS
-from bench.peers import split_table
+from bench.peers import class_codes, split_table
 from xrfm_torch import XRFMClassifier, XRFMRegressor
 from xrfm_torch.data import prepare, read_csv
 
@@ -62,7 +62,7 @@ def load(path: Path, classification: bool) -> Any:
     except ValueError:  # text columns
         parts, ys, _ = split_table(path, 0)
         if classification:
-            ys = tuple(np.searchsorted(np.unique(ys[0]), v) for v in ys)
+            ys = class_codes(ys)
         return SimpleNamespace(
             X_train=parts[0], y_train=ys[0], X_val=parts[1], y_val=ys[1],
             X_test=parts[2], y_test=ys[2],
