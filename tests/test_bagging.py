@@ -371,12 +371,16 @@ def test_later_bags_follow_the_first_bags_plan(regression, monkeypatch):
     own = shared.bags[0].kernel.q
     chosen = tuple(sorted({float(leaf.kernel.q) for leaf in first} - {own}))
     assert plan.kernel_exponents == (chosen or None)
-    # the later bags start from the identity (tree.fit.leaf_plan): the warm-up stays
-    assert plan.min_iters == leaf.min_iters and plan.patience == leaf.patience
+    # the first bag explored with the warm-up and patience 4: its followers drop the warm-up
+    # and stop after 2 steps without a gain (tree.fit.leaf_plan)
+    assert plan.min_iters == 0 and plan.patience == 2
     for bag in shared.bags[1:]:
         assert bag.config.leaf == plan
         for later in bag.leaves():
             assert int(later.best_iter_) <= plan.n_iters
+            # no warm-up: the walk ends 2 steps after the last gain (or at the cap)
+            steps = int(later.val_errors_.isfinite().sum())
+            assert steps <= min(plan.n_iters, int(later.best_iter_) + 2) + 1
             assert (later.sqrt_m_.ndim == 1) == plan.diag or not later.sqrt_m_.numel()
     # following costs nothing in held-out error on this planted function
     err = {name: float(((m(X[500:])[:, 0] - y[500:]) ** 2).mean()) for name, m in

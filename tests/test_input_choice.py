@@ -223,3 +223,27 @@ def test_n_features_in_follows_the_last_fit_not_stale_knots() -> None:
     model.fit(X[:, :3], y, Xv[:, :3], yv, generator=seeded())
     assert model.n_features_in_ == 3
     assert model(Xt[:, :3]).shape == (Xt.shape[0], 1)
+
+
+def test_a_probe_leaf_stops_two_steps_after_its_last_gain(monkeypatch) -> None:
+    # the probe's leaves have a fixed budget of PROBE_ITERS updates, but stop early once
+    # PROBE_PATIENCE steps bring no gain (their later steps rarely changed the choice)
+    from xrfm_torch.inputs import choice
+    from xrfm_torch.leaf import LeafRFM
+
+    probes: list[LeafRFM] = []
+
+    class Recorded(LeafRFM):
+        def fit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            probes.append(self)
+            return super().fit(*args, **kwargs)
+
+    monkeypatch.setattr(choice, "LeafRFM", Recorded)
+    X, Xv, _, y, yv, _ = standardized("sum")
+    fit("auto", X, y, Xv, yv)
+    assert len(probes) == 3  # one per probed map
+    steps = [int(p.val_errors_.isfinite().sum()) for p in probes]
+    for p, n in zip(probes, steps):
+        assert p.config.patience == choice.PROBE_PATIENCE == 2 and p.config.min_iters == 0
+        assert n <= min(choice.PROBE_ITERS, int(p.best_iter_) + choice.PROBE_PATIENCE) + 1
+    assert min(steps) < choice.PROBE_ITERS + 1  # some probe stopped before its budget

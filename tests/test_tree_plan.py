@@ -7,7 +7,7 @@ import torch
 
 from conftest import check_starts, record_leaf_starts
 from xrfm_torch import LeafConfig, xRFMTree
-from xrfm_torch.tree.fit import follow_plan
+from xrfm_torch.tree.fit import leaf_plan
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_the_second_tree_starts_from_the_first_trees_matrices(labelled, monkeypa
     first, second = model.partition_trees()
     assert len(calls) == first.n_leaves + second.n_leaves
     base = model.config.leaf
-    plan = follow_plan(first.leaf_list(), base, float(model.kernel.q))
+    plan = leaf_plan(first.leaf_list(), base, float(model.kernel.q))
     assert plan is not None and plan.min_iters == 0 and plan.patience == 2
     assert plan.n_iters == max(int(leaf.best_iter_) for leaf in first.leaf_list())
     assert all(start is None and cfg == base for _, start, cfg in calls[: first.n_leaves])
