@@ -12,7 +12,7 @@ fit has at most ``AUTO_BAG_ROWS`` rows (on small tables one model's validation r
 calibrate its probabilities); regression fits one tree. ``xRFMTree`` itself is always one tree:
 it is the building block the ensembles wrap (docs/design.md: defaults). The classifier's default
 fits 10 single trees below ``AUTO_BAG_ROWS`` rows (2 kernels x 5 bags, the later bags following
-the first one's plan; measured 2.6-5.6x one tree's fit time, ``python -m bench.preset_costs``),
+the first one's plan; measured 2.1-4.6x one tree's fit time, ``python -m bench.preset_costs``),
 2 above.
 """
 
