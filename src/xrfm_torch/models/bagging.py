@@ -15,11 +15,12 @@ the cost is ``K`` fits (spread over ``torch.distributed`` ranks with ``distribut
 With ``shared_plan`` (the default; from ``PLAN_MIN_ROWS`` pooled rows on) the later bags follow
 the first bag's plan (:func:`first_bag_plan`): they iterate no further than the last iteration any
 of its leaves kept, with its feature-matrix shape and exponents and without the warm-up, instead
-of searching all of these again. The bags see 3/4 of each other's rows, and their searches agree (digits: all ten leaves of
-a blend's bags chose the same exponent, ridge and shape); the searches were most of a small
-leaf's solves. The plan passes on a few numbers; the later bags do not start from the first
-bag's learned ``M``: the first bag trained on every later bag's validation fold, so such a start
-makes their validation errors and out-of-fold outputs optimistic (see :func:`first_bag_plan`).
+of searching all of these again. The bags see 3/4 of each other's rows, and their searches agree
+(digits: all ten leaves of a blend's bags chose the same exponent, ridge and shape); the searches
+were most of a small leaf's solves. The plan passes on a few numbers; the later bags do not start
+from the first bag's learned ``M``: the first bag trained on every later bag's validation fold, so
+such a start makes their validation errors and out-of-fold outputs optimistic (see
+:func:`first_bag_plan`).
 """
 
 from __future__ import annotations
@@ -76,13 +77,12 @@ def first_bag_plan(bag: xRFMTree) -> LeafConfig | None:
 
     The later bags iterate up to the first bag's leaves' last kept iteration, with their
     majority ``M`` shape and exponents, without the warm-up and with patience 2, each leaf from
-    the identity. Starting them from the
-    first bag's learned ``M`` (as a map's later trees start from its first tree) saved 20-30 %
-    of pol's and diamonds' fit, but it leaks: the first bag trained on every later bag's
-    validation fold, so the start's validation error is optimistic there. pol, seed 1: the
-    blend's out-of-fold log-loss 0.0358 -> 0.0307 while its test log-loss rose 0.0387 -> 0.0434
-    (error 1.34 -> 1.64 %); digits, seeds 0-1: out-of-fold 0.0313 -> 0.0229 and 0.0416 ->
-    0.0261, test 0.0249 -> 0.0210 and 0.0504 -> 0.0551.
+    the identity. Starting them from the first bag's learned ``M`` (as a map's later trees start
+    from its first tree) saved 20-30 % of pol's and diamonds' fit, but it leaks: the first bag
+    trained on every later bag's validation fold, so the start's validation error is optimistic
+    there. pol, seed 1: the blend's out-of-fold log-loss 0.0358 -> 0.0307 while its test
+    log-loss rose 0.0387 -> 0.0434 (error 1.34 -> 1.64 %); digits, seeds 0-1: out-of-fold
+    0.0313 -> 0.0229 and 0.0416 -> 0.0261, test 0.0249 -> 0.0210 and 0.0504 -> 0.0551.
     """
     return leaf_plan(bag.leaves(), bag.config.leaf, float(bag.kernel.q))
 
