@@ -114,9 +114,10 @@ class Anytime(Ensemble):
         if rung.mixes:
             return compose(tree, rung.bags, kernels)
         one = tree if kernels is None else tree.with_kernel(kernels[rung.kernel])
-        if rung.quick:
-            one = quick_tree(one, self.quick_leaf_size)
-        return compose(one, rung.bags)
+        if not rung.quick:
+            return compose(one, rung.bags)
+        # quick bags keep the quick leaf size: it is already small, and measured as such
+        return compose(quick_tree(one, self.quick_leaf_size), rung.bags, leaf_fraction=1.0)
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (the target's settings as a nested config)."""

@@ -37,7 +37,7 @@ from xrfm_torch.inputs.input_map import InputTransform
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.models.ensemble import Ensemble
 from xrfm_torch.models.xrfm_tree import xRFMTree
-from xrfm_torch.numerics.checks import check_bool, check_int
+from xrfm_torch.numerics.checks import check_bool, check_fraction, check_int
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.fit import leaf_plan
 from xrfm_torch.tree.grow import Progress
@@ -51,6 +51,17 @@ log = logging.getLogger(__name__)
 #: bag cost breast_cancer (455 pooled rows) 12.6 % log-loss and wine 7.5 % (seeds 0-4), for no
 #: time worth having (0.3 s fits), while cowles (1137 rows) and larger tables kept theirs.
 PLAN_MIN_ROWS = 1000
+
+#: ``leaf_fraction=None`` of a classifier's bags: each bag's trees split down to this share of
+#: ``max_leaf_size``. A bag is one member of an average, like a tree of a set of maps
+#: (``TreeConfig.set_leaf_fraction``), and a leaf costs ``O(L^3)``. The default's bags at seed 0:
+#: pol 63.2 -> 29.2 s (log-loss 0.0309 -> 0.0296), house_16H 74.3 -> 44.8 s (0.2662 -> 0.2658),
+#: diamonds 136.7 -> 61.6 s, california 106.9 -> 78.4 s, hi 131.4 -> 98.6 s, all within one
+#: seed sd (docs/design.md, "Where a default fit's time goes"). A single model keeps its leaves:
+#: electricity's (no bags above ``AUTO_BAG_ROWS``) at 5000 rows lost 15 % log-loss. Regression
+#: bags keep theirs (a single regression tree with 5000-row leaves lost 1.5-2.6x RMSE on
+#: Brazilian_houses; bags there were not measured).
+CLASSIFICATION_BAG_LEAF_FRACTION = 0.5
 
 
 def cross_folds(n: int, k: int, generator: torch.Generator, labels: Tensor | None = None) -> Tensor:
@@ -113,6 +124,10 @@ class BaggedTree(Ensemble):
         shared_plan: The later bags follow the first bag's leaf choices (:func:`first_bag_plan`)
             instead of making their own searches, on ``PLAN_MIN_ROWS`` pooled rows or more;
             ``False``: every bag searches on its own.
+        leaf_fraction: Each bag's trees split down to this share of the tree's
+            ``max_leaf_size`` (in ``(0, 1]``; a set of maps then halves it again, as in a single
+            tree). ``None``: ``CLASSIFICATION_BAG_LEAF_FRACTION`` (0.5) for classification, 1
+            for regression.
 
     Attributes:
         bags: The fitted trees.
@@ -133,6 +148,7 @@ class BaggedTree(Ensemble):
         n_bags: int = 5,
         distributed: bool = False,
         shared_plan: bool = True,
+        leaf_fraction: float | None = None,
     ) -> None:
         super().__init__()
         proto = xRFMTree() if tree is None else tree
@@ -141,6 +157,9 @@ class BaggedTree(Ensemble):
         self.n_bags = check_int(n_bags, "n_bags", 2)
         self.distributed = check_bool(distributed, "distributed")
         self.shared_plan = check_bool(shared_plan, "shared_plan")
+        if leaf_fraction is not None:
+            leaf_fraction = check_fraction(leaf_fraction, "leaf_fraction")
+        self.leaf_fraction = leaf_fraction
         self._hold_prototype(proto)
         self.bags = nn.ModuleList()
         self.register_buffer("oof_", torch.zeros(0), persistent=False)
@@ -162,9 +181,20 @@ class BaggedTree(Ensemble):
         """Unfitted bags of the prototype tree with some of its arguments changed."""
         return self._like(self.prototype.with_settings(**changes))
 
+    @property
+    def bag_leaf_fraction(self) -> float:
+        """``leaf_fraction`` resolved: the share of ``max_leaf_size`` a bag's leaves hold."""
+        if self.leaf_fraction is not None:
+            return self.leaf_fraction
+        return CLASSIFICATION_BAG_LEAF_FRACTION if self.task == "classification" else 1.0
+
     def _like(self, tree: xRFMTree) -> BaggedTree:
         return BaggedTree(
-            tree, n_bags=self.n_bags, distributed=self.distributed, shared_plan=self.shared_plan
+            tree,
+            n_bags=self.n_bags,
+            distributed=self.distributed,
+            shared_plan=self.shared_plan,
+            leaf_fraction=self.leaf_fraction,
         )
 
     def choose_input_maps(self, *args: Any, **kwargs: Any) -> InputTransform:
@@ -179,6 +209,7 @@ class BaggedTree(Ensemble):
             "n_bags": self.n_bags,
             "distributed": self.distributed,
             "shared_plan": self.shared_plan,
+            "leaf_fraction": self.leaf_fraction,
         }
 
     @property
@@ -387,6 +418,9 @@ class BaggedTree(Ensemble):
             # 1.3-2.1x the fit for log-loss within one seed sd (pol, house_16H, california;
             # docs/design.md, "Where a default fit's time goes")
             bag.config = bag.config.replace(n_trees=1)
+        if self.bag_leaf_fraction < 1.0:  # a member of an average: smaller, cheaper leaves
+            size = round(self.bag_leaf_fraction * bag.config.max_leaf_size)
+            bag.config = bag.config.replace(max_leaf_size=max(4, size))
         if spread_bags:  # a bag is fitted whole on its rank
             bag.config = bag.config.replace(distributed=False)
         if maps is not None:

@@ -59,16 +59,22 @@ def weight_grid(n_kernels: int, steps: int) -> Tensor:
 
 
 def compose(
-    tree: xRFMTree, n_bags: int = 1, kernels: Sequence[str] | None = None
+    tree: xRFMTree,
+    n_bags: int = 1,
+    kernels: Sequence[str] | None = None,
+    leaf_fraction: float | None = None,
 ) -> xRFMTree | BaggedTree | KernelBlend:
     """``tree``, as ``n_bags`` cross-fitted bags (1: itself), fitted once per kernel and blended.
 
-    ``kernels=None``: the tree's kernel alone. The composition behind
-    :func:`~xrfm_torch.models.factory.build_model` and the anytime fit's candidates.
+    ``kernels=None``: the tree's kernel alone; ``leaf_fraction``: the bags' (``BaggedTree``).
+    The composition behind :func:`~xrfm_torch.models.factory.build_model` and the anytime
+    fit's candidates.
     """
     member: xRFMTree | BaggedTree = tree
     if n_bags > 1:
-        member = BaggedTree(tree, n_bags=n_bags, distributed=tree.config.distributed)
+        member = BaggedTree(
+            tree, n_bags=n_bags, distributed=tree.config.distributed, leaf_fraction=leaf_fraction
+        )
     return KernelBlend(member, kernels=list(kernels)) if kernels else member
 
 
