@@ -10,7 +10,8 @@ prediction by the bag that did not train on it is kept (``oof_``) for stacking a
 
 Compared with one tree with a fixed hold-out, each bag trains on ``(K-1)/K`` of all rows
 (validation rows included) and the average lowers the variance of the validation-driven choices;
-the cost is ``K`` fits (spread over ``torch.distributed`` ranks with ``distributed=True``).
+the cost is ``K`` fits (spread over ``torch.distributed`` ranks with ``distributed=True``), each
+cheaper where a classifier's bags split down to half of ``max_leaf_size`` (``leaf_fraction``).
 
 With ``shared_plan`` (the default; from ``PLAN_MIN_ROWS`` pooled rows on) the later bags follow
 the first bag's plan (:func:`first_bag_plan`): they iterate no further than the last iteration any
