@@ -110,15 +110,15 @@ def test_race_keeps_both_kernels_when_a_mixture_is_best():
 
 def test_a_raced_blend_keeps_the_survivor_exactly_and_mixes_it_alone():
     X, y = class_data(PLAN_MIN_ROWS + 200, 3)  # a draw whose first fold favours one kernel
-    Xv, yv = class_data(300, 4)  # (with the bags' leaves of 300 rows: leaf_fraction=1)
-    proto = BaggedTree(small_tree(task="classification"), n_bags=2, leaf_fraction=1.0)
+    Xv, yv = class_data(300, 4)  # (with the bags' leaves of 300 rows: size_fraction=1)
+    proto = BaggedTree(small_tree(task="classification"), n_bags=2, size_fraction=1.0)
     seed = torch.Generator().manual_seed(5)
     raced = KernelBlend(proto, kernels=KERNELS, race_margin=1e-9)  # any loss in one step drops
     raced.fit(X, y, generator=torch.Generator().manual_seed(5))
     whole = KernelBlend(proto, kernels=KERNELS, race_margin=None)
     whole.fit(X, y, generator=seed)
     singles = [
-        BaggedTree(small_tree(task="classification", kernel=k), n_bags=2, leaf_fraction=1.0)
+        BaggedTree(small_tree(task="classification", kernel=k), n_bags=2, size_fraction=1.0)
         for k in KERNELS
     ]
     for s in singles:

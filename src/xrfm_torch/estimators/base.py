@@ -68,7 +68,7 @@ class _XRFMEstimator(BaseEstimator):
             with bags, else the validation rows'; :class:`~xrfm_torch.models.blend.KernelBlend`,
             ``model_``), about one fit's time per kernel.
         max_leaf_size: ``L_max``: a node with more training rows is split. A classifier's
-            bags split down to half of it (``BaggedTree(leaf_fraction)``).
+            bags split down to half of it (``BaggedTree(size_fraction)``).
         n_iters: ``tau``: most AGOP updates per leaf (leaves stop when their validation error
             levels off).
         reg: Ridge of the leaves' kernel ridge regressions.

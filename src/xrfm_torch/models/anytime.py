@@ -117,7 +117,7 @@ class Anytime(Ensemble):
         if not rung.quick:
             return compose(one, rung.bags)
         # quick bags keep the quick leaf size: it is already small, and measured as such
-        return compose(quick_tree(one, self.quick_leaf_size), rung.bags, leaf_fraction=1.0)
+        return compose(quick_tree(one, self.quick_leaf_size), rung.bags, size_fraction=1.0)
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (the target's settings as a nested config)."""

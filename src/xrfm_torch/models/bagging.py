@@ -11,7 +11,7 @@ prediction by the bag that did not train on it is kept (``oof_``) for stacking a
 Compared with one tree with a fixed hold-out, each bag trains on ``(K-1)/K`` of all rows
 (validation rows included) and the average lowers the variance of the validation-driven choices;
 the cost is ``K`` fits (spread over ``torch.distributed`` ranks with ``distributed=True``), each
-cheaper where a classifier's bags split down to half of ``max_leaf_size`` (``leaf_fraction``).
+cheaper where a classifier's bags are trees of half the size (``size_fraction``).
 
 With ``shared_plan`` (the default; from ``PLAN_MIN_ROWS`` pooled rows on) the later bags follow
 the first bag's plan (:func:`first_bag_plan`): they iterate no further than the last iteration any
@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -44,6 +45,7 @@ from xrfm_torch.tree.fit import leaf_plan
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.parallel import assign_by_cost, leaf_seeds, run_leaf_jobs, world
+from xrfm_torch.tree.splits import AGOPSplit
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +55,19 @@ log = logging.getLogger(__name__)
 #: time worth having (0.3 s fits), while cowles (1137 rows) and larger tables kept theirs.
 PLAN_MIN_ROWS = 1000
 
-#: ``leaf_fraction=None`` of a classifier's bags: each bag's trees split down to this share of
-#: ``max_leaf_size``. A bag is one member of an average, like a tree of a set of maps
-#: (``TreeConfig.set_leaf_fraction``), and a leaf costs ``O(L^3)``. The default's bags at seed 0:
-#: pol 63.2 -> 29.2 s (log-loss 0.0309 -> 0.0296), house_16H 74.3 -> 44.8 s (0.2662 -> 0.2658),
-#: diamonds 136.7 -> 61.6 s, california 106.9 -> 78.4 s, hi 131.4 -> 98.6 s, all within one
-#: seed sd (docs/design.md, "Where a default fit's time goes"). A single model keeps its leaves:
-#: electricity's (no bags above ``AUTO_BAG_ROWS``) at 5000 rows lost 15 % log-loss. Regression
-#: bags keep theirs (a single regression tree with 5000-row leaves lost 1.5-2.6x RMSE on
-#: Brazilian_houses; bags there were not measured).
-CLASSIFICATION_BAG_LEAF_FRACTION = 0.5
+#: ``size_fraction=None`` of a classifier's bags: each bag's trees split down to this share of
+#: ``max_leaf_size`` and fit their split models on this share of ``AGOPSplit.sample_size``. A bag
+#: is one member of an average, like a tree of a set of maps (``TreeConfig.set_leaf_fraction``),
+#: and a leaf costs ``O(L^3)``. The default at seed 0, leaves alone then with the split models:
+#: pol 63.2 -> 29.5 -> 20.1 s (log-loss 0.0309 -> 0.0296 -> 0.0314), house_16H 74.3 -> 45.9 ->
+#: 31.9 s (0.2662 -> 0.2658 -> 0.2648), california 106.9 -> 74.3 -> 35.0 s (0.2158 -> 0.2181 ->
+#: 0.2198), diamonds 136.7 -> 59.3 -> 42.0 s, hi 131.4 -> 99.4 -> 49.6 s, all within one seed
+#: sd (seed 1 too; docs/design.md, "Where a default fit's time goes"). A single model keeps its
+#: size: electricity's (no bags above ``AUTO_BAG_ROWS``) with 5000-row leaves lost 15 %
+#: log-loss. Regression bags keep theirs (a single regression tree with 5000-row leaves lost
+#: 1.5-2.6x RMSE on Brazilian_houses, with 1000-row split models 4.8 % on pol; bags there were
+#: not measured).
+CLASSIFICATION_BAG_SIZE_FRACTION = 0.5
 
 
 def cross_folds(n: int, k: int, generator: torch.Generator, labels: Tensor | None = None) -> Tensor:
@@ -125,10 +130,11 @@ class BaggedTree(Ensemble):
         shared_plan: The later bags follow the first bag's leaf choices (:func:`first_bag_plan`)
             instead of making their own searches, on ``PLAN_MIN_ROWS`` pooled rows or more;
             ``False``: every bag searches on its own.
-        leaf_fraction: Each bag's trees split down to this share of the tree's
-            ``max_leaf_size`` (in ``(0, 1]``; a set of maps then halves it again, as in a single
-            tree). ``None``: ``CLASSIFICATION_BAG_LEAF_FRACTION`` (0.5) for classification, 1
-            for regression.
+        size_fraction: Each bag's trees are this share of the tree's size (in ``(0, 1]``): they
+            split down to this share of ``max_leaf_size`` (a set of maps then halves it again,
+            as in a single tree) and fit their split models on this share of the rule's
+            ``sample_size``. ``None``: ``CLASSIFICATION_BAG_SIZE_FRACTION`` (0.5) for
+            classification, 1 for regression.
 
     Attributes:
         bags: The fitted trees.
@@ -149,7 +155,7 @@ class BaggedTree(Ensemble):
         n_bags: int = 5,
         distributed: bool = False,
         shared_plan: bool = True,
-        leaf_fraction: float | None = None,
+        size_fraction: float | None = None,
     ) -> None:
         super().__init__()
         proto = xRFMTree() if tree is None else tree
@@ -158,9 +164,9 @@ class BaggedTree(Ensemble):
         self.n_bags = check_int(n_bags, "n_bags", 2)
         self.distributed = check_bool(distributed, "distributed")
         self.shared_plan = check_bool(shared_plan, "shared_plan")
-        if leaf_fraction is not None:
-            leaf_fraction = check_fraction(leaf_fraction, "leaf_fraction")
-        self.leaf_fraction = leaf_fraction
+        if size_fraction is not None:
+            size_fraction = check_fraction(size_fraction, "size_fraction")
+        self.size_fraction = size_fraction
         self._hold_prototype(proto)
         self.bags = nn.ModuleList()
         self.register_buffer("oof_", torch.zeros(0), persistent=False)
@@ -183,11 +189,11 @@ class BaggedTree(Ensemble):
         return self._like(self.prototype.with_settings(**changes))
 
     @property
-    def bag_leaf_fraction(self) -> float:
-        """``leaf_fraction`` resolved: the share of ``max_leaf_size`` a bag's leaves hold."""
-        if self.leaf_fraction is not None:
-            return self.leaf_fraction
-        return CLASSIFICATION_BAG_LEAF_FRACTION if self.task == "classification" else 1.0
+    def bag_size_fraction(self) -> float:
+        """``size_fraction`` resolved: a bag's share of the tree's leaf size and split sample."""
+        if self.size_fraction is not None:
+            return self.size_fraction
+        return CLASSIFICATION_BAG_SIZE_FRACTION if self.task == "classification" else 1.0
 
     def _like(self, tree: xRFMTree) -> BaggedTree:
         return BaggedTree(
@@ -195,7 +201,7 @@ class BaggedTree(Ensemble):
             n_bags=self.n_bags,
             distributed=self.distributed,
             shared_plan=self.shared_plan,
-            leaf_fraction=self.leaf_fraction,
+            size_fraction=self.size_fraction,
         )
 
     def choose_input_maps(self, *args: Any, **kwargs: Any) -> InputTransform:
@@ -210,7 +216,7 @@ class BaggedTree(Ensemble):
             "n_bags": self.n_bags,
             "distributed": self.distributed,
             "shared_plan": self.shared_plan,
-            "leaf_fraction": self.leaf_fraction,
+            "size_fraction": self.size_fraction,
         }
 
     @property
@@ -419,9 +425,13 @@ class BaggedTree(Ensemble):
             # 1.3-2.1x the fit for log-loss within one seed sd (pol, house_16H, california;
             # docs/design.md, "Where a default fit's time goes")
             bag.config = bag.config.replace(n_trees=1)
-        if self.bag_leaf_fraction < 1.0:  # a member of an average: smaller, cheaper leaves
-            size = round(self.bag_leaf_fraction * bag.config.max_leaf_size)
-            bag.config = bag.config.replace(max_leaf_size=max(4, size))
+        frac = self.bag_size_fraction
+        if frac < 1.0:  # a member of an average: smaller leaves, split models on fewer rows
+            rule = bag.config.split_rule
+            if isinstance(rule, AGOPSplit):
+                rule = replace(rule, sample_size=max(4, round(frac * rule.sample_size)))
+            size = max(4, round(frac * bag.config.max_leaf_size))
+            bag.config = bag.config.replace(max_leaf_size=size, split_rule=rule)
         if spread_bags:  # a bag is fitted whole on its rank
             bag.config = bag.config.replace(distributed=False)
         if maps is not None:
