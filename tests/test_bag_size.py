@@ -60,7 +60,7 @@ def test_a_bags_leaves_and_split_models_take_its_share(task, size_fraction, larg
     sample = round(240 * share)
     assert sample in drawn and set(drawn) <= {sample, max(2, sample // 4)}
     for bag in model.bags:
-        assert bag.config.split_rule.sample_size == round(240 * share)
+        assert bag.config.split_rule.sample_size == sample
         rows = [leaf.support_.shape[0] for leaf in bag.leaves()]
         assert bag.config.max_leaf_size == largest
         assert max(rows) <= largest

@@ -116,7 +116,7 @@ class Anytime(Ensemble):
         one = tree if kernels is None else tree.with_kernel(kernels[rung.kernel])
         if not rung.quick:
             return compose(one, rung.bags)
-        # quick bags keep the quick leaf size: it is already small, and measured as such
+        # quick bags keep the quick tree's size (leaves, split sample): small, and measured so
         return compose(quick_tree(one, self.quick_leaf_size), rung.bags, size_fraction=1.0)
 
     def get_config(self) -> dict[str, Any]:
