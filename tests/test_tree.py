@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import planted
-from xrfm_torch import CARTSplit, LeafConfig, PCASplit, RandomSplit, xRFMTree
+from xrfm_torch import AGOPSplit, CARTSplit, LeafConfig, PCASplit, RandomSplit, xRFMTree
 from xrfm_torch.kernels import LaplaceKernel
 from xrfm_torch.kernels.distance import transform
 from xrfm_torch.tree.grow import grow_tree
@@ -510,8 +510,9 @@ def test_missing_cells_are_imputed_and_flagged_where_the_training_rows_had_them(
 
 
 def test_large_fit_iterates_on_subsamples_only_above_its_row_count():
-    """Above ``large_fit_rows`` the leaves are those of ``LeafConfig(iter_rows=...)``; at or below
-    it, the fit is the plain one."""
+    """Above ``large_fit_rows`` the leaves are those of ``LeafConfig(iter_rows=...)`` and the
+    split models those of ``AGOPSplit(sample_size=...)``; at or below it, the fit is the plain
+    one."""
     X, y = planted(900, d=4, seed=5, dtype=torch.float64)
     Xq = planted(50, d=4, seed=6, dtype=torch.float64)[0]
     cfg = LeafConfig(n_iters=3)
@@ -521,7 +522,13 @@ def test_large_fit_iterates_on_subsamples_only_above_its_row_count():
         return model.fit(X, y, generator=torch.Generator().manual_seed(0))
 
     large = fit(cfg, large_fit_rows=500, large_fit_iter_rows=150)
-    explicit = fit(cfg.replace(iter_rows=150), large_fit_rows=None, n_trees=1)
+    explicit = fit(
+        cfg.replace(iter_rows=150),
+        large_fit_rows=None,
+        n_trees=1,
+        split_rule=AGOPSplit(sample_size=150),
+    )
+    assert not torch.allclose(large(Xq), fit(cfg.replace(iter_rows=150), large_fit_rows=None)(Xq))
     plain = fit(cfg, large_fit_rows=None)
     torch.testing.assert_close(large(Xq), explicit(Xq), rtol=0, atol=0)
     assert len(large.trees) == len(plain.trees)  # one tree per map in regression

@@ -13,7 +13,7 @@ import torch
 import xrfm_torch
 from xrfm_torch import LeafConfig, TreeConfig, xRFMTree
 from xrfm_torch.tree.config import DEFAULTS, SETTINGS
-from xrfm_torch.tree.splits import CARTSplit, Split
+from xrfm_torch.tree.splits import AGOPSplit, CARTSplit, PCASplit, Split
 
 
 def test_every_setting_is_a_constructor_argument_with_the_configs_default():
@@ -66,6 +66,14 @@ def test_a_fit_plan_resolves_the_rules():
     assert small.config.n_trees == 1 and small.config.leaf.iter_rows is None
     assert small.config.max_leaf_size == 400
     assert large.config.leaf.iter_rows == 50 and large.config.max_leaf_size == 200
+    # a large fit's split models fit on at most as many rows as its leaves iterate on
+    assert small.config.split_rule == AGOPSplit() and large.config.split_rule == AGOPSplit(
+        sample_size=50
+    )
+    fewer = xRFMTree(split_rule=AGOPSplit(sample_size=30), large_fit_rows=10)._plan(100)
+    assert fewer.config.split_rule.sample_size == 30
+    pca = xRFMTree(split_rule=PCASplit(), large_fit_rows=10)._plan(100)
+    assert pca.config.split_rule == PCASplit()
     clf = xRFMTree(task="classification", large_fit_rows=1000)
     assert clf._plan(900).config.n_trees == 2 and clf._plan(1001).config.n_trees == 1
     assert xRFMTree(task="classification", n_trees=3)._plan(900).config.n_trees == 3

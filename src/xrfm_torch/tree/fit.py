@@ -28,8 +28,9 @@ from xrfm_torch.tree.grow import Progress, TreeLayout, grow_tree
 from xrfm_torch.tree.leaf_fits import fit_leaves
 from xrfm_torch.tree.parallel import LeafJob, run_leaf_jobs, world
 from xrfm_torch.tree.partition import PartitionTree
+from xrfm_torch.tree.splits import AGOPSplit
 from xrfm_torch.tree.targets import Task
-from xrfm_torch.tree.temperature import prediction_errors, temperature_predictions
+from xrfm_torch.tree.temperature import prediction_errors, search_rows, temperature_predictions
 from xrfm_torch.tree.uncertainty import Moments, model_moments
 
 log = logging.getLogger(__name__)
@@ -67,28 +68,36 @@ class FitPlan:
         """The plan of a fit on ``n_rows`` training rows and ``n_maps`` input maps.
 
         Resolves the rules: a large fit's leaves iterate on ``large_fit_iter_rows``-row
-        subsamples (unless the leaf sets ``iter_rows``); ``n_trees=None`` is 2 trees per map for
+        subsamples (unless the leaf sets ``iter_rows``) and its split models fit on at most as
+        many rows (``AGOPSplit.sample_size``); ``n_trees=None`` is 2 trees per map for
         classification and 1 for regression or a large fit (a ``BaggedTree`` sets 1 in its bags
         itself); a set's trees are cheaper members with leaves of ``set_leaf_fraction *
         max_leaf_size`` rows.
         """
         large = config.is_large(n_rows)
-        leaf = config.leaf
-        if large and leaf.iter_rows is None:
+        leaf, rule = config.leaf, config.split_rule
+        if large:
             log.info(
-                "large fit (%d rows > large_fit_rows=%s): leaves iterate on %d-row subsamples",
+                "large fit (%d rows > large_fit_rows=%s): leaves iterate and split models fit "
+                "on %d-row subsamples",
                 n_rows,
                 config.large_fit_rows,
                 config.large_fit_iter_rows,
             )
-            leaf = leaf.replace(iter_rows=config.large_fit_iter_rows)
+            if leaf.iter_rows is None:
+                leaf = leaf.replace(iter_rows=config.large_fit_iter_rows)
+            if isinstance(rule, AGOPSplit) and rule.sample_size > config.large_fit_iter_rows:
+                # 4000 -> 2000 rows: a 400k-row fit's split models 29.5 -> 4.8 s, test RMSE equal
+                rule = replace(rule, sample_size=config.large_fit_iter_rows)
         n_trees = config.n_trees
         if n_trees is None:
             n_trees = 2 if task == "classification" and not large else 1
         leaf_size = config.max_leaf_size
         if n_maps > 1:
             leaf_size = max(4, round(config.set_leaf_fraction * leaf_size))
-        resolved = config.replace(leaf=leaf, n_trees=n_trees, max_leaf_size=leaf_size)
+        resolved = config.replace(
+            leaf=leaf, n_trees=n_trees, max_leaf_size=leaf_size, split_rule=rule
+        )
         return cls(kernel, resolved, keep_factor=keep_factor)
 
     def following(self, tree: PartitionTree) -> FitPlan | None:
@@ -327,19 +336,24 @@ def fit_trees(
         count("trees routed hard at the time limit (no temperature search)")
         temperature = 0.0
     if temperature is None and any(tree.n_leaves > 1 for tree in grown.trees):
+        rows = search_rows(data.y_val.shape[0], cfg.temperature_rows, generator)
+        at = (lambda t: t) if rows is None else (lambda t: t[rows.to(t.device)])
         preds = temperature_predictions(
-            grown.trees, xs, grid, keep_mass=keep_mass, max_leaves=max_soft_leaves
+            grown.trees, [at(x) for x in xs], grid, keep_mass=keep_mass, max_leaves=max_soft_leaves
         )
-        errs = prediction_errors(preds, data.y_val, cfg.leaf.criterion, data.w_val)
+        w_val = None if data.w_val is None else at(data.w_val)
+        errs = prediction_errors(preds, at(data.y_val), cfg.leaf.criterion, w_val)
         best = min(range(len(errs)), key=lambda i: errs[i])
-        temperature, scores = float(grid[best]), preds[best]
+        temperature = float(grid[best])
+        scores = preds[best] if rows is None else None  # else on all rows below
         log.info(
-            "tuned temperature %.4g (val %s %s)",
+            "tuned temperature %.4g (val %s on %d rows: %s)",
             temperature,
             cfg.leaf.criterion,
+            preds[0].shape[0],
             ", ".join(f"{e:.4g}" for e in errs),
         )
-    if val_scores and scores is None:  # nothing searched: the one temperature the model uses
+    if val_scores and scores is None:  # not searched (or on a subsample): the chosen one, all rows
         scores = temperature_predictions(
             grown.trees, xs, [temperature or 0.0], keep_mass=keep_mass, max_leaves=max_soft_leaves
         )[0]

@@ -65,6 +65,21 @@ def temperature_predictions(
     ]
 
 
+def search_rows(n_val: int, max_rows: int | None, generator: torch.Generator) -> Tensor | None:
+    """The validation rows the temperature search scores (CPU indices, or ``None``: all).
+
+    All ``n_val`` rows when they are at most ``max_rows`` (or ``max_rows`` is ``None``; nothing
+    is drawn from ``generator`` then), else a seeded subsample of ``max_rows`` in their order.
+
+    The search is the one step of a fit whose cost grows with ``n_val`` times the leaves a row
+    reaches at the grid's largest temperatures (all ``max_soft_leaves`` of them); one
+    temperature's outputs on all rows (the honest validation outputs) cost a fraction of that.
+    """
+    if max_rows is None or n_val <= max_rows:
+        return None
+    return torch.randperm(n_val, generator=generator)[:max_rows].sort().values
+
+
 def prediction_errors(
     preds: Sequence[Tensor],
     y_val: Tensor,
