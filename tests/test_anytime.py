@@ -123,6 +123,29 @@ def test_the_ladder_of_each_target_kind():
     assert [r.name for r in ladder(xRFMTree(max_leaf_size=500), None, 1, 2000)] == ["tree laplace"]
 
 
+def test_the_candidates_keep_the_targets_own_bag_and_blend_settings():
+    tree = xRFMTree(task="classification", max_leaf_size=10_000)
+    bags = BaggedTree(tree, n_bags=3, shared_plan=False, size_fraction=0.25)
+    target = KernelBlend(bags, kernels=("laplace", "gaussian"), weight_steps=10, race_margin=None)
+    model = Anytime(target, time_limit=60.0, quick_leaf_size=2000)
+    names = [r.name for r in model.rungs()]
+    built = {name: model._candidate(i) for i, name in enumerate(names)}
+    for name in ("bags laplace", "bags gaussian", "quick bags laplace"):
+        member = built[name]
+        assert isinstance(member, BaggedTree) and member.n_bags == 3
+        assert member.shared_plan is False
+        # the quick bags keep the quick tree's size; the others the target's share
+        assert member.size_fraction == (1.0 if name.startswith("quick") else 0.25)
+    mix = built["mix bags"]
+    assert isinstance(mix, KernelBlend) and mix.kernels == ("laplace", "gaussian")
+    assert (mix.weight_steps, mix.race_margin) == (10, None)
+    assert isinstance(mix.prototype, BaggedTree) and mix.prototype.size_fraction == 0.25
+    # the default target's candidates are built with the defaults
+    plain = Anytime(KernelBlend(BaggedTree(tree, n_bags=3)), time_limit=60.0)
+    mixed = plain._candidate(len(plain.rungs()) - 1)
+    assert isinstance(mixed, KernelBlend) and (mixed.weight_steps, mixed.race_margin) == (4, 2.0)
+
+
 def test_cost_estimates_come_from_the_candidates_before():
     rungs = ladder(xRFMTree(), ["laplace", "gaussian"], 1, 2000)
     nan = math.nan

@@ -104,20 +104,21 @@ class Anytime(Ensemble):
     # ---- settings ------------------------------------------------------------------------------
     def rungs(self) -> list[Rung]:
         """The ladder of candidates of this target (:func:`ladder`)."""
-        tree, kernels, n_bags = target_parts(self.prototype)
-        return ladder(tree, kernels, n_bags, self.quick_leaf_size)
+        t = target_parts(self.prototype)
+        return ladder(t.tree, t.kernels, t.n_bags, self.quick_leaf_size)
 
     def _candidate(self, index: int) -> Model:
         """Rung ``index`` as an unfitted model (a mix: an empty ``KernelBlend``)."""
-        tree, kernels, _ = target_parts(self.prototype)
+        t = target_parts(self.prototype)
         rung = self.rungs()[index]
         if rung.mixes:
-            return compose(tree, rung.bags, kernels)
-        one = tree if kernels is None else tree.with_kernel(kernels[rung.kernel])
+            return compose(t.tree, rung.bags, t.kernels, t.bag, t.blend)
+        one = t.tree if t.kernels is None else t.tree.with_kernel(t.kernels[rung.kernel])
         if not rung.quick:
-            return compose(one, rung.bags)
+            return compose(one, rung.bags, bag=t.bag)
         # quick bags keep the quick tree's size (leaves, split sample): small, and measured so
-        return compose(quick_tree(one, self.quick_leaf_size), rung.bags, size_fraction=1.0)
+        quick_bag = {**t.bag, "size_fraction": 1.0}
+        return compose(quick_tree(one, self.quick_leaf_size), rung.bags, bag=quick_bag)
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (the target's settings as a nested config)."""

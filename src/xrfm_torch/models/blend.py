@@ -62,20 +62,19 @@ def compose(
     tree: xRFMTree,
     n_bags: int = 1,
     kernels: Sequence[str] | None = None,
-    size_fraction: float | None = None,
+    bag: dict[str, Any] | None = None,
+    blend: dict[str, Any] | None = None,
 ) -> xRFMTree | BaggedTree | KernelBlend:
     """``tree``, as ``n_bags`` cross-fitted bags (1: itself), fitted once per kernel and blended.
 
-    ``kernels=None``: the tree's kernel alone; ``size_fraction``: the bags' (``BaggedTree``).
-    The composition behind :func:`~xrfm_torch.models.factory.build_model` and the anytime
-    fit's candidates.
+    ``kernels=None``: the tree's kernel alone; ``bag`` and ``blend``: further keyword arguments
+    of the ``BaggedTree`` and the ``KernelBlend``. The composition behind
+    :func:`~xrfm_torch.models.factory.build_model` and the anytime fit's candidates.
     """
     member: xRFMTree | BaggedTree = tree
     if n_bags > 1:
-        member = BaggedTree(
-            tree, n_bags=n_bags, distributed=tree.config.distributed, size_fraction=size_fraction
-        )
-    return KernelBlend(member, kernels=list(kernels)) if kernels else member
+        member = BaggedTree(tree, n_bags=n_bags, distributed=tree.config.distributed, **(bag or {}))
+    return KernelBlend(member, kernels=list(kernels), **(blend or {})) if kernels else member
 
 
 class KernelBlend(Ensemble):

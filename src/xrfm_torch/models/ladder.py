@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -55,19 +55,45 @@ class Rung:
     fallback: bool = False
 
 
-def target_parts(model: Model) -> tuple[xRFMTree, list[str] | None, int]:
-    """``(single tree, blended kernels or None, n_bags)`` of a target model.
+class Target(NamedTuple):
+    """What an anytime fit aims at: a tree, its kernels and bags, and their own settings.
+
+    Attributes:
+        tree: The single tree every candidate is built from.
+        kernels: The blended kernels, or ``None`` (the tree's kernel alone).
+        n_bags: Cross-fitted bags (1: single trees).
+        bag: The ``BaggedTree``'s other arguments (``shared_plan``, ``size_fraction``), so each
+            bagged candidate is built as the target's bags are.
+        blend: The ``KernelBlend``'s other arguments (``weight_steps``, ``race_margin``).
+    """
+
+    tree: xRFMTree
+    kernels: list[str] | None
+    n_bags: int
+    bag: dict[str, Any]
+    blend: dict[str, Any]
+
+
+def _own_settings(model: Model, nested: tuple[str, ...]) -> dict[str, Any]:
+    """``model``'s constructor arguments less its target name and the ``nested`` ones."""
+    return {k: v for k, v in model.get_config().items() if k not in ("_target_", *nested)}
+
+
+def target_parts(model: Model) -> Target:
+    """The :class:`Target` of an anytime fit of ``model``.
 
     Raises:
         TypeError: ``model`` is not an ``xRFMTree``, ``BaggedTree`` or ``KernelBlend`` of them.
     """
-    kernels = None
+    kernels, blend = None, {}
     if isinstance(model, KernelBlend):
-        kernels, model = list(model.kernels), model.prototype
+        kernels, blend = list(model.kernels), _own_settings(model, ("model", "kernels"))
+        model = model.prototype
     if isinstance(model, BaggedTree):
-        return model.prototype, kernels, model.n_bags
+        bag = _own_settings(model, ("tree", "n_bags", "distributed"))
+        return Target(model.prototype, kernels, model.n_bags, bag, blend)
     if isinstance(model, xRFMTree):
-        return model, kernels, 1
+        return Target(model, kernels, 1, {}, blend)
     raise TypeError(
         f"an anytime fit needs an xRFMTree, BaggedTree or KernelBlend, got {type(model).__name__}"
     )
