@@ -13,8 +13,8 @@ from xrfm_torch import BaggedTree, LeafConfig, XRFMClassifier, XRFMRegressor, xR
 from xrfm_torch.models import bagging, export_program, load_model, save_model
 from xrfm_torch.models.bagging import cross_folds, first_bag_plan
 from xrfm_torch.models.factory import model_from_config
-from xrfm_torch.tree.fit import start_matrix
 from xrfm_torch.tree.parallel import leaf_seeds
+from xrfm_torch.tree.plan import start_matrix
 
 
 def _proto(**kw) -> xRFMTree:
@@ -372,7 +372,7 @@ def test_later_bags_follow_the_first_bags_plan(regression, monkeypatch):
     chosen = tuple(sorted({float(leaf.kernel.q) for leaf in first} - {own}))
     assert plan.kernel_exponents == (chosen or None)
     # the first bag explored with the warm-up and patience 4: its followers drop the warm-up
-    # and stop after 2 steps without a gain (tree.fit.leaf_plan)
+    # and stop after 2 steps without a gain (tree.plan.leaf_plan)
     assert plan.min_iters == 0 and plan.patience == 2
     for bag in shared.bags[1:]:
         assert bag.config.leaf == plan

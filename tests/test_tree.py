@@ -510,9 +510,9 @@ def test_missing_cells_are_imputed_and_flagged_where_the_training_rows_had_them(
 
 
 def test_large_fit_iterates_on_subsamples_only_above_its_row_count():
-    """Above ``large_fit_rows`` the leaves are those of ``LeafConfig(iter_rows=...)`` and the
-    split models those of ``AGOPSplit(sample_size=...)``; at or below it, the fit is the plain
-    one."""
+    """Above ``large_fit_rows`` the leaves are those of ``LeafConfig(iter_rows=...)``, the
+    split models those of ``AGOPSplit(sample_size=...)`` and the leaves get no overlap rows; at
+    or below it, the fit is the plain one."""
     X, y = planted(900, d=4, seed=5, dtype=torch.float64)
     Xq = planted(50, d=4, seed=6, dtype=torch.float64)[0]
     cfg = LeafConfig(n_iters=3)
@@ -527,6 +527,7 @@ def test_large_fit_iterates_on_subsamples_only_above_its_row_count():
         large_fit_rows=None,
         n_trees=1,
         split_rule=AGOPSplit(sample_size=150),
+        overlap_fraction=0.0,
     )
     assert not torch.allclose(large(Xq), fit(cfg.replace(iter_rows=150), large_fit_rows=None)(Xq))
     plain = fit(cfg, large_fit_rows=None)

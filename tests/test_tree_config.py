@@ -70,6 +70,10 @@ def test_a_fit_plan_resolves_the_rules():
     assert small.config.split_rule == AGOPSplit() and large.config.split_rule == AGOPSplit(
         sample_size=50
     )
+    # a large fit's leaves get no overlap rows unless the setting is given
+    assert (small.config.overlap_fraction, large.config.overlap_fraction) == (0.1, 0.0)
+    given = xRFMTree(overlap_fraction=0.2, large_fit_rows=10)._plan(100)
+    assert given.config.overlap_fraction == 0.2
     fewer = xRFMTree(split_rule=AGOPSplit(sample_size=30), large_fit_rows=10)._plan(100)
     assert fewer.config.split_rule.sample_size == 30
     pca = xRFMTree(split_rule=PCASplit(), large_fit_rows=10)._plan(100)

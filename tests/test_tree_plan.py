@@ -7,7 +7,7 @@ import torch
 
 from conftest import check_starts, record_leaf_starts
 from xrfm_torch import LeafConfig, xRFMTree
-from xrfm_torch.tree.fit import leaf_plan
+from xrfm_torch.tree.plan import leaf_plan
 
 
 @pytest.fixture(scope="module")

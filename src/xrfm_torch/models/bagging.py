@@ -41,10 +41,10 @@ from xrfm_torch.models.ensemble import Ensemble
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.numerics.checks import check_bool, check_fraction, check_int
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.tree.fit import leaf_plan
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.parallel import assign_by_cost, leaf_seeds, run_leaf_jobs, world
+from xrfm_torch.tree.plan import leaf_plan
 from xrfm_torch.tree.splits import AGOPSplit
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def cross_folds(n: int, k: int, generator: torch.Generator, labels: Tensor | Non
 
 
 def first_bag_plan(bag: xRFMTree) -> LeafConfig | None:
-    """The leaf settings of the later bags: :func:`~xrfm_torch.tree.fit.leaf_plan` of the first.
+    """The leaf settings of the later bags: :func:`~xrfm_torch.tree.plan.leaf_plan` of the first.
 
     The later bags iterate up to the first bag's leaves' last kept iteration, with their
     majority ``M`` shape and exponents, without the warm-up and with patience 2, each leaf from

@@ -23,11 +23,12 @@ from xrfm_torch.numerics.config import to_config
 from xrfm_torch.numerics.events import summarize_fallbacks
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.config import DEFAULTS, SETTINGS, TreeConfig
-from xrfm_torch.tree.fit import FitPlan, fit_trees, refit_trees
+from xrfm_torch.tree.fit import fit_trees, refit_trees
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.memory import MemoryBudget
 from xrfm_torch.tree.parallel import broadcast_module
+from xrfm_torch.tree.plan import FitPlan
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
 from xrfm_torch.tree.targets import Calibration, ClassCoding, TargetCoding, Task
 from xrfm_torch.tree.uncertainty import (
@@ -100,7 +101,7 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
         leaf: LeafConfig | None = None,
         max_leaf_size: int = DEFAULTS.max_leaf_size,
         split_rule: SplitRule | None = None,
-        overlap_fraction: float = DEFAULTS.overlap_fraction,
+        overlap_fraction: float | None = DEFAULTS.overlap_fraction,
         n_trees: int | None = DEFAULTS.n_trees,
         shared_plan: bool = DEFAULTS.shared_plan,
         temperature: float | None = DEFAULTS.temperature,
