@@ -35,8 +35,9 @@ class FitPlan:
     Attributes:
         kernel: Kernel prototype (each leaf copies it).
         config: The tree's settings with this fit's sizes resolved: ``max_leaf_size`` (smaller
-            for the trees of a set of maps), ``n_trees`` (never ``None``) and ``leaf`` (with the
-            ``iter_rows`` of a large fit).
+            for the trees of a set of maps), ``n_trees`` and ``overlap_fraction`` (never
+            ``None``), ``leaf`` (with the ``iter_rows`` of a large fit) and ``split_rule`` (its
+            sample capped in a large fit).
         keep_factor: Leaves keep their final solve's Cholesky factor for their posterior.
         start_tree: A fitted tree (or none) whose leaves' ``M`` this plan's leaves start their
             iterations from (:func:`start_matrix`): a map's first tree, for its later trees.
