@@ -60,6 +60,7 @@ def main() -> None:
         uncertainty="calibrated" if "--uncertainty" in sys.argv else "none",
         large_fit_rows=1000,  # iterations on subsamples: each leaf draws from its generator
         large_fit_iter_rows=150,
+        overlap_fraction=0.1,  # a large fit has none by default; the budget below counts it
         input_transform="identity",  # no input-map choice: every leaf fit is a tree leaf
         distributed="--bagged" not in sys.argv,
         # exact leaves of ~300 rows need ~1.5 MB beyond the overhead, approximate ones < 1 MB
