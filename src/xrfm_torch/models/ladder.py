@@ -20,6 +20,7 @@ from xrfm_torch.models.blend import KernelBlend
 from xrfm_torch.models.contract import Model
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.tree.honest import HonestOutputs
+from xrfm_torch.tree.splits import with_sample_at_most
 
 #: The first candidate's largest leaf (``quick_leaf_size``; measured in docs/design.md).
 QUICK_LEAF_SIZE = 2000
@@ -108,10 +109,7 @@ def quick_tree(tree: xRFMTree, leaf_size: int) -> xRFMTree:
     cost about a third (elevators 6.8 -> 2.4 s, Bike_Sharing_Demand 4.4 -> 2.0 s, cpu_act
     2.3 -> 1.5 s) at the same or lower test RMSE (seed 0; docs/design.md).
     """
-    cfg = tree.get_config()
-    split = dict(cfg["split_rule"])
-    if "sample_size" in split:
-        split["sample_size"] = min(int(split["sample_size"]), QUICK_SPLIT_ROWS)
+    split = with_sample_at_most(tree.config.split_rule, QUICK_SPLIT_ROWS)
     leaf = min(tree.config.max_leaf_size, leaf_size)
     return tree.with_settings(max_leaf_size=leaf, n_trees=1, split_rule=split)
 

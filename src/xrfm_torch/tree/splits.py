@@ -8,7 +8,7 @@ and returning a :class:`Split`. A split without a threshold is cut at the median
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import torch
@@ -234,6 +234,17 @@ class AGOPSplit:
             return Split(v)
         cut = sse_cut((X @ v.to(X.dtype))[:, None], y, self.min_child_fraction, w)
         return Split(v, None if cut is None else cut[1])
+
+
+def with_sample_at_most(rule: SplitRule, rows: int) -> SplitRule:
+    """``rule`` with its split models fitted on at most ``rows`` rows.
+
+    An ``AGOPSplit``'s ``sample_size`` is capped; a rule without a sample, or with a smaller
+    one, is returned as it is.
+    """
+    if isinstance(rule, AGOPSplit) and rule.sample_size > rows:
+        return replace(rule, sample_size=rows)
+    return rule
 
 
 @dataclass
