@@ -247,3 +247,32 @@ def test_a_probe_leaf_stops_two_steps_after_its_last_gain(monkeypatch) -> None:
         assert p.config.patience == choice.PROBE_PATIENCE == 2 and p.config.min_iters == 0
         assert n <= min(choice.PROBE_ITERS, int(p.best_iter_) + choice.PROBE_PATIENCE) + 1
     assert min(steps) < choice.PROBE_ITERS + 1  # some probe stopped before its budget
+
+
+def test_a_large_fit_grows_on_one_map_where_a_smaller_one_averages_two() -> None:
+    # Planted: the target is linear in one feature's normal scores and in another's raw value,
+    # plus noise, so the probe's raw and quantile leaves err differently and their average wins.
+    # A large fit's "auto" probe chooses among single maps (a set halves the leaves, and a
+    # large fit's accuracy follows its leaves' size); a given max_input_maps is kept.
+    def task(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.randn(n, 4, generator=seeded(seed), dtype=torch.float64)
+        noise = torch.randn(n, generator=seeded(seed + 10), dtype=torch.float64)
+        return torch.exp(g), g[:, 0] + 0.2 * torch.exp(g[:, 1]) + 0.5 * noise
+
+    (X, y), (Xv, yv) = task(1500, 0), task(2000, 100)
+    mu, sd = X.mean(0), X.std(0)
+    X, Xv, y, yv = ((X - mu) / sd).float(), ((Xv - mu) / sd).float(), y.float(), yv.float()
+    kw = {"max_leaf_size": 2000, "leaf": LeafConfig(n_iters=2)}
+
+    def maps(**more) -> object:
+        return xRFMTree(**kw, **more).choose_input_maps(X, y, Xv, yv, generator=seeded())
+
+    assert maps() == ("identity", "quantile")
+    assert maps(large_fit_rows=1000, max_input_maps=2) == ("identity", "quantile")
+    large = xRFMTree(**kw, large_fit_rows=1000).fit(X, y, Xv, yv, generator=seeded())
+    assert len(large.input_map.names) == 1
+    one = xRFMTree(**kw, large_fit_rows=1000, max_input_maps=1).fit(
+        X, y, Xv, yv, generator=seeded()
+    )
+    assert large.input_map.names == one.input_map.names
+    torch.testing.assert_close(large(Xv), one(Xv), rtol=0, atol=0)

@@ -85,6 +85,11 @@ def test_a_fit_plan_resolves_the_rules():
     own = xRFMTree(leaf=LeafConfig(iter_rows=70), large_fit_rows=10)._plan(100)
     assert own.config.leaf.iter_rows == 70
     assert reg.config.n_trees is None  # resolving does not touch the model's config
+    # "auto" may average two maps, but only one in a large fit unless the limit is given
+    assert [reg.config.input_maps_limit(n) for n in (1000, 1001)] == [2, 1]
+    assert xRFMTree(max_input_maps=2, large_fit_rows=10).config.input_maps_limit(100) == 2
+    assert xRFMTree(max_input_maps=3).config.input_maps_limit(10) == 3
+    assert xRFMTree(large_fit_rows=None).config.input_maps_limit(10**7) == 2
 
 
 def test_the_fitted_tree_follows_its_config():

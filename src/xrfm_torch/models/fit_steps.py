@@ -53,7 +53,7 @@ def prepare_fit(
         data,
         kernel=model.kernel,
         leaf=model.config.leaf,
-        max_maps=model.config.max_input_maps,
+        max_maps=model.config.input_maps_limit(data.X.shape[0]),
         margin=model.config.input_margin,
         generator=generator,
     )

@@ -116,7 +116,7 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
         trainable_routing: bool = DEFAULTS.trainable_routing,
         input_transform: InputTransform = DEFAULTS.input_transform,
         input_margin: float = DEFAULTS.input_margin,
-        max_input_maps: int = DEFAULTS.max_input_maps,
+        max_input_maps: int | None = DEFAULTS.max_input_maps,
         set_leaf_fraction: float = DEFAULTS.set_leaf_fraction,
         categorical_features: Sequence[int] | None = DEFAULTS.categorical_features,
         value_levels: bool = DEFAULTS.value_levels,
