@@ -41,6 +41,7 @@ from xrfm_torch.models.ensemble import Ensemble
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.numerics.checks import check_bool, check_fraction, check_int
 from xrfm_torch.numerics.rng import own_generator
+from xrfm_torch.tree.config import row_share
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.parallel import assign_by_cost, leaf_seeds, run_leaf_jobs, world
@@ -429,8 +430,8 @@ class BaggedTree(Ensemble):
         if frac < 1.0:  # a member of an average: smaller leaves, split models on fewer rows
             rule = bag.config.split_rule
             if isinstance(rule, AGOPSplit):
-                rule = replace(rule, sample_size=max(4, round(frac * rule.sample_size)))
-            size = max(4, round(frac * bag.config.max_leaf_size))
+                rule = replace(rule, sample_size=row_share(rule.sample_size, frac))
+            size = row_share(bag.config.max_leaf_size, frac)
             bag.config = bag.config.replace(max_leaf_size=size, split_rule=rule)
         if spread_bags:  # a bag is fitted whole on its rank
             bag.config = bag.config.replace(distributed=False)

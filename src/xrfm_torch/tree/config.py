@@ -229,6 +229,15 @@ class TreeConfig:
         return 1 if self.is_large(n_rows) else MAX_INPUT_MAPS
 
 
+def row_share(rows: int, fraction: float) -> int:
+    """``fraction`` of a row count ``rows``, rounded, and never below 4.
+
+    Four is the fewest rows a leaf (``max_leaf_size``) or a split model
+    (``AGOPSplit.sample_size``) accepts: a set's smaller leaves and a bag's share use it.
+    """
+    return max(4, round(fraction * rows))
+
+
 #: ``overlap_fraction=None`` below ``large_fit_rows`` (:meth:`FitPlan.resolve <xrfm_torch.tree.plan.FitPlan.resolve>`).
 OVERLAP_FRACTION = 0.1
 #: ``max_input_maps=None`` below ``large_fit_rows`` (:meth:`TreeConfig.input_maps_limit`).

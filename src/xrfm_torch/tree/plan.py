@@ -18,7 +18,7 @@ from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import FitData
-from xrfm_torch.tree.config import OVERLAP_FRACTION, TreeConfig
+from xrfm_torch.tree.config import OVERLAP_FRACTION, TreeConfig, row_share
 from xrfm_torch.tree.grow import Progress, TreeLayout
 from xrfm_torch.tree.leaf_fits import fit_leaves
 from xrfm_torch.tree.partition import PartitionTree
@@ -90,7 +90,7 @@ class FitPlan:
             n_trees = 2 if task == "classification" and not large else 1
         leaf_size = config.max_leaf_size
         if n_maps > 1:
-            leaf_size = max(4, round(config.set_leaf_fraction * leaf_size))
+            leaf_size = row_share(leaf_size, config.set_leaf_fraction)
         resolved = config.replace(
             leaf=leaf,
             n_trees=n_trees,
