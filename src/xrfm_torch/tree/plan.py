@@ -2,7 +2,10 @@
 
 The sizes that depend on the data (a large fit's subsamples and overlap, trees per map, a set's
 leaf size) are resolved here once per fit; :func:`leaf_plan` and :func:`start_matrix` let later
-trees and bags follow a fitted tree's choices. :mod:`xrfm_torch.tree.fit` runs the plan.
+trees and bags follow a fitted tree's choices. :mod:`xrfm_torch.tree.fit` runs the plan. The one
+size rule not here, how many input maps ``"auto"`` may average
+(:meth:`~xrfm_torch.tree.config.TreeConfig.input_maps_limit`), decides ``n_maps`` before a plan
+exists.
 """
 
 from __future__ import annotations
