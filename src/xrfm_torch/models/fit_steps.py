@@ -2,10 +2,14 @@
 
 :func:`fit_rows` checks the rows and weights (holding out validation rows where none are given);
 :func:`prepare_fit` then codes the targets, fits the input map and chooses the maps the trees
-grow on (the probe of ``input_transform="auto"``).
+grow on (the probe of ``input_transform="auto"``). After the trees are fitted,
+:func:`honest_outputs` turns their validation outputs into the model's honest outputs
+(calibrating a classifier's probabilities on them).
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch import Tensor
@@ -14,8 +18,11 @@ from xrfm_torch.inputs.choice import choose_maps
 from xrfm_torch.inputs.input_map import InputMapName
 from xrfm_torch.leaf.data import FitData, fit_data
 from xrfm_torch.models.routed_trees import RoutedTrees
+from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.parallel import check_same_data
 from xrfm_torch.tree.uncertainty import calibration_fraction
+
+log = logging.getLogger(__name__)
 
 
 def prepare_fit(
@@ -95,3 +102,39 @@ def fit_rows(
             "leaves' Gaussian-process noise model is unweighted (use uncertainty='none')"
         )
     return data
+
+
+def honest_outputs(
+    model: RoutedTrees,
+    val_scores: Tensor,
+    scored_rows: Tensor | None,
+    data: FitData,
+    raw_y_val: Tensor,
+    raw_w_val: Tensor | None,
+) -> HonestOutputs:
+    """The fitted model's honest outputs: its validation outputs in the targets' units.
+
+    A classifier calibrates its probabilities (``TargetCoding.calibrate``) on them first.
+
+    Args:
+        model: The model just fitted (its target coding).
+        val_scores: The trees' outputs (n_scored, c) at the chosen temperature
+            (``GrownTrees.val_scores``), in the coded targets' units.
+        scored_rows: The validation rows they cover (CPU indices; ``None``: all of them).
+        data: The fit's coded data.
+        raw_y_val: The validation targets before the coding, (n_val,) or (n_val, c).
+        raw_w_val: Their weights (n_val,) or ``None``.
+    """
+    scores = model.targets.decode(val_scores)
+    y_val, w_val, rows = data.y_val, data.w_val, data.val_rows
+    if scored_rows is not None:  # the rows a large fit's temperature search scored
+        sub = scored_rows.to(scores.device)
+        y_val, raw_y_val = y_val[sub], raw_y_val[sub]
+        w_val = None if w_val is None else w_val[sub]
+        raw_w_val = None if raw_w_val is None else raw_w_val[sub]
+        rows = None if rows is None else rows[scored_rows.to(rows.device)]
+    if model.task == "classification":
+        chosen = model.targets.calibrate(scores, y_val, w_val)
+        log.info("probabilities: %s", chosen)
+        scores = model.targets.probabilities(scores)
+    return HonestOutputs(scores, raw_y_val, raw_w_val, rows)

@@ -17,7 +17,7 @@ from xrfm_torch.inputs.input_map import (
 )
 from xrfm_torch.kernels import KERNELS, Kernel, make_kernel
 from xrfm_torch.leaf.config import LeafConfig
-from xrfm_torch.models.fit_steps import fit_rows, prepare_fit
+from xrfm_torch.models.fit_steps import fit_rows, honest_outputs, prepare_fit
 from xrfm_torch.models.routed_trees import RoutedTrees
 from xrfm_torch.numerics.config import to_config
 from xrfm_torch.numerics.events import summarize_fallbacks
@@ -25,7 +25,6 @@ from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.config import DEFAULTS, SETTINGS, TreeConfig
 from xrfm_torch.tree.fit import fit_trees, refit_trees
 from xrfm_torch.tree.grow import Progress
-from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.memory import MemoryBudget
 from xrfm_torch.tree.parallel import broadcast_module
 from xrfm_torch.tree.plan import FitPlan
@@ -268,12 +267,9 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
             self.variance.fit(grown.val_moments, data.y_val)
             broadcast_module(self.variance, self.config.distributed)
         if grown.val_scores is not None:
-            scores = self.targets.decode(grown.val_scores)
-            if self.task == "classification":
-                chosen = self.targets.calibrate(scores, data.y_val, data.w_val)
-                log.info("probabilities: %s", chosen)
-                scores = self.targets.probabilities(scores)
-            self._honest = HonestOutputs(scores, raw_y_val, raw_w_val, data.val_rows)
+            self._honest = honest_outputs(
+                self, grown.val_scores, grown.val_score_rows, data, raw_y_val, raw_w_val
+            )
         self.trees = nn.ModuleList(grown.trees)
         self.input_map.set_maps(grown.maps)
         self.fitted_temperature_ = torch.tensor(0.0, dtype=data.X.dtype, device=data.X.device)

@@ -65,19 +65,23 @@ def temperature_predictions(
     ]
 
 
-def search_rows(n_val: int, max_rows: int | None, generator: torch.Generator) -> Tensor | None:
+def search_rows(n_val: int, max_rows: int | None) -> Tensor | None:
     """The validation rows the temperature search scores (CPU indices, or ``None``: all).
 
-    All ``n_val`` rows when they are at most ``max_rows`` (or ``max_rows`` is ``None``; nothing
-    is drawn from ``generator`` then), else a seeded subsample of ``max_rows`` in their order.
+    All ``n_val`` rows when they are at most ``max_rows`` (or ``max_rows`` is ``None``), else
+    ``max_rows`` rows evenly spaced over the validation rows' order (a systematic sample).
 
     The search is the one step of a fit whose cost grows with ``n_val`` times the leaves a row
-    reaches at the grid's largest temperatures (all ``max_soft_leaves`` of them); one
-    temperature's outputs on all rows (the honest validation outputs) cost a fraction of that.
+    reaches at the grid's largest temperatures (all ``max_soft_leaves`` of them). The sample
+    draws nothing from a generator: models fitted on the same rows (a blend's members, an
+    anytime fit's candidates) score the same rows whatever their fits drew before, so their
+    honest outputs, which are the search's outputs at the chosen temperature, stay comparable
+    row by row. Spread over the order, it also covers validation rows given sorted (by time, or
+    by target) from end to end.
     """
     if max_rows is None or n_val <= max_rows:
         return None
-    return torch.randperm(n_val, generator=generator)[:max_rows].sort().values
+    return torch.linspace(0, n_val - 1, max_rows, dtype=torch.float64).round().long()
 
 
 def prediction_errors(
