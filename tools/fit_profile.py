@@ -42,7 +42,7 @@ PHASES = {
     "  RFM iterations": ("leaf/iteration.py", "iterate"),
     "  post-hoc exponent/bandwidth/ridge search": ("leaf/selection.py", "select_kernel"),
     "final solves (held-out rows joined)": ("leaf/model.py", "refit"),
-    "temperature search": ("tree/temperature.py", "temperature_predictions"),
+    "temperature search": ("tree/temperature.py", "search_temperature"),
     "probability calibration": ("tree/targets.py", "calibrate"),
     "out-of-fold predictions (bags)": ("models/bagging.py", "_out_of_fold"),
 }

@@ -108,6 +108,7 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
         keep_mass: float = DEFAULTS.keep_mass,
         max_soft_leaves: int = DEFAULTS.max_soft_leaves,
         temperature_rows: int | None = DEFAULTS.temperature_rows,
+        temperature_patience: int | None = DEFAULTS.temperature_patience,
         val_fraction: float = DEFAULTS.val_fraction,
         min_leaf_val: int = DEFAULTS.min_leaf_val,
         max_borrow_fraction: float = DEFAULTS.max_borrow_fraction,

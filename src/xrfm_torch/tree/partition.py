@@ -140,7 +140,9 @@ class PartitionTree(ResizableBuffers):
             raise RuntimeError("no leaf received any weight")
         return out
 
-    def leaf_predictions(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def leaf_predictions(
+        self, x: Tensor, mask: Tensor | None = None, out: Tensor | None = None
+    ) -> Tensor:
         """Each leaf's prediction at each row, shape (n, L, c) (for temperature tuning).
 
         Args:
@@ -148,10 +150,11 @@ class PartitionTree(ResizableBuffers):
             mask: Optional (n, L) bool: leaf ``l`` runs only on the rows with ``mask[:, l]`` and
                 the other entries are 0. With soft weights truncated to a few leaves per row this
                 keeps the cost linear in the number of leaves instead of ``n * L * leaf size``.
+            out: Optional (n, L, c) to write the masked entries into (the others are kept), so
+                that a search over temperatures evaluates each (row, leaf) pair once.
         """
         if mask is None:
             return torch.stack([leaf(x) for leaf in self.leaves], dim=1)
-        out: Tensor | None = None
         for leaf_id, rows, pred in self._on_rows(x, mask):
             if out is None:
                 out = x.new_zeros(x.shape[0], self.n_leaves, pred.shape[1])
