@@ -12,6 +12,7 @@ from xrfm_torch import LeafConfig, xRFMTree
 from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.temperature import (
     DEFAULT_TEMPERATURE_GRID,
+    prediction_errors,
     search_temperature,
     temperature_errors,
     temperature_predictions,
@@ -44,9 +45,11 @@ def test_the_whole_grid_is_the_grid_scored_at_once(fitted):
     trees, xs, yv, model = fitted
     cfg = model.config
     best, errs, out = search(fitted)
-    full = temperature_errors(
-        trees, xs, yv, GRID, keep_mass=cfg.keep_mass, max_leaves=cfg.max_soft_leaves
+    # the reference: every leaf a grid temperature reaches, evaluated at once, then scored
+    preds = temperature_predictions(
+        trees, xs, GRID, keep_mass=cfg.keep_mass, max_leaves=cfg.max_soft_leaves
     )
+    full = prediction_errors(preds, yv)
     assert errs == pytest.approx(full, rel=1e-5)
     assert best == min(range(len(full)), key=full.__getitem__)
     assert 0 < best < len(GRID) - 4  # soft routing pays here, and the grid's top does not
@@ -56,6 +59,10 @@ def test_the_whole_grid_is_the_grid_scored_at_once(fitted):
     # the same leaves on other batches of rows: float32 distances round differently (1e-4)
     torch.testing.assert_close(out, at_best, rtol=1e-3, atol=2e-4)
     assert float(model.temperature_) == pytest.approx(GRID[best])  # what fit chose
+    # the model's whole-grid errors (a callback's curve) are this search's
+    assert temperature_errors(
+        trees, xs, yv, GRID, keep_mass=cfg.keep_mass, max_leaves=cfg.max_soft_leaves
+    ) == pytest.approx(errs, rel=1e-6)
 
 
 @pytest.mark.parametrize("patience", [1, 2, 3])

@@ -185,8 +185,9 @@ def temperature_errors(
 ) -> list[float]:
     """Validation error of the averaged ``trees`` for each temperature in ``grid``.
 
-    :func:`temperature_predictions` scored by :func:`prediction_errors` (``y_val``: (n_val,) or
-    (n_val, c); ``criterion``: :mod:`xrfm_torch.leaf.criteria`).
+    :func:`search_temperature` over the whole grid (``y_val``: (n_val,) or (n_val, c);
+    ``criterion``: :mod:`xrfm_torch.leaf.criteria`).
     """
-    preds = temperature_predictions(trees, xs, grid, keep_mass=keep_mass, max_leaves=max_leaves)
-    return prediction_errors(preds, y_val, criterion)
+    return search_temperature(
+        trees, xs, y_val, grid, keep_mass=keep_mass, max_leaves=max_leaves, criterion=criterion
+    )[1]
