@@ -40,7 +40,7 @@ from xrfm_torch.tree.interpret import (
 )
 from xrfm_torch.tree.partition import PartitionTree, empty_trees
 from xrfm_torch.tree.targets import TargetCoding, Task
-from xrfm_torch.tree.temperature import temperature_errors
+from xrfm_torch.tree.temperature import search_temperature
 from xrfm_torch.tree.uncertainty import (
     Uncertainty,
     VarianceModel,
@@ -178,7 +178,7 @@ class RoutedTrees(Model):
         """
         self._check_fitted()
         y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=X_val.dtype)
-        return temperature_errors(
+        return search_temperature(
             self.partition_trees(),
             self.input_map(X_val),
             self.targets.encode(y_val, "y_val"),
@@ -186,7 +186,7 @@ class RoutedTrees(Model):
             keep_mass=self.config.keep_mass,
             max_leaves=self.config.max_soft_leaves,
             criterion=self.config.leaf.criterion,
-        )
+        )[1]
 
     # ---- prediction (Model.forward: _mean, _mean_std) -----------------------------------------
     def _checked(self, x: Tensor) -> Tensor:

@@ -20,7 +20,52 @@ DEFAULT_TEMPERATURE_GRID: list[float] = [0.0] + [
 ]
 
 
-@torch.no_grad()
+class RoutedOutputs:
+    """The averaged ``trees``' outputs (n_val, c) at one temperature after another.
+
+    Each leaf is evaluated once on each validation row, when a temperature first gives it
+    weight (kept in (n_val, L, c), zero elsewhere); each later temperature only recomputes the
+    mixture weights. With weights truncated to ``max_soft_leaves`` per row this costs
+    ``O(n_val * max_soft_leaves * leaf size)``, not ``O(n_val * L * leaf size)``: quadratic in
+    ``n`` when the validation rows and the leaves both grow with it.
+
+    Args:
+        trees: Fitted trees (their leaves are used as they are), averaged.
+        xs: The validation inputs as each tree sees them (its input map), shapes (n_val, d_t).
+        keep_mass: Soft routing keeps each row's top leaves covering this weight mass.
+        max_leaves: Soft routing evaluates at most this many leaves per row.
+    """
+
+    def __init__(
+        self,
+        trees: Sequence[PartitionTree],
+        xs: Sequence[Tensor],
+        *,
+        keep_mass: float,
+        max_leaves: int,
+    ) -> None:
+        self.pairs = list(zip(trees, xs))
+        self.keep_mass, self.max_leaves = keep_mass, max_leaves
+        self.seen = [
+            torch.zeros(x.shape[0], t.n_leaves, dtype=torch.bool, device=x.device)
+            for t, x in self.pairs
+        ]
+        self.leaf_preds: list[Tensor | None] = [None] * len(self.pairs)
+
+    @torch.no_grad()
+    def __call__(self, temperature: float) -> Tensor:
+        """The averaged outputs (n_val, c) at ``temperature`` (0 = hard routing)."""
+        outs = []
+        for k, (tree, x) in enumerate(self.pairs):
+            w = tree.weights(x, temperature, keep_mass=self.keep_mass, max_leaves=self.max_leaves)
+            new = (w > 0) & ~self.seen[k]
+            if bool(new.any()):
+                self.leaf_preds[k] = tree.leaf_predictions(x, new, out=self.leaf_preds[k])
+                self.seen[k] |= new
+            outs.append((w[:, :, None] * cast(Tensor, self.leaf_preds[k])).sum(1))
+        return torch.stack(outs).mean(0)
+
+
 def temperature_predictions(
     trees: Sequence[PartitionTree],
     xs: Sequence[Tensor],
@@ -31,42 +76,12 @@ def temperature_predictions(
 ) -> list[Tensor]:
     """The averaged ``trees``' outputs (n_val, c) at each temperature in ``grid``.
 
-    Each leaf is evaluated once on the validation rows where some temperature of the grid gives
-    it weight (shape (n_val, L, c), zero elsewhere); each temperature then only recomputes the
-    mixture weights. With weights truncated to ``max_soft_leaves`` per row this costs
-    ``O(n_val * max_soft_leaves * leaf size)``, not ``O(n_val * L * leaf size)``: quadratic in
-    ``n`` when the validation rows and the leaves both grow with it.
-
-    Args:
-        trees: Fitted trees (their leaves are used as they are), averaged.
-        xs: The validation inputs as each tree sees them (its input map), shapes (n_val, d_t).
-        grid: Temperatures (0 = hard routing).
-        keep_mass: Soft routing keeps each row's top leaves covering this weight mass.
-        max_leaves: Soft routing evaluates at most this many leaves per row.
+    :class:`RoutedOutputs` at each in turn (the honest validation outputs at a given temperature).
     """
-    pairs = list(zip(trees, xs))
-
-    def weights(tree: PartitionTree, x: Tensor, temp: float) -> Tensor:  # (n_val, L)
-        return tree.weights(x, temp, keep_mass=keep_mass, max_leaves=max_leaves)
-
-    leaf_preds = []
-    for tree, x in pairs:
-        used = torch.zeros(x.shape[0], tree.n_leaves, dtype=torch.bool, device=x.device)
-        for temp in grid:  # the weights are recomputed below: (n_val, L) per temperature is cheap
-            used |= weights(tree, x, temp) > 0
-        leaf_preds.append(tree.leaf_predictions(x, used))  # (n_val, L, c)
-    return [
-        torch.stack(
-            [
-                (weights(tree, x, temp)[:, :, None] * P).sum(1)
-                for (tree, x), P in zip(pairs, leaf_preds)
-            ]
-        ).mean(0)
-        for temp in grid
-    ]
+    at = RoutedOutputs(trees, xs, keep_mass=keep_mass, max_leaves=max_leaves)
+    return [at(temp) for temp in grid]
 
 
-@torch.no_grad()
 def search_temperature(
     trees: Sequence[PartitionTree],
     xs: Sequence[Tensor],
@@ -83,13 +98,13 @@ def search_temperature(
 
     0 (hard routing) is tried first, then the positive temperatures from the lowest up, stopping
     once ``patience`` of them in a row have not improved on the best positive one (``None``: the
-    whole grid). The validation error is close to unimodal in the temperature (it falls while
-    soft routing smooths the leaves' boundaries, then rises as far leaves blur the prediction:
-    on 69 curves of the dev tables, every one chose the full grid's temperature with a patience
-    of 2); hard routing is tried on its own, as its error is not on that curve. The top of the
-    grid is where a row reaches most leaves (all ``max_leaves`` of them), so stopping short of
-    it saves most of the search. Each (row, leaf) pair is evaluated once, when a temperature
-    first gives it weight.
+    whole grid, the errors a model's ``temperature_errors`` reports). The validation error is
+    close to unimodal in the temperature (it falls while soft routing smooths the leaves'
+    boundaries, then rises as far leaves blur the prediction: on 69 curves of the dev tables,
+    every one chose the full grid's temperature with a patience of 2); hard routing is tried on
+    its own, as its error is not on that curve. The top of the grid is where a row reaches most
+    leaves (all ``max_leaves`` of them), so stopping short of it saves most of the search
+    (:class:`RoutedOutputs` evaluates a leaf on a row only once a temperature gives it weight).
 
     Args:
         trees: Fitted trees, averaged.
@@ -106,23 +121,11 @@ def search_temperature(
         The best entry's index in ``grid``, each entry's error (NaN where not tried), and the
         averaged outputs (n_val, c) at the best entry.
     """
-    pairs = list(zip(trees, xs))
-    seen = [
-        torch.zeros(x.shape[0], t.n_leaves, dtype=torch.bool, device=x.device) for t, x in pairs
-    ]
-    leaf_preds: list[Tensor | None] = [None] * len(pairs)
+    at = RoutedOutputs(trees, xs, keep_mass=keep_mass, max_leaves=max_leaves)
     errors = [float("nan")] * len(grid)
     best, best_out, best_positive, since = -1, None, float("inf"), 0
     for i in sorted(range(len(grid)), key=lambda j: (grid[j] > 0, grid[j], j)):
-        outs = []
-        for k, (tree, x) in enumerate(pairs):
-            w = tree.weights(x, grid[i], keep_mass=keep_mass, max_leaves=max_leaves)
-            new = (w > 0) & ~seen[k]
-            if bool(new.any()):
-                leaf_preds[k] = tree.leaf_predictions(x, new, out=leaf_preds[k])
-                seen[k] |= new
-            outs.append((w[:, :, None] * cast(Tensor, leaf_preds[k])).sum(1))
-        out = torch.stack(outs).mean(0)
+        out = at(grid[i])
         errors[i] = prediction_errors([out], y_val, criterion, weights)[0]
         if best < 0 or errors[i] < errors[best] or (errors[i] == errors[best] and i < best):
             best, best_out = i, out
@@ -171,23 +174,3 @@ def prediction_errors(
     else:
         values = [validation_loss(pred, y_val, criterion, weights)[0] for pred in preds]
     return read_scalars(*values)  # read back together: one synchronization on a GPU
-
-
-def temperature_errors(
-    trees: Sequence[PartitionTree],
-    xs: Sequence[Tensor],
-    y_val: Tensor,
-    grid: Sequence[float],
-    *,
-    keep_mass: float,
-    max_leaves: int,
-    criterion: Criterion = "mse",
-) -> list[float]:
-    """Validation error of the averaged ``trees`` for each temperature in ``grid``.
-
-    :func:`search_temperature` over the whole grid (``y_val``: (n_val,) or (n_val, c);
-    ``criterion``: :mod:`xrfm_torch.leaf.criteria`).
-    """
-    return search_temperature(
-        trees, xs, y_val, grid, keep_mass=keep_mass, max_leaves=max_leaves, criterion=criterion
-    )[1]
