@@ -165,7 +165,7 @@ def fit_trees(
     if data.holdout is None:
         grown.refit()
     xs = [mapped.X_val for mapped in grown.data]  # each tree's map, encoded once per map
-    scores = None
+    scores, scored_rows = None, None  # the validation outputs kept, and their rows (None: all)
     if temperature is None and deadline.should_stop():  # out of time: hard routing, untuned
         count("trees routed hard at the time limit (no temperature search)")
         temperature = 0.0
@@ -186,7 +186,7 @@ def fit_trees(
         temperature = float(grid[best])
         # a large fit's honest outputs are those of the searched rows: scoring all its validation
         # rows again at the chosen temperature took 7.6 s of a 400k-row fit's 92 s
-        scores, grown.val_score_rows = out, rows
+        scores, scored_rows = out, rows
         log.info(
             "tuned temperature %.4g (val %s on %d rows: %s)",
             temperature,
@@ -198,9 +198,8 @@ def fit_trees(
         scores = temperature_predictions(
             grown.trees, xs, [temperature or 0.0], keep_mass=keep_mass, max_leaves=max_soft_leaves
         )[0]
-    grown.val_scores = scores if val_scores else None
-    if not val_scores:
-        grown.val_score_rows = None
+    if val_scores:
+        grown.val_scores, grown.val_score_rows = scores, scored_rows
     if posterior:
         grown.fit_posteriors()
         grown.val_moments = model_moments(
