@@ -13,15 +13,8 @@ Compared with one tree with a fixed hold-out, each bag trains on ``(K-1)/K`` of 
 the cost is ``K`` fits (spread over ``torch.distributed`` ranks with ``distributed=True``), each
 cheaper where a classifier's bags are trees of half the size (``size_fraction``).
 
-With ``shared_plan`` (the default; from ``PLAN_MIN_ROWS`` pooled rows on) the later bags follow
-the first bag's plan (:func:`first_bag_plan`): they iterate no further than the last iteration any
-of its leaves kept, with its feature-matrix shape and exponents and without the warm-up, instead
-of searching all of these again. The bags see 3/4 of each other's rows, and their searches agree
-(digits: all ten leaves of a blend's bags chose the same exponent, ridge and shape); the searches
-were most of a small leaf's solves. The plan passes on a few numbers; the later bags do not start
-from the first bag's learned ``M``: the first bag trained on every later bag's validation fold, so
-such a start makes their validation errors and out-of-fold outputs optimistic (see
-:func:`first_bag_plan`).
+With ``shared_plan`` the later bags follow the first bag's choices instead of searching again
+(:mod:`xrfm_torch.models.bag_plan`).
 """
 
 from __future__ import annotations
@@ -29,80 +22,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
 
 from xrfm_torch.inputs.input_map import InputTransform
-from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.models.bag_plan import (
+    CLASSIFICATION_BAG_SIZE_FRACTION,
+    PLAN_MIN_ROWS,
+    bag_settings,
+    cross_folds,
+    first_bag_plan,
+)
 from xrfm_torch.models.ensemble import Ensemble
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.numerics.checks import check_bool, check_fraction, check_int
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.tree.config import row_share
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.parallel import assign_by_cost, leaf_seeds, run_leaf_jobs, world
-from xrfm_torch.tree.plan import leaf_plan
-from xrfm_torch.tree.splits import AGOPSplit
 
 log = logging.getLogger(__name__)
-
-#: ``shared_plan`` applies from this many pooled rows on. Below it the bags' own searches on their
-#: small folds differ, and that difference is what their average gains from: following the first
-#: bag cost breast_cancer (455 pooled rows) 12.6 % log-loss and wine 7.5 % (seeds 0-4), for no
-#: time worth having (0.3 s fits), while cowles (1137 rows) and larger tables kept theirs.
-PLAN_MIN_ROWS = 1000
-
-#: ``size_fraction=None`` of a classifier's bags: each bag's trees split down to this share of
-#: ``max_leaf_size`` and fit their split models on this share of ``AGOPSplit.sample_size``. A bag
-#: is one member of an average, like a tree of a set of maps (``TreeConfig.set_leaf_fraction``),
-#: and a leaf costs ``O(L^3)``. The default at seed 0, leaves alone then with the split models:
-#: pol 63.2 -> 29.5 -> 20.1 s (log-loss 0.0309 -> 0.0296 -> 0.0314), house_16H 74.3 -> 45.9 ->
-#: 31.9 s (0.2662 -> 0.2658 -> 0.2648), california 106.9 -> 74.3 -> 35.0 s (0.2158 -> 0.2181 ->
-#: 0.2198), diamonds 136.7 -> 59.3 -> 42.0 s, hi 131.4 -> 99.4 -> 49.6 s, all within one seed
-#: sd (seed 1 too; docs/design.md, "Where a default fit's time goes"). A single model keeps its
-#: size: electricity's (no bags above ``AUTO_BAG_ROWS``) with 5000-row leaves lost 15 %
-#: log-loss. Regression bags keep theirs (a single regression tree with 5000-row leaves lost
-#: 1.5-2.6x RMSE on Brazilian_houses, with 1000-row split models 4.8 % on pol; bags there were
-#: not measured).
-CLASSIFICATION_BAG_SIZE_FRACTION = 0.5
-
-
-def cross_folds(n: int, k: int, generator: torch.Generator, labels: Tensor | None = None) -> Tensor:
-    """Seeded fold index in ``[0, k)`` for each of ``n`` rows, fold sizes within one row.
-
-    With ``labels`` (n,) the folds are stratified: rows are shuffled, ordered by label (stably)
-    and dealt out in turn, so each class spreads over the folds as evenly as its count allows
-    (a class of ``c >= 2`` rows reaches at least two folds, hence every bag's training rows).
-
-    Returns:
-        Long tensor (n,) on the CPU.
-    """
-    order = torch.randperm(n, generator=generator)
-    if labels is not None:
-        by_label = torch.sort(labels.detach().cpu()[order], stable=True).indices
-        order = order[by_label]
-    folds = torch.empty(n, dtype=torch.long)
-    folds[order] = torch.arange(n) % k
-    return folds
-
-
-def first_bag_plan(bag: xRFMTree) -> LeafConfig | None:
-    """The leaf settings of the later bags: :func:`~xrfm_torch.tree.plan.leaf_plan` of the first.
-
-    The later bags iterate up to the first bag's leaves' last kept iteration, with their
-    majority ``M`` shape and exponents, without the warm-up and with patience 2, each leaf from
-    the identity. Starting them from the first bag's learned ``M`` (as a map's later trees start
-    from its first tree) saved 20-30 % of pol's and diamonds' fit, but it leaks: the first bag
-    trained on every later bag's validation fold, so the start's validation error is optimistic
-    there. pol, seed 1: the blend's out-of-fold log-loss 0.0358 -> 0.0307 while its test
-    log-loss rose 0.0387 -> 0.0434 (error 1.34 -> 1.64 %); digits, seeds 0-1: out-of-fold
-    0.0313 -> 0.0229 and 0.0416 -> 0.0261, test 0.0249 -> 0.0210 and 0.0504 -> 0.0551.
-    """
-    return leaf_plan(bag.leaves(), bag.config.leaf, float(bag.kernel.q))
 
 
 class _Pending(NamedTuple):
@@ -421,18 +362,7 @@ class BaggedTree(Ensemble):
 
     def _new_bag(self, spread_bags: bool, maps: InputTransform | None = None) -> xRFMTree:
         bag = self.tree
-        if bag.config.n_trees is None:
-            # the bags already average several trees; a second tree per map in each bag cost
-            # 1.3-2.1x the fit for log-loss within one seed sd (pol, house_16H, california;
-            # docs/design.md, "Where a default fit's time goes")
-            bag.config = bag.config.replace(n_trees=1)
-        frac = self.bag_size_fraction
-        if frac < 1.0:  # a member of an average: smaller leaves, split models on fewer rows
-            rule = bag.config.split_rule
-            if isinstance(rule, AGOPSplit):
-                rule = replace(rule, sample_size=row_share(rule.sample_size, frac))
-            size = row_share(bag.config.max_leaf_size, frac)
-            bag.config = bag.config.replace(max_leaf_size=size, split_rule=rule)
+        bag.config = bag_settings(bag.config, self.bag_size_fraction)
         if spread_bags:  # a bag is fitted whole on its rank
             bag.config = bag.config.replace(distributed=False)
         if maps is not None:

@@ -112,7 +112,7 @@ class FitPlan:
         same rows (a map's later trees): a start learned with a fit's validation rows among its
         training rows makes that fit's validation errors, and so its stopping and its honest
         outputs, optimistic (why later bags do not start from the first bag,
-        :func:`~xrfm_torch.models.bagging.first_bag_plan`).
+        :func:`~xrfm_torch.models.bag_plan.first_bag_plan`).
         """
         leaf = leaf_plan(tree.leaf_list(), self.config.leaf, float(self.kernel.q))
         if leaf is None:
