@@ -29,6 +29,10 @@ def test_read_scalars_keeps_values_and_order():
     got = read_scalars(*values)
     assert got[:3] == [float(torch.tensor(0.1, dtype=torch.float32)), 1.0, 7.0]
     assert math.isnan(got[3]) and got[4] == 2.5
+    # stacked by dtype and read together: each value back in its own place, exactly
+    mixed = [torch.tensor(0.3), torch.tensor(False), torch.tensor(2**40 + 1), torch.tensor(-1.5)]
+    mixed += [torch.tensor(True), torch.tensor(1e-40, dtype=torch.float64)]
+    assert read_scalars(*mixed) == [float(v) for v in mixed]
     assert read_scalars() == []
     with pytest.raises(ValueError, match="value 1 has shape \\(2,\\)"):
         read_scalars(torch.tensor(1.0), torch.ones(2))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from xrfm_torch.kernels.lpq import Kernel
@@ -21,8 +21,8 @@ from xrfm_torch.kernels.lpq import Kernel
 def linear_features(xs: Tensor, c: float) -> Tensor:
     """``U = sqrt(c) [1, xs / sqrt(d)]`` of transformed inputs ``xs`` (n, d): shape (n, d + 1)."""
     d = xs.shape[1]
-    ones = xs.new_ones(xs.shape[0], 1)
-    return math.sqrt(c) * torch.cat([ones, xs / math.sqrt(d)], dim=1)
+    # the column of ones as padding: one operation fewer than ones + cat (a launch on a GPU)
+    return F.pad(xs / math.sqrt(d), (1, 0), value=1.0) * math.sqrt(c)
 
 
 def features_or_none(xs: Tensor, c: float) -> Tensor | None:

@@ -40,7 +40,21 @@ def read_scalars(*values: Tensor) -> list[float]:
     for i, v in enumerate(values):
         by_device.setdefault(v.device, []).append(i)
     for idx in by_device.values():
-        read = torch.stack([values[i].detach().reshape(()).double() for i in idx]).tolist()
-        for i, x in zip(idx, read):
+        # stacked by dtype, then one conversion per dtype: each scalar costs no operation of
+        # its own (on a GPU every operation is a launch; a decision reads a few scalars)
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i in idx:
+            by_dtype.setdefault(values[i].dtype, []).append(i)
+        parts = [
+            torch.stack([_scalar(values[i]) for i in group]).double() for group in by_dtype.values()
+        ]
+        read = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist()
+        for i, x in zip((i for group in by_dtype.values() for i in group), read):
             out[i] = x
     return out
+
+
+def _scalar(v: Tensor) -> Tensor:
+    """``v`` as a 0-dim tensor outside autograd (no operation where it is one already)."""
+    v = v.detach() if v.requires_grad else v
+    return v if v.ndim == 0 else v.reshape(())

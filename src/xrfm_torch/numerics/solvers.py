@@ -56,14 +56,15 @@ def _residual_too_large(
     wd = None if w is None else w.double()[:, None]
     Uk = None if U is None else U.to(K.dtype)
     ua = None if Uk is None else Uk.mT @ a  # (r, c): U^T alpha once, not per chunk
+    b64 = b.double()
     res = K.new_zeros((), dtype=torch.float64)
     for i in range(0, K.shape[0], 4096):
         ka = K[i : i + 4096] @ a
         if Uk is not None and ua is not None:
             ka = ka + Uk[i : i + 4096] @ ua
-        r = ka.double() - b[i : i + 4096].double()
+        r = ka.double() - b64[i : i + 4096]
         res += (r * r if wd is None else wd[i : i + 4096] * r * r).sum()
-    bb = b.double() ** 2
+    bb = b64**2
     return ~(res <= (bb if wd is None else wd * bb).sum())  # also True for NaN
 
 
