@@ -11,8 +11,10 @@ number is a figure of the GPU path that a CPU can measure::
 
 Fits ``xRFMTree()`` (or, with ``--estimator``, the default ``XRFMClassifier`` /
 ``XRFMRegressor`` on the protocol split) under a dispatch mode that counts those operations by
-the innermost line of the package that runs them, with the GPU's warm-solve rule (its CG
-budget), so the count is the GPU fit's. A value read from a tensor just made from a Python
+the innermost line of the package that runs them, with the GPU's rules (its CG budget and its
+one-block elementwise passes), so the count is the GPU fit's. It also counts every operation
+dispatched (and those that are not views): on a GPU each costs the host some 20 us, and that,
+not the device, bounds a fit (docs/benchmarks.md, "On one GPU"). A value read from a tensor just made from a Python
 number on the host (e.g. a rounding to the buffer's dtype) is not counted: it never leaves the
 host. Prints the total by kind and the busiest lines. The bench tool ``bench.gpu`` counts the
 real synchronizations on a GPU.
@@ -64,6 +66,8 @@ class HostReads(TorchDispatchMode):
         super().__init__()
         self.kinds: Counter[str] = Counter()
         self.sites: Counter[str] = Counter()
+        self.dispatched = 0  # every operation
+        self.computed = 0  # those that are not views (a kernel launch each on a GPU)
         self._host_made: weakref.WeakValueDictionary[int, torch.Tensor] = (
             weakref.WeakValueDictionary()
         )
@@ -79,6 +83,8 @@ class HostReads(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = func.overloadpacket.__name__
         out = func(*args, **(kwargs or {}))
+        self.dispatched += 1
+        self.computed += not getattr(func, "is_view", False)
         if name == "lift_fresh":  # torch.tensor(number): made on the host, read there for free
             self._host_made[id(out)] = out
         elif name == "_local_scalar_dense" and not self.made_here(args[0]):
@@ -109,9 +115,11 @@ def main() -> None:
     ap.add_argument("--estimator", action="store_true", help="the default estimator, not a tree")
     ap.add_argument("--top", type=int, default=25)
     a = ap.parse_args()
+    from xrfm_torch.kernels import distance
     from xrfm_torch.leaf import iteration
 
     iteration.PCG_ROWS_PER_ITER = iteration.PCG_ROWS_PER_ITER_DEVICE  # the GPU's CG budget
+    distance.CACHE_BLOCK_BYTES = distance.DEVICE_BLOCK_BYTES  # and its one-block passes
     path = a.data_dir / f"{a.table}.csv.gz"
     if a.estimator:
         from bench.peers import is_regression, split_table
@@ -144,6 +152,7 @@ def main() -> None:
     finally:
         torch.Tensor.tolist = real  # type: ignore[method-assign]
     print(f"{a.table}: {sum(mode.kinds.values())} host waits", dict(mode.kinds))
+    print(f"{mode.dispatched} operations dispatched, {mode.computed} of them not views")
     for site, n in mode.sites.most_common(a.top):
         print(f"{n:6d}  {site}")
 
