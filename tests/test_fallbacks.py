@@ -18,7 +18,7 @@ CFG = LeafConfig(
     early_stop_multiplier=None,
     kernel_exponents=None,
     reg_factors=None,
-    pcg_tol=None,  # every step factors: one solve_krr call per iteration
+    pcg_tol=None,  # every step factors: one first_krr_solve call per iteration
 )
 
 
@@ -55,15 +55,19 @@ def test_a_failed_factorization_in_a_later_iteration_keeps_the_best_one(
     monkeypatch, generator, caplog
 ):
     clean, Xv = _fit(generator)
-    real = iteration.solve_krr
+    real = iteration.first_krr_solve
     calls = [0]
 
-    def failing(*args, **kwargs):
+    def failing_first(K, y, reg, **kwargs):
         calls[0] += 1
-        if calls[0] == 3:  # iteration 2
-            raise KRRSolveError("injected")
-        return real(*args, **kwargs)
+        if calls[0] == 3:  # iteration 2: the first attempt fails, and so do the retries
+            return torch.full_like(y, float("nan")), torch.tensor(True)
+        return real(K, y, reg, **kwargs)
 
+    def failing(*args, **kwargs):
+        raise KRRSolveError("injected")
+
+    monkeypatch.setattr(iteration, "first_krr_solve", failing_first)
     monkeypatch.setattr(iteration, "solve_krr", failing)
     with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf.iteration"):
         leaf, _ = _fit(generator)

@@ -52,9 +52,9 @@ class Reads(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("agop", [True, False])
-def test_one_rfm_step_reads_back_twice(monkeypatch, agop):
-    # the solve reads its factorization status and residual bound together; the step reads
-    # its validation error, bandwidth, M's finiteness and the AGOP's largest entry together
+def test_one_rfm_step_reads_back_once(monkeypatch, agop):
+    # the step reads its validation error, bandwidth, M's finiteness, the AGOP's largest entry
+    # and whether its solve's first attempt failed or was useless, all together
     batches = []
     real = host.read_scalars
 
@@ -77,8 +77,46 @@ def test_one_rfm_step_reads_back_twice(monkeypatch, agop):
             LeafConfig(reg=1e-3), agop=agop, diag=True, generator=None,
         )  # fmt: skip
     assert reads.n == 0  # no value read one at a time
-    assert batches == [2, 4]  # the step reads its four scalars whether or not it computed G
+    assert batches == [5]  # the step reads its five scalars whether or not it computed G
     assert math.isfinite(cand.err) and (G is not None) == agop
+
+
+def _step_inputs():
+    g = torch.Generator().manual_seed(0)
+    X, Xv = torch.randn(150, 4, generator=g), torch.randn(50, 4, generator=g)
+    n = X.shape[0]
+    buffers = (torch.empty(n, n), torch.empty(n, n), torch.empty(n + 64, n + 64).mT)
+    return X, X[:, :1].sin(), Xv, Xv[:, :1].sin(), torch.tensor([1.0, 0.5, 2.0, 0.3]), buffers
+
+
+def test_a_step_whose_first_solve_fails_repeats_it_with_the_retries(monkeypatch):
+    # the first attempt's flag comes back with the step's scalars; where it says "failed",
+    # the step solves again (solve_krr: jitter, float64) and scores that solve instead
+    def step():
+        X, y, Xv, yv, sqrt_m, buffers = _step_inputs()
+        return rfm_step(
+            LpqLaplaceKernel(3.0, p=1.0, q=1.0), X, y, Xv, yv, sqrt_m, buffers,
+            LeafConfig(reg=1e-3), agop=True, diag=True, generator=None,
+        )  # fmt: skip
+
+    plain, G_plain, _ = step()
+    batches = []
+    real = host.read_scalars
+
+    def counted(*values):
+        batches.append(len(values))
+        return real(*values)
+
+    def failed_first(K, y, reg, **kw):
+        return torch.full_like(y, float("nan")), torch.tensor(True)
+
+    monkeypatch.setattr("xrfm_torch.leaf.iteration.read_scalars", counted)
+    monkeypatch.setattr("xrfm_torch.leaf.iteration.first_krr_solve", failed_first)
+    again, G_again, _ = step()
+    assert batches == [5, 5]  # the failed step's scalars, then the repeated solve's
+    assert again.err == plain.err and math.isfinite(again.err)
+    torch.testing.assert_close(again.alpha, plain.alpha, rtol=0, atol=0)
+    torch.testing.assert_close(G_again, G_plain, rtol=0, atol=0)
 
 
 def test_a_non_finite_m_fails_the_step_after_the_joint_read():
@@ -115,3 +153,34 @@ def test_the_host_reads_tool_counts_device_reads_only():
         torch.Tensor.tolist = real
     assert dict(mode.kinds) == {"read": 2, "boolean index": 1, "nonzero": 1}
     assert all("test_host_reads" not in site for site in mode.sites)  # sites are the package's
+
+
+def test_a_leaf_whose_first_solves_all_fail_is_the_leaf_fitted_with_the_checks_read_at_once(
+    monkeypatch,
+):
+    # every deferred first attempt (RFM steps, the post-hoc search) reported as failed: each
+    # is solved again by solve_krr, and the fitted leaf is the same, bit for bit
+    from xrfm_torch import LeafRFM
+
+    g = torch.Generator().manual_seed(5)
+    X, Xv = torch.randn(200, 4, generator=g), torch.randn(60, 4, generator=g)
+    y, yv = (X[:, :1] * X[:, 1:2]).sin(), (Xv[:, :1] * Xv[:, 1:2]).sin()
+
+    def fit():
+        leaf = LeafRFM(config=LeafConfig(n_iters=4, reg_factors=(0.1, 10.0)))
+        return leaf.fit(X, y, Xv, yv, generator=torch.Generator().manual_seed(0))
+
+    plain = fit()
+    calls = []
+
+    def failed_first(K, y, reg, **kw):
+        calls.append(reg)
+        return torch.full_like(y, float("nan")), torch.tensor(True)
+
+    monkeypatch.setattr("xrfm_torch.leaf.iteration.first_krr_solve", failed_first)
+    monkeypatch.setattr("xrfm_torch.leaf.selection.first_krr_solve", failed_first)
+    again = fit()
+    assert len(calls) > 5  # the steps and the search candidates all went the long way
+    a, b = plain.state_dict(), again.state_dict()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, equal_nan=True, msg=key)

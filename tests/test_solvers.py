@@ -10,6 +10,7 @@ from xrfm_torch.kernels import LaplaceKernel
 from xrfm_torch.numerics.solvers import (
     KRRSolveError,
     _residual_too_large,
+    first_krr_solve,
     krr_workspace,
     padded_size,
     solve_krr,
@@ -193,3 +194,28 @@ def test_a_jittered_or_repeated_solve_marks_its_factor_unusable(caplog):
     Yb = torch.cat([Y, Y[:3]])
     assert solve_bordered(W, singular, Kb, torch.ones(3, 3, dtype=torch.float64), Yb, 0.0) is None
     assert pcg_krr(singular, Y, 0.0, W) is None
+
+
+def test_the_first_attempt_leaves_its_check_on_the_device():
+    K = gram(90)[0].float()
+    y = torch.randn(90, 2, generator=torch.Generator().manual_seed(1))
+    W1, W2 = krr_workspace(90), krr_workspace(90)
+    alpha, unsure = first_krr_solve(K, y, 1e-3, workspace=W1)
+    assert unsure.dtype == torch.bool and unsure.ndim == 0 and not bool(unsure)
+    # where it holds, it is solve_krr's answer and leaves the same factor behind
+    torch.testing.assert_close(alpha, solve_krr(K, y, 1e-3, workspace=W2), rtol=0, atol=0)
+    torch.testing.assert_close(W1, W2, rtol=0, atol=0)
+    # an indefinite system fails the factorization (solve_krr would add jitter)
+    bad = K - 2 * torch.eye(90)
+    assert bool(first_krr_solve(bad, y, 0.0)[1])
+    with pytest.raises(KRRSolveError):
+        solve_krr(bad, y, 0.0, max_tries=1)
+
+
+def test_the_first_attempt_flags_a_float32_solve_above_the_residual_bound(monkeypatch):
+    K, Y = gram(83)
+    monkeypatch.setattr(
+        "xrfm_torch.numerics.solvers._residual_too_large", lambda *a: torch.tensor(True)
+    )
+    assert bool(first_krr_solve(K.float(), Y.float(), 1e-3)[1])  # solve_krr: float64 repeat
+    assert not bool(first_krr_solve(K, Y, 1e-3)[1])  # float64 solves are not checked

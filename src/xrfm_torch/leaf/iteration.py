@@ -29,7 +29,12 @@ from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd
 from xrfm_torch.numerics.events import count
 from xrfm_torch.numerics.host import read_scalars
 from xrfm_torch.numerics.progress import report_iteration
-from xrfm_torch.numerics.solvers import KRRSolveError, krr_workspace, solve_krr
+from xrfm_torch.numerics.solvers import (
+    KRRSolveError,
+    first_krr_solve,
+    krr_workspace,
+    solve_krr,
+)
 from xrfm_torch.numerics.warm_solves import pcg_krr
 
 log = logging.getLogger(__name__)
@@ -150,11 +155,46 @@ def rfm_step(
     kernel.distance(xs, xs, out=R)  # (n, n)
     kernel.from_distance(R, out=K)  # (n, n)
     U = features_or_none(xs, linear_mix)
-    alpha = None
+    alpha, unsure = None, None
     if warm is not None:
         alpha = pcg_krr(K, y, reg, F, features=U, tol=warm[0], max_iters=warm[1], weights=row_w)
     factored = alpha is None
-    if alpha is None:
+    if alpha is None:  # its check is read with the step's other scalars
+        alpha, unsure = first_krr_solve(
+            K, y, reg, solve_dtype=solve_dtype, workspace=F, features=U, weights=row_w
+        )
+
+    def scored(alpha: Tensor) -> tuple[list[float], Tensor, Tensor | None]:
+        """The step's scalars, read together; its per-row validation losses and its AGOP.
+
+        The scalars: validation error, bandwidth, whether M is finite, the AGOP's largest
+        entry, whether the first solve needs the full one.
+        """
+        pred = summed_predict(kernel, transform(X_val, sqrt_m), xs, alpha, linear_mix)
+        err_t, sq = validation_loss(pred, y_val, criterion, w_val)
+        G = None
+        if agop:  # computed before the error is known (wasted only on a failed step)
+            lin = linear_grad(xs, alpha, linear_mix)  # (1, c, d) w.r.t. S x, or None
+            # reuse the Gram matrix: gradient weights overwrite the distances
+            w = kernel.grad_weights(R, K, out=R)
+            gs = kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0)
+            G = agop_from_grads(
+                chain_rule(gs if lin is None else gs + lin, sqrt_m), diag=diag, weights=row_w
+            )
+        none = torch.zeros(())  # on the host: a value that does not apply costs no read
+        values = read_scalars(
+            err_t,
+            kernel.bandwidth,
+            none + 1 if usable is None else usable,
+            none if G is None else G.max(),
+            none if unsure is None else unsure,
+        )
+        return values, sq, G
+
+    (err, bandwidth, finite_m, top, retry), sq, G = scored(alpha)
+    if not finite_m:
+        return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None, False
+    if retry:  # the first attempt failed or was useless: solve_krr's retries (rare)
         try:
             alpha = solve_krr(
                 K, y, reg, solve_dtype=solve_dtype, workspace=F, features=U, weights=row_w
@@ -163,26 +203,10 @@ def rfm_step(
             if sqrt_m is None:  # the plain kernel machine: nothing to fall back to
                 raise
             return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None, False
-    pred = summed_predict(kernel, transform(X_val, sqrt_m), xs, alpha, linear_mix)
-    err_t, sq = validation_loss(pred, y_val, criterion, w_val)
-    G = None
-    if agop:  # computed before the error is known (wasted only on a failed step): one read back
-        lin = linear_grad(xs, alpha, linear_mix)  # (1, c, d) w.r.t. S x, or None
-        # reuse the Gram matrix: gradient weights overwrite the distances
-        w = kernel.grad_weights(R, K, out=R)
-        gs = kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0)
-        G = agop_from_grads(
-            chain_rule(gs if lin is None else gs + lin, sqrt_m), diag=diag, weights=row_w
-        )
-    none = torch.zeros(())  # on the host: a value that does not apply costs no read
-    err, bandwidth, finite_m, top = read_scalars(
-        err_t,
-        kernel.bandwidth,
-        none + 1 if usable is None else usable,
-        none if G is None else G.max(),
-    )
-    if not finite_m:
-        return failed_candidate(X, y, X_val, sqrt_m, kernel, reg), None, False
+        if agop:  # the gradient weights overwrote the distances: make them again
+            kernel.distance(xs, xs, out=R)
+        unsure = None
+        (err, bandwidth, finite_m, top, _), sq, G = scored(alpha)
     cand = Candidate(err, -1, alpha, sqrt_m, bandwidth, kernel.q, reg, sq)
     if G is None or not math.isfinite(err):
         return cand, None, factored

@@ -18,10 +18,10 @@ from torch import Tensor
 from xrfm_torch.kernels import Kernel, transform
 from xrfm_torch.kernels.linear import features_or_none, summed_predict
 from xrfm_torch.leaf.config import LeafConfig, RidgeRule
-from xrfm_torch.leaf.criteria import validation_errors
+from xrfm_torch.leaf.criteria import validation_errors, validation_loss
 from xrfm_torch.numerics.host import read_scalars
 from xrfm_torch.numerics.risk import gcv_ridge
-from xrfm_torch.numerics.solvers import solve_krr
+from xrfm_torch.numerics.solvers import first_krr_solve, solve_krr
 from xrfm_torch.numerics.warm_solves import pcg_krr
 
 log = logging.getLogger(__name__)
@@ -168,13 +168,21 @@ def select_kernel(
         near = factored is not None and factored[:2] == built and 0.1 <= lam / factored[2] <= 10
         if warm is not None and near:
             alpha = pcg_krr(K, y, lam, F, features=U, tol=warm[0], max_iters=warm[1], weights=w)
-        if alpha is None:
-            alpha = solve_krr(
+        unsure = None
+        if alpha is None:  # its check is read with the validation error
+            alpha, unsure = first_krr_solve(
                 K, y, lam, solve_dtype=solve_dtype, workspace=F, features=U, weights=w
             )
             factored = None if built is None else (*built, lam)
         pred = summed_predict(kernel, xv, xs, alpha, linear_mix)
-        err, sq = validation_errors(pred, y_val, criterion, w_val)
+        err_t, sq = validation_loss(pred, y_val, criterion, w_val)
+        err, retry = read_scalars(err_t, torch.zeros(()) if unsure is None else unsure)
+        if retry:  # the first attempt failed or was useless: solve_krr's retries (rare)
+            alpha = solve_krr(
+                K, y, lam, solve_dtype=solve_dtype, workspace=F, features=U, weights=w
+            )
+            pred = summed_predict(kernel, xv, xs, alpha, linear_mix)
+            err, sq = validation_errors(pred, y_val, criterion, w_val)
         q = kernel.q
         bandwidth = built[1] if built is not None else float(kernel.bandwidth)
         log.debug(

@@ -7,6 +7,7 @@ Solves that continue from an earlier factor (CG, bordered) are in
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -123,13 +124,118 @@ def solve_krr(
     Raises:
         KRRSolveError: If every attempt fails.
     """
+    p = _prepare(K, y, reg, solve_dtype, workspace, features, weights)
+    if max_tries < 1:
+        raise ValueError(f"max_tries must be >= 1, got {max_tries}")
+    n, dtype, W = p.n, p.dtype, p.W
+    base = None  # the jitter's base, read from K only when a retry needs it (a GPU sync)
+    for attempt in range(max_tries):
+        if attempt == 0:
+            ridge = float(reg)
+        else:
+            if base is None:
+                base = max(float(reg), 1e-6 * float(K.detach().diagonal().mean()))
+            ridge = base * 10.0**attempt
+        alpha, info = _attempt(p, K, ridge)
+        if not p.differentiable and dtype != torch.float64:
+            excess = _residual_too_large(K, alpha, p.b, p.U, weights)
+            failed, too_large = (bool(v) for v in read_scalars(info != 0, excess))
+        else:
+            failed, too_large = int(info) != 0, False
+        if not failed:
+            if attempt > 0:
+                log.debug("KRR Cholesky needed jitter: ridge raised from %g to %g", reg, ridge)
+                count("solves needed jitter (ridge raised)")
+            reusable = attempt == 0 and not p.differentiable
+            if too_large:
+                count(f"{dtype} solves repeated in float64")
+                log.debug(
+                    "KRR solve in %s is numerically useless for n=%d (residual above ||y||); "
+                    "repeating it in float64",
+                    dtype,
+                    n,
+                )
+                alpha = solve_krr(
+                    K,
+                    p.b,
+                    ridge,
+                    solve_dtype=torch.float64,
+                    max_tries=1,
+                    features=features,
+                    weights=weights,
+                )
+                reusable = False  # the workspace holds the failed float32 factor
+            if not reusable and W is not None:
+                W[0, 0] = float("nan")  # not the factor of K + reg I: nothing may reuse it
+            return (alpha if y.ndim == 2 else alpha[:, 0]).to(y.dtype)
+    raise KRRSolveError(
+        f"Cholesky of K + reg*I failed for n={n} after {max_tries} tries "
+        f"(reg={reg:g}, last ridge={ridge:g}, dtype={dtype}); the kernel matrix is badly "
+        "conditioned: increase reg or use solve_dtype=torch.float64"
+    )
+
+
+def first_krr_solve(
+    K: Tensor,
+    y: Tensor,
+    reg: float,
+    *,
+    solve_dtype: torch.dtype | None = None,
+    workspace: Tensor | None = None,
+    features: Tensor | None = None,
+    weights: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`solve_krr`'s first attempt, its check left on the device.
+
+    Returns ``alpha`` and a 0-dim bool tensor that is true where that attempt failed (a
+    non-positive pivot) or was numerically useless (its residual above ``||y||``). Nothing is
+    read back: the caller reads the flag together with the other scalars of its decision (one
+    host-device synchronization per RFM step instead of two) and, where it is true, calls
+    :func:`solve_krr`, which repeats the attempt and goes on to its jitter and float64 retries.
+    Where it is false, ``alpha`` and the workspace are what ``solve_krr`` would have left.
+    With autograd on, this is ``solve_krr`` itself and a false flag.
+
+    Arguments as :func:`solve_krr`.
+    """
+    p = _prepare(K, y, reg, solve_dtype, workspace, features, weights)
+    if p.differentiable:
+        alpha = solve_krr(K, y, reg, solve_dtype=solve_dtype, features=features, weights=weights)
+        return alpha, torch.zeros((), dtype=torch.bool)
+    alpha, info = _attempt(p, K, float(reg))
+    unsure = info != 0
+    if p.dtype != torch.float64:
+        unsure = unsure | _residual_too_large(K, alpha, p.b, p.U, weights)
+    return (alpha if y.ndim == 2 else alpha[:, 0]).to(y.dtype), unsure
+
+
+class _Prepared(NamedTuple):
+    """A KRR solve's checked inputs (:func:`_prepare`)."""
+
+    n: int
+    m: int  # the padded size
+    dtype: torch.dtype
+    W: Tensor | None  # the workspace (with autograd: the one given, unused)
+    b: Tensor  # the right-hand sides (n, c) in the solve dtype
+    U: Tensor | None
+    inv_w: Tensor | None
+    differentiable: bool
+
+
+def _prepare(
+    K: Tensor,
+    y: Tensor,
+    reg: float,
+    solve_dtype: torch.dtype | None,
+    workspace: Tensor | None,
+    features: Tensor | None,
+    weights: Tensor | None,
+) -> _Prepared:
+    """Check a solve's arguments; its dtype, padded size, workspace and right-hand sides."""
     if K.ndim != 2 or K.shape[0] != K.shape[1]:
         raise ValueError(f"K must be square, got shape {tuple(K.shape)}")
     if y.shape[0] != K.shape[0]:
         raise ValueError(f"y has {y.shape[0]} rows but K is {K.shape[0]} x {K.shape[1]}")
     check_positive(reg, "reg", allow_zero=True)
-    if max_tries < 1:
-        raise ValueError(f"max_tries must be >= 1, got {max_tries}")
     n, dtype = K.shape[0], solve_dtype or K.dtype
     if features is not None and (features.ndim != 2 or features.shape[0] != n):
         raise ValueError(f"features must have shape ({n}, r), got {tuple(features.shape)}")
@@ -151,78 +257,43 @@ def solve_krr(
     ):
         W = krr_workspace(n, dtype, K.device)
     b = (y if y.ndim == 2 else y[:, None]).to(dtype)
-    base = None  # the jitter's base, read from K only when a retry needs it (a GPU sync)
-    for attempt in range(max_tries):
-        if attempt == 0:
-            ridge = float(reg)
+    return _Prepared(n, m, dtype, W, b, U, inv_w, differentiable)
+
+
+def _attempt(p: _Prepared, K: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
+    """One factorization of ``K + U U^T + ridge W^{-1}`` and the two triangular solves.
+
+    Returns ``(alpha (n, c), the factorization's info)``; nothing is read back.
+    """
+    n, m, dtype, W, b, U, inv_w = p.n, p.m, p.dtype, p.W, p.b, p.U, p.inv_w
+    if p.differentiable or W is None:
+        eye = torch.eye(n, dtype=dtype, device=K.device)
+        A = K.to(dtype) + (ridge * eye if inv_w is None else torch.diag(ridge * inv_w))
+        if U is not None:
+            A = A + U @ U.mT
+        L, info = torch.linalg.cholesky_ex(A)
+    else:
+        # K is symmetric: writing it through W.mT (row-major) is a contiguous copy
+        W.mT[:n, :n].copy_(K)
+        if U is not None:
+            W[:n, :n].addmm_(U, U.mT)
+        if m > n:
+            W[n:].zero_()
+            W[:, n:].zero_()
+            W.diagonal()[n:].fill_(1.0)
+        if inv_w is None:
+            W.diagonal()[:n].add_(ridge)
         else:
-            if base is None:
-                base = max(float(reg), 1e-6 * float(K.detach().diagonal().mean()))
-            ridge = base * 10.0**attempt
-        if differentiable:
-            eye = torch.eye(n, dtype=dtype, device=K.device)
-            A = K.to(dtype) + (ridge * eye if inv_w is None else torch.diag(ridge * inv_w))
-            if U is not None:
-                A = A + U @ U.mT
-            L, info = torch.linalg.cholesky_ex(A)
-        else:
-            assert W is not None  # for mypy: allocated above
-            # K is symmetric: writing it through W.mT (row-major) is a contiguous copy
-            W.mT[:n, :n].copy_(K)
-            if U is not None:
-                W[:n, :n].addmm_(U, U.mT)
-            if m > n:
-                W[n:].zero_()
-                W[:, n:].zero_()
-                W.diagonal()[n:].fill_(1.0)
-            if inv_w is None:
-                W.diagonal()[:n].add_(ridge)
-            else:
-                W.diagonal()[:n].add_(inv_w, alpha=ridge)
-            info_buf = torch.empty((), dtype=torch.int32, device=K.device)
-            L, info = torch.linalg.cholesky_ex(W, out=(W, info_buf))
-        rhs = b if m == n else torch.cat([b, b.new_zeros(m - n, b.shape[1])])
-        # two triangular solves: much faster than cholesky_solve for few right-hand sides
-        # (run before the factorization's status is known: a failed one is rare, and reading
-        # the status together with the residual bound costs one host-device synchronization)
-        z = torch.linalg.solve_triangular(L, rhs, upper=False)
-        alpha = torch.linalg.solve_triangular(L.mT, z, upper=True)[:n]
-        if not differentiable and dtype != torch.float64:
-            excess = _residual_too_large(K, alpha, b, U, weights)
-            failed, too_large = (bool(v) for v in read_scalars(info != 0, excess))
-        else:
-            failed, too_large = int(info) != 0, False
-        if not failed:
-            if attempt > 0:
-                log.debug("KRR Cholesky needed jitter: ridge raised from %g to %g", reg, ridge)
-                count("solves needed jitter (ridge raised)")
-            reusable = attempt == 0 and not differentiable
-            if too_large:
-                count(f"{dtype} solves repeated in float64")
-                log.debug(
-                    "KRR solve in %s is numerically useless for n=%d (residual above ||y||); "
-                    "repeating it in float64",
-                    dtype,
-                    n,
-                )
-                alpha = solve_krr(
-                    K,
-                    b,
-                    ridge,
-                    solve_dtype=torch.float64,
-                    max_tries=1,
-                    features=features,
-                    weights=weights,
-                )
-                reusable = False  # the workspace holds the failed float32 factor
-            if not reusable and W is not None:
-                W[0, 0] = float("nan")  # not the factor of K + reg I: nothing may reuse it
-            return (alpha if y.ndim == 2 else alpha[:, 0]).to(y.dtype)
-    raise KRRSolveError(
-        f"Cholesky of K + reg*I failed for n={n} after {max_tries} tries "
-        f"(reg={reg:g}, last ridge={ridge:g}, dtype={dtype}); the kernel matrix is badly "
-        "conditioned: increase reg or use solve_dtype=torch.float64"
-    )
+            W.diagonal()[:n].add_(inv_w, alpha=ridge)
+        info_buf = torch.empty((), dtype=torch.int32, device=K.device)
+        L, info = torch.linalg.cholesky_ex(W, out=(W, info_buf))
+    rhs = b if m == n else torch.cat([b, b.new_zeros(m - n, b.shape[1])])
+    # two triangular solves: much faster than cholesky_solve for few right-hand sides
+    # (run before the factorization's status is known: a failed one is rare, and reading
+    # the status together with the residual bound costs one host-device synchronization)
+    z = torch.linalg.solve_triangular(L, rhs, upper=False)
+    alpha = torch.linalg.solve_triangular(L.mT, z, upper=True)[:n]
+    return alpha, info
 
 
 def solve_nystrom(
