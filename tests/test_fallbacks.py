@@ -83,7 +83,7 @@ def test_a_degenerate_agop_stops_at_the_plain_kernel_machine(monkeypatch, genera
         "agop_from_grads",
         lambda g, diag, weights=None: torch.full((g.shape[-1],), float("inf")),
     )
-    with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf.iteration"):
+    with caplog.at_level(logging.DEBUG, logger="xrfm_torch"):
         leaf, Xv = _fit(generator)
     assert "degenerate AGOP (max inf); stopping" in caplog.text
     assert int(leaf.best_iter_) == 0 and int(leaf.val_errors_.isfinite().sum()) == 1

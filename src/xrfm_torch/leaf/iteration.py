@@ -25,7 +25,7 @@ from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import validation_loss
 from xrfm_torch.leaf.selection import Candidate, select_kernel
 from xrfm_torch.numerics import deadline
-from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd
+from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd, usable_agop
 from xrfm_torch.numerics.events import count
 from xrfm_torch.numerics.host import read_scalars
 from xrfm_torch.numerics.progress import report_iteration
@@ -211,27 +211,6 @@ def rfm_step(
     if G is None or not math.isfinite(err):
         return cand, None, factored
     return cand, usable_agop(G, top, X.shape[0]), factored
-
-
-def agop_or_none(g: Tensor, diag: bool, n: int, weights: Tensor | None = None) -> Tensor | None:
-    """The (weighted) AGOP of gradients ``g`` (n, c, d): (d,) if ``diag`` else (d, d).
-
-    ``None`` (with a warning; the iterations then stop) when it is degenerate: not finite, or zero.
-    """
-    G = agop_from_grads(g, diag=diag, weights=weights)
-    return usable_agop(G, float(G.max()), n)
-
-
-def usable_agop(G: Tensor, top: float, n: int) -> Tensor | None:
-    """``G``, or ``None`` when its largest entry ``top`` is not finite or not positive.
-
-    A degenerate AGOP is logged and stops the iterations (:func:`agop_or_none`).
-    """
-    if not math.isfinite(top) or top <= 0.0:
-        count("leaves stopped on a degenerate AGOP")
-        log.debug("leaf n=%d: degenerate AGOP (max %g); stopping", n, top)
-        return None
-    return G
 
 
 @torch.no_grad()

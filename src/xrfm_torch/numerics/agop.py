@@ -9,9 +9,12 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 from torch import Tensor
+
+from xrfm_torch.numerics.events import count
 
 log = logging.getLogger(__name__)
 
@@ -94,3 +97,24 @@ def top_eigenvector(G: Tensor) -> Tensor:
     _, evecs = symmetric_eigh((G + G.mT) / 2)
     v = evecs[:, -1]
     return v * torch.sign(v[v.abs().argmax()])
+
+
+def agop_or_none(g: Tensor, diag: bool, n: int, weights: Tensor | None = None) -> Tensor | None:
+    """The (weighted) AGOP of gradients ``g`` (n, c, d): (d,) if ``diag`` else (d, d).
+
+    ``None`` (with a warning; the iterations then stop) when it is degenerate: not finite, or zero.
+    """
+    G = agop_from_grads(g, diag=diag, weights=weights)
+    return usable_agop(G, float(G.max()), n)
+
+
+def usable_agop(G: Tensor, top: float, n: int) -> Tensor | None:
+    """``G``, or ``None`` when its largest entry ``top`` is not finite or not positive.
+
+    A degenerate AGOP is counted and logged; the leaf's iterations then stop.
+    """
+    if not math.isfinite(top) or top <= 0.0:
+        count("leaves stopped on a degenerate AGOP")
+        log.debug("leaf n=%d: degenerate AGOP (max %g); stopping", n, top)
+        return None
+    return G
