@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, transform
-from xrfm_torch.kernels.linear import features_or_none, summed_predict
+from xrfm_torch.kernels.linear import features_or_none, plus_linear, summed_predict
 from xrfm_torch.leaf.config import LeafConfig, RidgeRule
 from xrfm_torch.leaf.criteria import validation_errors, validation_loss
 from xrfm_torch.numerics.host import read_scalars
@@ -146,6 +146,10 @@ def select_kernel(
     base, q0 = best.bandwidth, best.q
     xs, xv = transform(X, best.sqrt_m), transform(X_val, best.sqrt_m)
     kernel.distance(xs, xs, out=R)  # (n, n), shared by every candidate
+    # and the validation rows' distances (only their kernel values change between candidates),
+    # where the kernel would predict them in one block anyway
+    one_block = xs.shape[0] * xs.element_size() * 3 * xv.shape[0] <= kernel.chunk_bytes
+    Rv = kernel.distance(xv, xs) if one_block else None
     U = features_or_none(xs, linear_mix)  # (n, d + 1) or None
     grid = kernel_grid(q0, base, kernel.p, exponents, bandwidth_factors)
 
@@ -162,6 +166,12 @@ def select_kernel(
         # the stored value, rounded to the buffer's dtype on the host (no read back)
         built = (kernel.q, torch.tensor(bandwidth, dtype=kernel.bandwidth.dtype).item())
 
+    def predicted(alpha: Tensor) -> Tensor:
+        """The validation predictions of ``alpha`` with the kernel as it is now."""
+        if Rv is None:
+            return summed_predict(kernel, xv, xs, alpha, linear_mix)
+        return plus_linear(kernel.from_distance(Rv) @ alpha, xv, xs, alpha, linear_mix)
+
     def consider(lam: float, best: Candidate, force: bool = False) -> Candidate:
         nonlocal factored
         alpha = None
@@ -174,15 +184,14 @@ def select_kernel(
                 K, y, lam, solve_dtype=solve_dtype, workspace=F, features=U, weights=w
             )
             factored = None if built is None else (*built, lam)
-        pred = summed_predict(kernel, xv, xs, alpha, linear_mix)
+        pred = predicted(alpha)
         err_t, sq = validation_loss(pred, y_val, criterion, w_val)
         err, retry = read_scalars(err_t, torch.zeros(()) if unsure is None else unsure)
         if retry:  # the first attempt failed or was useless: solve_krr's retries (rare)
             alpha = solve_krr(
                 K, y, lam, solve_dtype=solve_dtype, workspace=F, features=U, weights=w
             )
-            pred = summed_predict(kernel, xv, xs, alpha, linear_mix)
-            err, sq = validation_errors(pred, y_val, criterion, w_val)
+            err, sq = validation_errors(predicted(alpha), y_val, criterion, w_val)
         q = kernel.q
         bandwidth = built[1] if built is not None else float(kernel.bandwidth)
         log.debug(
