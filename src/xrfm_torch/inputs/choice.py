@@ -31,7 +31,7 @@ from xrfm_torch.inputs.input_map import (
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
-from xrfm_torch.leaf.criteria import Criterion, validation_errors
+from xrfm_torch.leaf.criteria import Criterion, validation_loss
 from xrfm_torch.leaf.data import FitData
 from xrfm_torch.leaf.selection import paired_win
 from xrfm_torch.numerics import deadline
@@ -172,7 +172,8 @@ def choose_map_set(
     def averaged(s: tuple[InputMapName, ...]) -> Tensor:
         return cast(Tensor, sum(preds[m] for m in s)) / len(s)
 
-    errors = {s: validation_errors(averaged(s), y_val, criterion, weights)[1] for s in sets}
+    # per-row losses only (their mean stays on the device: no read back per set)
+    errors = {s: validation_loss(averaged(s), y_val, criterion, weights)[1] for s in sets}
     chosen = sets[0]
     for s in sets[1:]:
         if paired_win(errors[s], errors[chosen], margin):
