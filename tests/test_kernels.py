@@ -216,3 +216,13 @@ def test_cache_blocks_split_cpu_buffers_and_keep_device_buffers_whole():
     # the device budget still bounds a block's temporaries: a buffer over it is split
     big = torch.empty(2 * DEVICE_BLOCK_BYTES // (4 * 1024) + 3, 1024, device="meta")
     assert len(cache_blocks(big, big)) == 3
+
+
+def test_in_one_block_is_where_forward_makes_the_matrix_in_one_piece():
+    from xrfm_torch.kernels import LaplaceKernel
+
+    z = torch.randn(10, 2)
+    k = LaplaceKernel(chunk_bytes=10 * 4 * 3 * 5)  # float32, 10 centres: 5 rows a block
+    assert k.in_one_block(torch.randn(5, 2), z) and not k.in_one_block(torch.randn(6, 2), z)
+    x = torch.randn(6, 2)  # chunked, yet the same matrix
+    torch.testing.assert_close(k(x, z), LaplaceKernel()(x, z), rtol=0, atol=0)

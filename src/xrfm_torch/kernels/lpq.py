@@ -140,15 +140,23 @@ class Kernel(nn.Module):
             Kernel matrix, shape (n, m).
         """
         xs, zs = transform(x, sqrt_m), transform(z, sqrt_m)
-        per_row = zs.shape[0] * xs.element_size() * 3
-        if per_row * xs.shape[0] <= self.chunk_bytes:
+        if self.in_one_block(xs, zs):
             return self.from_distance(self.distance(xs, zs))
+        per_row = zs.shape[0] * xs.element_size() * 3
         return torch.cat(
             [
                 self.from_distance(self.distance(xs[s], zs))
                 for s in row_chunks(xs.shape[0], per_row, self.chunk_bytes)
             ]
         )
+
+    def in_one_block(self, x: Tensor, z: Tensor) -> bool:
+        """Whether ``K(x, z)`` is made in one row block.
+
+        True where its temporaries (three (n, m) passes) stay within ``chunk_bytes``;
+        :meth:`forward` and :meth:`predict` chunk the rows of ``x`` otherwise.
+        """
+        return z.shape[0] * x.element_size() * 3 * x.shape[0] <= self.chunk_bytes
 
     def predict(self, x: Tensor, z: Tensor, alpha: Tensor, sqrt_m: Tensor | None = None) -> Tensor:
         """``f(x) = K(x, z) alpha`` without forming the full (n, m) matrix at once.

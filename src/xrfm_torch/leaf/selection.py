@@ -148,8 +148,7 @@ def select_kernel(
     kernel.distance(xs, xs, out=R)  # (n, n), shared by every candidate
     # and the validation rows' distances (only their kernel values change between candidates),
     # where the kernel would predict them in one block anyway
-    one_block = xs.shape[0] * xs.element_size() * 3 * xv.shape[0] <= kernel.chunk_bytes
-    Rv = kernel.distance(xv, xs) if one_block else None
+    Rv = kernel.distance(xv, xs) if kernel.in_one_block(xv, xs) else None
     U = features_or_none(xs, linear_mix)  # (n, d + 1) or None
     grid = kernel_grid(q0, base, kernel.p, exponents, bandwidth_factors)
 

@@ -188,9 +188,10 @@ def first_krr_solve(
     """:func:`solve_krr`'s first attempt, its check left on the device.
 
     Returns ``alpha`` and a 0-dim bool tensor that is true where that attempt failed (a
-    non-positive pivot) or was numerically useless (its residual above ``||y||``). Nothing is
-    read back: the caller reads the flag together with the other scalars of its decision (one
-    host-device synchronization per RFM step instead of two) and, where it is true, calls
+    non-positive pivot) or was numerically useless (its residual above ``||y||``). The check
+    is not read back (given ``weights`` are, as :func:`solve_krr` checks them): the caller
+    reads the flag together with the other scalars of its decision (one host-device
+    synchronization per RFM step instead of two) and, where it is true, calls
     :func:`solve_krr`, which repeats the attempt and goes on to its jitter and float64 retries.
     Where it is false, ``alpha`` and the workspace are what ``solve_krr`` would have left.
     With autograd on, this is ``solve_krr`` itself and a false flag.
@@ -199,7 +200,15 @@ def first_krr_solve(
     """
     p = _prepare(K, y, reg, solve_dtype, workspace, features, weights)
     if p.differentiable:
-        alpha = solve_krr(K, y, reg, solve_dtype=solve_dtype, features=features, weights=weights)
+        alpha = solve_krr(
+            K,
+            y,
+            reg,
+            solve_dtype=solve_dtype,
+            workspace=workspace,
+            features=features,
+            weights=weights,
+        )
         return alpha, torch.zeros((), dtype=torch.bool)
     alpha, info = _attempt(p, K, float(reg))
     unsure = info != 0
