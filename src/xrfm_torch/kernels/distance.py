@@ -101,26 +101,33 @@ def pairwise_distance(x: Tensor, z: Tensor, p: float, *, out: Tensor | None = No
             return r if out is None else out.copy_(r)
         return _lp_distance(x, z, p, out=out)
     mu = z.mean(0)
-    x, z = x - mu, z - mu
     c = 16 * torch.finfo(x.dtype).eps
+    if x is z:  # the training rows' own distances: centre and square them once
+        x = z = z - mu
+    else:
+        x, z = x - mu, z - mu
     xx = (x * x).sum(-1, keepdim=True)  # (n, 1)
-    zz = (z * z).sum(-1)[None, :]  # (1, m)
-    zz_lo, zz_c = (1 - c) * zz, c * zz
+    xx_lo, xx_c = (1 - c) * xx, c * xx
+    if x is z:
+        zz_lo, zz_c = xx_lo.mT, xx_c.mT  # (1, m)
+    else:
+        zz = (z * z).sum(-1)[None, :]  # (1, m)
+        zz_lo, zz_c = (1 - c) * zz, c * zz
 
-    def block(o: Tensor | None, xb: Tensor, xxb: Tensor) -> Tensor:
+    def block(o: Tensor | None, xb: Tensor, b: slice) -> Tensor:
         # o = (1 - c)(|x|^2 + |z|^2) - 2 x.z = sq - c(|x|^2 + |z|^2): <= 0 means "snap to 0"
         o = torch.addmm(zz_lo, xb, z.mT, alpha=-2.0, out=o)
-        o.add_((1 - c) * xxb)
+        o.add_(xx_lo[b])
         snap = o <= 0
-        o.add_(c * xxb).add_(zz_c)
+        o.add_(xx_c[b]).add_(zz_c)
         return o.masked_fill_(snap, 0.0).sqrt_()
 
     blocks = cache_blocks(out, x, z)
     if len(blocks) == 1:
-        return block(out, x, xx)
+        return block(out, x, slice(None))
     assert out is not None  # for mypy: several blocks only with a buffer
     for b in blocks:
-        block(out[b], x[b], xx[b])
+        block(out[b], x[b], b)
     return out
 
 

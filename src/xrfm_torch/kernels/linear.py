@@ -41,8 +41,25 @@ def summed_predict(kernel: Kernel, xs: Tensor, zs: Tensor, alpha: Tensor, c: flo
 def plus_linear(pred: Tensor, xs: Tensor, zs: Tensor, alpha: Tensor, c: float) -> Tensor:
     """``pred + U(xs) (U(zs)^T alpha)``: the linear part added to a kernel prediction (n, c_out)."""
     if c > 0:
-        pred = pred + linear_features(xs, c) @ (linear_features(zs, c).mT @ alpha)
+        pred = pred + linear_features(xs, c) @ linear_weights(linear_features(zs, c), alpha)
     return pred
+
+
+def linear_weights(features: Tensor, alpha: Tensor) -> Tensor:
+    """``v = U(zs)^T alpha``, shape (d + 1, c_out): the linear part is ``f_lin(x) = U(x) v``.
+
+    For callers that hold the centres' features ``U(zs)`` (the solve's) and need ``v`` for both
+    a prediction and the gradient (:func:`weights_grad`): made once, not once per use.
+    """
+    return features.mT @ alpha
+
+
+def weights_grad(v: Tensor, c: float) -> Tensor:
+    """The gradient of ``f_lin(x) = U(x) v`` w.r.t. ``S x``: ``sqrt(c / d) v[1:]``, (1, c_out, d).
+
+    The same at every row (broadcasts over rows); :func:`linear_grad` of the centres' ``v``.
+    """
+    return (math.sqrt(c / (v.shape[0] - 1)) * v[1:].mT)[None]
 
 
 def linear_grad(zs: Tensor, alpha: Tensor, c: float) -> Tensor | None:
@@ -54,5 +71,4 @@ def linear_grad(zs: Tensor, alpha: Tensor, c: float) -> Tensor | None:
     """
     if c <= 0:
         return None
-    v = linear_features(zs, c).mT @ alpha  # (d + 1, c_out)
-    return (math.sqrt(c / zs.shape[1]) * v[1:].mT)[None]
+    return weights_grad(linear_weights(linear_features(zs, c), alpha), c)

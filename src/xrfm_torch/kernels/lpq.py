@@ -172,12 +172,11 @@ class Kernel(nn.Module):
         """
         xs, zs = transform(x, sqrt_m), transform(z, sqrt_m)
         per_row = zs.shape[0] * xs.element_size() * 3
-        return torch.cat(
-            [
-                self.from_distance(self.distance(xs[s], zs)) @ alpha
-                for s in row_chunks(xs.shape[0], per_row, self.chunk_bytes)
-            ]
-        )
+        parts = [
+            self.from_distance(self.distance(xs[s], zs)) @ alpha
+            for s in row_chunks(xs.shape[0], per_row, self.chunk_bytes)
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)  # no copy of a single block
 
     # ---- gradients ------------------------------------------------------------------------------
     def grad_weights(self, r: Tensor, k: Tensor, *, out: Tensor | None = None) -> Tensor:

@@ -20,12 +20,18 @@ from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, chain_rule, transform
 from xrfm_torch.kernels.bandwidth import median_pairwise_distance
-from xrfm_torch.kernels.linear import features_or_none, linear_grad, summed_predict
+from xrfm_torch.kernels.linear import (
+    features_or_none,
+    linear_features,
+    linear_weights,
+    weights_grad,
+)
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import validation_loss
 from xrfm_torch.leaf.selection import Candidate, select_kernel
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd, usable_agop
+from xrfm_torch.numerics.checks import all_finite
 from xrfm_torch.numerics.events import count
 from xrfm_torch.numerics.host import read_scalars
 from xrfm_torch.numerics.progress import report_iteration
@@ -146,7 +152,7 @@ def rfm_step(
     solve_dtype, adaptive_bandwidth = cfg.solve_dtype, cfg.adaptive_bandwidth
     # a non-finite sqrt(M) fails the step; its flag is read with the step's other scalars (a
     # solve on it fails or gives a non-finite error, and the flag decides either way)
-    usable = None if sqrt_m is None else sqrt_m.isfinite().all()
+    usable = None if sqrt_m is None else all_finite(sqrt_m)
     xs = transform(X, sqrt_m)
     if adaptive_bandwidth is not None:
         med = median_pairwise_distance(xs, kernel.p, generator=generator)
@@ -170,11 +176,16 @@ def rfm_step(
         The scalars: validation error, bandwidth, whether M is finite, the AGOP's largest
         entry, whether the first solve needs the full one.
         """
-        pred = summed_predict(kernel, transform(X_val, sqrt_m), xs, alpha, linear_mix)
+        xv = transform(X_val, sqrt_m)
+        pred = kernel.predict(xv, xs, alpha)
+        # the linear part's weights U^T alpha, once for the prediction and the gradient
+        v = None if U is None else linear_weights(U, alpha)
+        if v is not None:
+            pred = pred + linear_features(xv, linear_mix) @ v
         err_t, sq = validation_loss(pred, y_val, criterion, w_val)
         G = None
         if agop:  # computed before the error is known (wasted only on a failed step)
-            lin = linear_grad(xs, alpha, linear_mix)  # (1, c, d) w.r.t. S x, or None
+            lin = None if v is None else weights_grad(v, linear_mix)  # (1, c, d) w.r.t. S x
             # reuse the Gram matrix: gradient weights overwrite the distances
             w = kernel.grad_weights(R, K, out=R)
             gs = kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0)

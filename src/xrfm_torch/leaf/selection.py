@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import Kernel, transform
-from xrfm_torch.kernels.linear import features_or_none, plus_linear, summed_predict
+from xrfm_torch.kernels.linear import features_or_none, linear_weights
 from xrfm_torch.leaf.config import LeafConfig, RidgeRule
 from xrfm_torch.leaf.criteria import validation_errors, validation_loss
 from xrfm_torch.numerics.host import read_scalars
@@ -150,6 +150,7 @@ def select_kernel(
     # where the kernel would predict them in one block anyway
     Rv = kernel.distance(xv, xs) if kernel.in_one_block(xv, xs) else None
     U = features_or_none(xs, linear_mix)  # (n, d + 1) or None
+    Uv = features_or_none(xv, linear_mix)  # (n_val, d + 1) or None
     grid = kernel_grid(q0, base, kernel.p, exponents, bandwidth_factors)
 
     built: tuple[float, float] | None = None  # (q, bandwidth) of the values K holds for this M
@@ -167,9 +168,8 @@ def select_kernel(
 
     def predicted(alpha: Tensor) -> Tensor:
         """The validation predictions of ``alpha`` with the kernel as it is now."""
-        if Rv is None:
-            return summed_predict(kernel, xv, xs, alpha, linear_mix)
-        return plus_linear(kernel.from_distance(Rv) @ alpha, xv, xs, alpha, linear_mix)
+        pred = kernel.predict(xv, xs, alpha) if Rv is None else kernel.from_distance(Rv) @ alpha
+        return pred if U is None or Uv is None else pred + Uv @ linear_weights(U, alpha)
 
     def consider(lam: float, best: Candidate, force: bool = False) -> Candidate:
         nonlocal factored

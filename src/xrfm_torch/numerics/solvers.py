@@ -58,13 +58,16 @@ def _residual_too_large(
     Uk = None if U is None else U.to(K.dtype)
     ua = None if Uk is None else Uk.mT @ a  # (r, c): U^T alpha once, not per chunk
     b64 = b.double()
-    res = K.new_zeros((), dtype=torch.float64)
+    res: Tensor | None = None  # the sum of the chunks' sums (no zero to start from: one launch)
     for i in range(0, K.shape[0], 4096):
         ka = K[i : i + 4096] @ a
         if Uk is not None and ua is not None:
             ka = ka + Uk[i : i + 4096] @ ua
         r = ka.double() - b64[i : i + 4096]
-        res += (r * r if wd is None else wd[i : i + 4096] * r * r).sum()
+        part = (r * r if wd is None else wd[i : i + 4096] * r * r).sum()
+        res = part if res is None else res + part
+    if res is None:  # no rows
+        res = b64.new_zeros(())
     bb = b64**2
     return ~(res <= (bb if wd is None else wd * bb).sum())  # also True for NaN
 
@@ -296,7 +299,7 @@ def _attempt(p: _Prepared, K: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
             W.diagonal()[:n].add_(inv_w, alpha=ridge)
         info_buf = torch.empty((), dtype=torch.int32, device=K.device)
         L, info = torch.linalg.cholesky_ex(W, out=(W, info_buf))
-    rhs = b if m == n else torch.cat([b, b.new_zeros(m - n, b.shape[1])])
+    rhs = b if m == n else torch.nn.functional.pad(b, (0, 0, 0, m - n))  # zero rows: one launch
     # two triangular solves: much faster than cholesky_solve for few right-hand sides
     # (run before the factorization's status is known: a failed one is rare, and reading
     # the status together with the residual bound costs one host-device synchronization)

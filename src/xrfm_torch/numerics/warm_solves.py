@@ -14,6 +14,8 @@ import math
 import torch
 from torch import Tensor
 
+from xrfm_torch.numerics.checks import all_finite
+
 log = logging.getLogger(__name__)
 
 
@@ -184,7 +186,7 @@ def solve_bordered(
     alpha_b = torch.linalg.solve_triangular(L_b.mT, z_b, upper=True)
     alpha_s = torch.linalg.solve_triangular(L.mT, z_s - W @ alpha_b, upper=True)
     alpha = torch.cat([alpha_s, alpha_b])
-    if not bool(alpha.isfinite().all()):
+    if not bool(all_finite(alpha)):
         return None
     # residual of the whole system, block by block: (K + U U^T) alpha - y
     r = torch.cat([K_ss @ alpha_s + K_sb @ alpha_b, K_sb.mT @ alpha_s + K_bb @ alpha_b])

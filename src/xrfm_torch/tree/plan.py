@@ -21,6 +21,7 @@ from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import FitData
+from xrfm_torch.numerics.checks import all_finite
 from xrfm_torch.tree.config import OVERLAP_FRACTION, TreeConfig, row_share
 from xrfm_torch.tree.grow import Progress, TreeLayout
 from xrfm_torch.tree.leaf_fits import fit_leaves
@@ -197,7 +198,7 @@ def start_matrix(tree: PartitionTree, x: Tensor, diag: bool | None) -> Tensor | 
         return None
     leaf = leaves[int(torch.bincount(tree.route(x), minlength=len(leaves)).argmax())]
     s = leaf.sqrt_m_
-    if int(leaf.best_iter_) < 1 or s.numel() == 0 or not bool(s.isfinite().all()):
+    if int(leaf.best_iter_) < 1 or s.numel() == 0 or not bool(all_finite(s)):
         return None
     if diag is None or diag == (s.ndim == 1):
         return s.clone()
