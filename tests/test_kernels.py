@@ -9,6 +9,7 @@ from xrfm_torch.kernels import (
     LaplaceKernel,
     LpqLaplaceKernel,
     ProductLaplaceKernel,
+    distance,
     make_kernel,
     pairwise_distance,
 )
@@ -135,6 +136,20 @@ def test_duplicate_rows_have_zero_distance_in_float32():
     assert torch.equal(r.diagonal(), torch.zeros(200))
     off = r + torch.eye(200) * 1e9
     assert off.min() > 1.0  # distinct rows are not snapped
+
+
+def test_distances_of_rows_to_themselves_equal_the_general_path_bit_for_bit(monkeypatch):
+    # pairwise_distance(x, x) centres and squares x once; a copy of x takes the general path
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 7, generator=g) * 5 + 2
+    assert torch.equal(pairwise_distance(x, x, 2.0), pairwise_distance(x, x.clone(), 2.0))
+    # and in row blocks (a buffer given, 50 rows a block)
+    monkeypatch.setattr(distance, "CACHE_BLOCK_BYTES", 50 * 300 * 4)
+    out = torch.empty(300, 300)
+    assert len(cache_blocks(out, x)) == 6
+    blocked = pairwise_distance(x, x, 2.0, out=out)
+    assert torch.equal(blocked, pairwise_distance(x, x.clone(), 2.0, out=torch.empty(300, 300)))
+    assert torch.equal(blocked, pairwise_distance(x, x.clone(), 2.0))
 
 
 def test_duplicate_rows_contribute_no_gradient():

@@ -8,7 +8,7 @@ from sklearn.kernel_ridge import KernelRidge
 
 from conftest import plain_leaf, planted
 from xrfm_torch import LaplaceKernel
-from xrfm_torch.kernels.linear import linear_features
+from xrfm_torch.kernels.linear import linear_features, linear_grad, linear_weights, weights_grad
 from xrfm_torch.numerics.agop import normalize_agop
 from xrfm_torch.numerics.solvers import solve_krr
 
@@ -96,3 +96,20 @@ def test_linear_mix_extrapolates_a_linear_trend():
 def test_linear_mix_must_be_non_negative():
     with pytest.raises(ValueError, match="linear_mix"):
         plain_leaf(linear_mix=-0.1)
+
+
+def test_linear_weights_give_the_linear_parts_prediction_and_its_gradient():
+    g = torch.Generator().manual_seed(0)
+    zs, alpha, xs = (
+        torch.randn(30, 5, generator=g),
+        torch.randn(30, 2, generator=g),
+        torch.randn(4, 5, generator=g),
+    )
+    c = 0.7
+    U = linear_features(zs, c)
+    v = linear_weights(U, alpha)  # (d + 1, c_out)
+    torch.testing.assert_close(linear_features(xs, c) @ v, linear_features(xs, c) @ U.mT @ alpha)
+    jac = torch.func.vmap(torch.func.jacrev(lambda x: (linear_features(x[None], c) @ v)[0]))(xs)
+    torch.testing.assert_close(weights_grad(v, c).expand(4, -1, -1), jac)  # (n, c_out, d)
+    assert torch.equal(weights_grad(v, c), linear_grad(zs, alpha, c))
+    assert linear_grad(zs, alpha, 0.0) is None

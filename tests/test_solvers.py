@@ -219,3 +219,20 @@ def test_the_first_attempt_flags_a_float32_solve_above_the_residual_bound(monkey
     )
     assert bool(first_krr_solve(K.float(), Y.float(), 1e-3)[1])  # solve_krr: float64 repeat
     assert not bool(first_krr_solve(K, Y, 1e-3)[1])  # float64 solves are not checked
+
+
+@pytest.mark.parametrize(("t", "too_large"), [(0.49, False), (0.51, True)])
+def test_residual_bound_sums_every_row_chunk_and_the_low_rank_part(t, too_large):
+    # b = (1 - t)(K + U U^T) alpha: the residual is t (K + U U^T) alpha, above ||b|| iff t > 1/2;
+    # 4200 rows span two of the bound's row chunks and the second holds most of the mass, so a
+    # bound that left it (or the low-rank part) out would pass t = 0.51
+    g = torch.Generator().manual_seed(0)
+    n = 4200
+    K = torch.eye(n)
+    U = torch.randn(n, 2, generator=g)
+    alpha = torch.randn(n, 1, generator=g)
+    alpha[4096:] *= 100
+    Ka = (K.double() + U.double() @ U.double().mT) @ alpha.double()
+    b = ((1 - t) * Ka).float()
+    assert bool(_residual_too_large(K, alpha, b, U)) is too_large
+    assert bool(_residual_too_large(K, alpha, (1 - t) * alpha)) is too_large  # without U
