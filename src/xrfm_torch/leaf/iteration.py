@@ -18,14 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from xrfm_torch.kernels import Kernel, chain_rule, transform
+from xrfm_torch.kernels import Kernel, chain_rule, linear, transform
 from xrfm_torch.kernels.bandwidth import median_pairwise_distance
-from xrfm_torch.kernels.linear import (
-    features_or_none,
-    linear_features,
-    linear_weights,
-    weights_grad,
-)
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import validation_loss
 from xrfm_torch.leaf.selection import Candidate, select_kernel
@@ -35,12 +29,7 @@ from xrfm_torch.numerics.checks import all_finite
 from xrfm_torch.numerics.events import count
 from xrfm_torch.numerics.host import read_scalars
 from xrfm_torch.numerics.progress import report_iteration
-from xrfm_torch.numerics.solvers import (
-    KRRSolveError,
-    first_krr_solve,
-    krr_workspace,
-    solve_krr,
-)
+from xrfm_torch.numerics.solvers import KRRSolveError, first_krr_solve, krr_workspace, solve_krr
 from xrfm_torch.numerics.warm_solves import pcg_krr
 
 log = logging.getLogger(__name__)
@@ -84,16 +73,8 @@ def failed_candidate(
     """
     nan = float("nan")
     alpha = y.new_full((X.shape[0], y.shape[1]), nan)
-    return Candidate(
-        nan,
-        -1,
-        alpha,
-        sqrt_m,
-        float(kernel.bandwidth),
-        kernel.q,
-        reg,
-        X_val.new_full((X_val.shape[0],), nan),
-    )
+    bandwidth, rows = float(kernel.bandwidth), X_val.new_full((X_val.shape[0],), nan)
+    return Candidate(nan, -1, alpha, sqrt_m, bandwidth, kernel.q, reg, rows)
 
 
 def rfm_step(
@@ -160,7 +141,7 @@ def rfm_step(
             kernel.bandwidth.fill_(adaptive_bandwidth * med)
     kernel.distance(xs, xs, out=R)  # (n, n)
     kernel.from_distance(R, out=K)  # (n, n)
-    U = features_or_none(xs, linear_mix)
+    U = linear.features_or_none(xs, linear_mix)
     alpha, unsure = None, None
     if warm is not None:
         alpha = pcg_krr(K, y, reg, F, features=U, tol=warm[0], max_iters=warm[1], weights=row_w)
@@ -179,13 +160,13 @@ def rfm_step(
         xv = transform(X_val, sqrt_m)
         pred = kernel.predict(xv, xs, alpha)
         # the linear part's weights U^T alpha, once for the prediction and the gradient
-        v = None if U is None else linear_weights(U, alpha)
+        v = None if U is None else linear.linear_weights(U, alpha)
         if v is not None:
-            pred = pred + linear_features(xv, linear_mix) @ v
+            pred = pred + linear.linear_features(xv, linear_mix) @ v
         err_t, sq = validation_loss(pred, y_val, criterion, w_val)
         G = None
         if agop:  # computed before the error is known (wasted only on a failed step)
-            lin = None if v is None else weights_grad(v, linear_mix)  # (1, c, d) w.r.t. S x
+            lin = None if v is None else linear.weights_grad(v, linear_mix)  # (1, c, d) w.r.t. S x
             # reuse the Gram matrix: gradient weights overwrite the distances
             w = kernel.grad_weights(R, K, out=R)
             gs = kernel.transformed_grads(xs, xs, alpha, w=w, row_offset=0)
