@@ -67,13 +67,13 @@ def test_masked_quantiles_match_numpy_on_the_kept_entries():
     rng = np.random.default_rng(3)
     v = np.round(rng.normal(size=200), 1)  # repeated values: equal neighbouring quantiles
     probs = np.linspace(0, 1, BINS + 1)[1:-1]
-    for share in (0.9, 0.3, 0.01):
-        keep = rng.random(200) < share
-        keep[0] = True  # at least one kept
-        got = _quantiles(torch.tensor(v), torch.tensor(keep), torch.tensor(probs))
-        np.testing.assert_allclose(got.numpy(), np.quantile(v[keep], probs), rtol=0, atol=1e-12)
-    none = _quantiles(torch.tensor(v), torch.zeros(200, dtype=torch.bool), torch.tensor(probs))
-    assert torch.isposinf(none).all()  # no edges: every other value shares one bin
+    keeps = rng.random((4, 200)) < np.array([0.9, 0.3, 0.01, 0.0])[:, None]
+    keeps[:3, 0] = True  # at least one kept in the first three; none in the last
+    got = _quantiles(torch.tensor(v), torch.tensor(keeps), torch.tensor(probs))  # row by row
+    assert got.shape == (4, len(probs))
+    for row, keep in zip(got[:3], keeps[:3]):
+        np.testing.assert_allclose(row.numpy(), np.quantile(v[keep], probs), rtol=0, atol=1e-12)
+    assert torch.isposinf(got[3]).all()  # no edges: every other value shares one bin
 
 
 def test_levels_count_the_frequent_values_besides_the_spike():

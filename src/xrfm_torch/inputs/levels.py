@@ -74,52 +74,62 @@ def _gain(x: Tensor, y: Tensor) -> Tensor:
     Written with masks instead of row selections, so that it runs without reading anything back
     to the host: each fold's bin edges are interpolated quantiles of the masked, sorted values
     (left duplicated where the values repeat: a duplicate edge only adds an empty bin, and a row
-    in no training row's bin is predicted by the fold's mean either way).
+    in no training row's bin is predicted by the fold's mean either way). The folds run side by
+    side, (FOLDS, n) at a time: their sums go to one table of FOLDS blocks (a row's entry in
+    its own fold's block predicts it), so a column costs a few dozen operations, not FOLDS
+    times as many (each is a launch on a GPU).
     """
     n = x.shape[0]
     y = y.reshape(n, -1).to(torch.float64)
     x = x.to(torch.float64)
     values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
     spike = values[counts.argmax().reshape(1)]  # (1,): a 0-dim index would be read back
+    folds = torch.arange(FOLDS, device=x.device)
     fold = torch.arange(n, device=x.device) % FOLDS
-    by_bin, by_value = torch.empty_like(y), torch.empty_like(y)
+    w = (fold != folds[:, None]).to(y.dtype)  # (FOLDS, n): fold j's training rows
     probs = torch.linspace(0, 1, BINS + 1, dtype=x.dtype, device=x.device)[1:-1]
     n_bins = BINS + 1  # the spike's, and BINS - 1 edges' worth of others
-    for j in range(FOLDS):
-        held = fold == j
-        train = ~held
-        w = train.to(y.dtype)
-        edges = _quantiles(x, train & (x != spike), probs)
-        b = torch.where(x == spike, 0, 1 + torch.searchsorted(edges, x.contiguous(), right=True))
-        mean = (y * w[:, None]).sum(0) / w.sum()
-        # counts by index_add_ (exact: sums of 0/1): a GPU's bincount reads its input's maximum
-        count = w.new_zeros(n_bins).index_add_(0, b, w)[:, None]
-        total = y.new_zeros(n_bins, y.shape[1]).index_add_(0, b, y * w[:, None])
-        smooth = torch.where(count > 0, total / count.clamp_min(1), mean)[b]  # (n, c)
-        v_count = w.new_zeros(values.numel()).index_add_(0, inverse, w)
-        v_total = y.new_zeros(values.numel(), y.shape[1]).index_add_(0, inverse, y * w[:, None])
-        shrunk = (v_total[inverse] + PRIOR_ROWS * smooth) / (v_count[inverse] + PRIOR_ROWS)[:, None]
-        by_bin = torch.where(held[:, None], smooth, by_bin)
-        by_value = torch.where(held[:, None], shrunk, by_value)
+    edges = _quantiles(x, (w > 0) & (x != spike), probs)  # (FOLDS, BINS - 1)
+    ranks = torch.searchsorted(edges, x.expand(FOLDS, n).contiguous(), right=True)
+    b = torch.where(x == spike, 0, 1 + ranks)  # (FOLDS, n): each row's bin under each fold
+    mean = (y * w[:, :, None]).sum(1) / w.sum(1, keepdim=True)  # (FOLDS, c)
+    wy = (y * w[:, :, None]).reshape(-1, y.shape[1])  # (FOLDS * n, c)
+    # counts by index_add_ (exact: sums of 0/1): a GPU's bincount reads its input's maximum
+    at = (b + n_bins * folds[:, None]).reshape(-1)  # bin entries, block by fold
+    count = w.new_zeros(FOLDS * n_bins).index_add_(0, at, w.reshape(-1))
+    total = y.new_zeros(FOLDS * n_bins, y.shape[1]).index_add_(0, at, wy)
+    n_values = values.numel()
+    at_v = (inverse + n_values * folds[:, None]).reshape(-1)
+    v_count = w.new_zeros(FOLDS * n_values).index_add_(0, at_v, w.reshape(-1))
+    v_total = y.new_zeros(FOLDS * n_values, y.shape[1]).index_add_(0, at_v, wy)
+    # each row held out by its own fold: that fold's block
+    own = fold * n_bins + b.gather(0, fold[None])[0]
+    by_bin = torch.where(
+        count[own, None] > 0, total[own] / count[own, None].clamp_min(1), mean[fold]
+    )
+    own_v = fold * n_values + inverse
+    by_value = (v_total[own_v] + PRIOR_ROWS * by_bin) / (v_count[own_v] + PRIOR_ROWS)[:, None]
     sst = ((y - y.mean(0)) ** 2).sum()
     gain = (((y - by_bin) ** 2).sum() - ((y - by_value) ** 2).sum()) / sst
     return torch.where(sst > 0, gain, 0.0)
 
 
 def _quantiles(v: Tensor, keep: Tensor, probs: Tensor) -> Tensor:
-    """Quantiles at ``probs`` of the entries of ``v`` (n,) where ``keep``, linearly interpolated.
+    """Quantiles at ``probs`` (q,) of the entries of ``v`` (n,) where ``keep`` (k, n), per row of ``keep``.
 
-    As numpy and ``torch.quantile`` interpolate; all ``+inf`` where nothing is kept. By a sort
-    (``torch.quantile`` refuses inputs of more than 2**24 elements) in which the entries not kept
-    come last as ``+inf``, so the positions read are the kept entries' (no row selection).
+    Linearly interpolated, as numpy and ``torch.quantile`` do; shape (k, q), all ``+inf`` in a
+    row that keeps nothing. By a sort (``torch.quantile`` refuses inputs of more than 2**24
+    elements) in which the entries not kept come last as ``+inf``, so the positions read are the
+    kept entries' (no row selection).
     """
-    s = torch.where(keep, v, torch.inf).sort().values
-    last = (keep.sum() - 1).clamp_min(0).to(probs.dtype)
-    pos = probs * last
+    s = torch.where(keep, v, torch.inf).sort(dim=1).values
+    last = (keep.sum(1, keepdim=True) - 1).clamp_min(0).to(probs.dtype)
+    pos = probs * last  # (k, q)
     lo = pos.floor().long()
     hi = pos.ceil().long()
-    between = s[lo] + (s[hi] - s[lo]) * (pos - lo.to(pos.dtype))
-    return torch.where(hi > lo, between, s[lo])  # inf - inf is NaN: nothing kept gives +inf
+    s_lo, s_hi = s.gather(1, lo), s.gather(1, hi)
+    between = s_lo + (s_hi - s_lo) * (pos - lo.to(pos.dtype))
+    return torch.where(hi > lo, between, s_lo)  # inf - inf is NaN: nothing kept gives +inf
 
 
 @torch.no_grad()
