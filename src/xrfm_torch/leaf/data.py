@@ -58,6 +58,13 @@ class FitData:
     w_val: Tensor | None = None
     val_rows: Tensor | None = None
 
+    def learning_rows(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(X, y, w)`` of the rows a model learns from: the training rows less any held out."""
+        if self.holdout is None:
+            return self.X, self.y, self.w
+        keep = ~self.holdout
+        return self.X[keep], self.y[keep], self.weights(keep)
+
     def weights(self, rows: Tensor) -> Tensor | None:
         """The training weights of ``rows`` (indices or mask), or ``None`` when unweighted."""
         return None if self.w is None else self.w[rows]

@@ -243,10 +243,7 @@ class LeafRFM(ResizableBuffers):
                 "extra_weight must be given exactly when extra rows join a weighted fit"
             )
         X_all, y_all, w_all = data.X, data.y, data.w
-        X, y, w = X_all, y_all, w_all
-        if data.holdout is not None:
-            X, y, w = X[~data.holdout], y[~data.holdout], data.weights(~data.holdout)
-        X_rows, y_rows, w_rows = X, y, w  # the rows an approximate fit learns from (approx_iters)
+        X, y, w = X_rows, y_rows, w_rows = data.learning_rows()  # (those of approx_iters)
         if cfg.iter_rows is not None and X.shape[0] > cfg.iter_rows:
             keep = torch.randperm(X.shape[0], generator=generator)[: cfg.iter_rows].to(X.device)
             X, y, w = X[keep], y[keep], None if w is None else w[keep]
