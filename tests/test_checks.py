@@ -23,6 +23,13 @@ def test_all_finite_agrees_with_isfinite(dtype):
     assert bool(all_finite(torch.empty(0, 3, dtype=dtype)))
 
 
+def test_integer_and_bool_tensors_are_finite():
+    assert bool(all_finite(torch.tensor([[1, -(2**62)], [0, 3]])))
+    assert bool(all_finite(torch.tensor([True, False])))
+    z = torch.tensor([1 + 2j, complex(float("inf"), 0)])
+    assert bool(all_finite(z[:1])) and not bool(all_finite(z))
+
+
 def test_check_all_finite_names_the_first_offending_tensor_and_entry():
     a, b, c = torch.zeros(3, 2), torch.zeros(4, 2), torch.zeros(5)
     b[2, 1] = float("inf")

@@ -118,7 +118,10 @@ def all_finite(x: Tensor) -> Tensor:
 
     ``x - x`` is exactly 0 where ``x`` is finite and NaN at an infinity or a NaN: three
     operations where ``isfinite(x).all()`` dispatches five (on a GPU each is a launch).
+    Integer and bool tensors are finite.
     """
+    if not (x.is_floating_point() or x.is_complex()):
+        return torch.ones((), dtype=torch.bool, device=x.device)
     return ((x - x) == 0).all()
 
 
