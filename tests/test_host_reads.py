@@ -136,21 +136,17 @@ def test_a_non_finite_m_fails_the_step_after_the_joint_read():
 def test_the_host_reads_tool_counts_device_reads_only():
     # tools.host_reads: reads of values and data-shaped ops count; a number made on the host
     # and read there does not (it would never leave the host on a GPU either)
-    from tools.host_reads import HostReads, _tolist_counted
+    from tools.host_reads import counting
 
     real = torch.Tensor.tolist
-    torch.Tensor.tolist = _tolist_counted(real)
-    mode = HostReads()
-    try:
-        with mode:
-            x = torch.arange(6.0)
-            float(x.sum())  # a read
-            x[x > 2]  # a boolean index
-            torch.tensor(0.5, dtype=torch.float32).item()  # host-made: not counted
-            x.max().tolist()  # a read
-            x.nonzero()  # data-shaped
-    finally:
-        torch.Tensor.tolist = real
+    with counting() as mode:
+        x = torch.arange(6.0)
+        float(x.sum())  # a read
+        x[x > 2]  # a boolean index
+        torch.tensor(0.5, dtype=torch.float32).item()  # host-made: not counted
+        x.max().tolist()  # a read
+        x.nonzero()  # data-shaped
+    assert torch.Tensor.tolist is real  # restored
     assert dict(mode.kinds) == {"read": 2, "boolean index": 1, "nonzero": 1}
     assert all("test_host_reads" not in site for site in mode.sites)  # sites are the package's
 

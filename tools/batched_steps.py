@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bench.common import DATASETS
-from tools.host_reads import HostReads, _tolist_counted
+from tools.host_reads import counting
 from xrfm_torch.kernels import LaplaceKernel
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.iteration import rfm_step
@@ -187,13 +187,8 @@ def main() -> None:
         ("one by one", lambda: [step(b, S[b]) for b in range(B)]),
         ("batched", lambda: batched_step(X, y, Xv, yv, S, bandwidth, cfg, q, eps)),
     ):
-        mode, real = HostReads(), torch.Tensor.tolist
-        torch.Tensor.tolist = _tolist_counted(real)  # type: ignore[method-assign]
-        try:
-            with mode:
-                fn()
-        finally:
-            torch.Tensor.tolist = real  # type: ignore[method-assign]
+        with counting() as mode:
+            fn()
         counted[name] = (mode.computed, sum(mode.kinds.values()), timed(fn, device, a.repeats))
     print(
         f"{a.table}: {B} leaves of {n} rows, {m} validation rows each, d = {X.shape[2]}, {device}"

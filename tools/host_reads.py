@@ -26,6 +26,8 @@ import argparse
 import traceback
 import weakref
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +110,18 @@ def _tolist_counted(real: Any) -> Any:
     return tolist
 
 
+@contextmanager
+def counting() -> Iterator[HostReads]:
+    """A :class:`HostReads` mode in force, ``.tolist()`` reads counted too (restored after)."""
+    real = torch.Tensor.tolist
+    torch.Tensor.tolist = _tolist_counted(real)  # type: ignore[method-assign]
+    try:
+        with HostReads() as mode:
+            yield mode
+    finally:
+        torch.Tensor.tolist = real  # type: ignore[method-assign]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--table", default="reg_num/house_16H")
@@ -143,14 +157,8 @@ def main() -> None:
             g = torch.Generator().manual_seed(0)
             xRFMTree().fit(t(d.X_train), t(d.y_train), t(d.X_val), t(d.y_val), generator=g)
 
-    real = torch.Tensor.tolist
-    torch.Tensor.tolist = _tolist_counted(real)  # type: ignore[method-assign]
-    mode = HostReads()
-    try:
-        with mode:
-            fit()
-    finally:
-        torch.Tensor.tolist = real  # type: ignore[method-assign]
+    with counting() as mode:
+        fit()
     print(f"{a.table}: {sum(mode.kinds.values())} host waits", dict(mode.kinds))
     print(f"{mode.dispatched} operations dispatched, {mode.computed} of them not views")
     for site, n in mode.sites.most_common(a.top):

@@ -102,13 +102,14 @@ def pairwise_distance(x: Tensor, z: Tensor, p: float, *, out: Tensor | None = No
         return _lp_distance(x, z, p, out=out)
     mu = z.mean(0)
     c = 16 * torch.finfo(x.dtype).eps
-    if x is z:  # the training rows' own distances: centre and square them once
+    same = x is z  # the training rows' own distances: centre and square them once
+    if same:
         x = z = z - mu
     else:
         x, z = x - mu, z - mu
     xx = (x * x).sum(-1, keepdim=True)  # (n, 1)
     xx_lo, xx_c = (1 - c) * xx, c * xx
-    if x is z:
+    if same:
         zz_lo, zz_c = xx_lo.mT, xx_c.mT  # (1, m)
     else:
         zz = (z * z).sum(-1)[None, :]  # (1, m)

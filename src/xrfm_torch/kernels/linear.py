@@ -35,11 +35,7 @@ def summed_predict(kernel: Kernel, xs: Tensor, zs: Tensor, alpha: Tensor, c: flo
 
     The linear part is applied as ``U(xs) (U(zs)^T alpha)`` (rank ``d + 1``), not as a matrix.
     """
-    return plus_linear(kernel.predict(xs, zs, alpha), xs, zs, alpha, c)
-
-
-def plus_linear(pred: Tensor, xs: Tensor, zs: Tensor, alpha: Tensor, c: float) -> Tensor:
-    """``pred + U(xs) (U(zs)^T alpha)``: the linear part added to a kernel prediction (n, c_out)."""
+    pred = kernel.predict(xs, zs, alpha)  # (n, c_out)
     if c > 0:
         pred = pred + linear_features(xs, c) @ linear_weights(linear_features(zs, c), alpha)
     return pred

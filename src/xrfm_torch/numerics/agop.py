@@ -102,7 +102,8 @@ def top_eigenvector(G: Tensor) -> Tensor:
 def agop_or_none(g: Tensor, diag: bool, n: int, weights: Tensor | None = None) -> Tensor | None:
     """The (weighted) AGOP of gradients ``g`` (n, c, d): (d,) if ``diag`` else (d, d).
 
-    ``None`` (with a warning; the iterations then stop) when it is degenerate: not finite, or zero.
+    ``None`` (counted and logged; the iterations then stop) when it is degenerate: not
+    finite, or zero.
     """
     G = agop_from_grads(g, diag=diag, weights=weights)
     return usable_agop(G, float(G.max()), n)
