@@ -11,8 +11,8 @@ number is a figure of the GPU path that a CPU can measure::
 
 Fits ``xRFMTree()`` (or, with ``--estimator``, the default ``XRFMClassifier`` /
 ``XRFMRegressor`` on the protocol split) under a dispatch mode that counts those operations by
-the innermost line of the package that runs them, with the GPU's rules (its CG budget and its
-one-block elementwise passes), so the count is the GPU fit's. It also counts every operation
+the innermost line of the package that runs them, with the GPU's rules (its CG budget, its
+one-block elementwise passes and its lockstep leaves; ``--one-by-one``: without), so the count is the GPU fit's. It also counts every operation
 dispatched (and those that are not views): on a GPU each costs the host some 20 us, and that,
 not the device, bounds a fit (docs/benchmarks.md, "On one GPU"). A value read from a tensor just made from a Python
 number on the host (e.g. a rounding to the buffer's dtype) is not counted: it never leaves the
@@ -128,12 +128,16 @@ def main() -> None:
     ap.add_argument("--data-dir", type=Path, default=DATASETS)
     ap.add_argument("--estimator", action="store_true", help="the default estimator, not a tree")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument(
+        "--one-by-one", action="store_true", help="leaves' steps one by one (no lockstep)"
+    )
     a = ap.parse_args()
     from xrfm_torch.kernels import distance
-    from xrfm_torch.leaf import iteration
+    from xrfm_torch.leaf import iteration, lockstep
 
     iteration.PCG_ROWS_PER_ITER = iteration.PCG_ROWS_PER_ITER_DEVICE  # the GPU's CG budget
     distance.CACHE_BLOCK_BYTES = distance.DEVICE_BLOCK_BYTES  # and its one-block passes
+    lockstep.lockstep_pays = lambda device: not a.one_by_one  # and its batched leaf steps
     path = a.data_dir / f"{a.table}.csv.gz"
     if a.estimator:
         from bench.peers import is_regression, split_table

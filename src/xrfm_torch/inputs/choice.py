@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import cast
 
@@ -33,6 +33,8 @@ from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import Criterion, validation_loss
 from xrfm_torch.leaf.data import FitData
+from xrfm_torch.leaf.iteration import StepRunner
+from xrfm_torch.leaf.lockstep import fit_together
 from xrfm_torch.leaf.selection import paired_win
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.events import count
@@ -136,16 +138,36 @@ def probe_input_maps(
     w_val = data.val_weights(vrows)
     preds: dict[InputMapName, Tensor] = {}
     config = probe_config(leaf)
-    for name in PROBED_MAPS:
-        if preds and deadline.should_stop():  # out of time: choose among the maps probed
-            count("input-map probes cut short at the time limit")
-            break
-        Xm, Xm_val = imap.encode(X, name), imap.encode(X_val, name)
-        probe = LeafRFM(kernel, config)
-        g.manual_seed(seed)  # every map's leaf starts from the same draws
-        probe.fit(Xm, y, Xm_val, y_val, sample_weight=w, val_sample_weight=w_val, generator=g)
-        with torch.no_grad():
-            preds[name] = probe(Xm_val)
+    stopped: list[bool] = []
+
+    def probe(name: InputMapName) -> Callable[[StepRunner | None], None]:
+        def fit(run_step: StepRunner | None) -> None:
+            if stopped or (preds and deadline.should_stop()):  # out of time: choose among those
+                if not stopped:  # probed so far
+                    count("input-map probes cut short at the time limit")
+                    stopped.append(True)
+                return
+            Xm, Xm_val = imap.encode(X, name), imap.encode(X_val, name)
+            leaf = LeafRFM(kernel, config)
+            g_map = torch.Generator().manual_seed(seed)  # every map's leaf: the same draws
+            leaf.fit(
+                Xm,
+                y,
+                Xm_val,
+                y_val,
+                sample_weight=w,
+                val_sample_weight=w_val,
+                generator=g_map,
+                run_step=run_step,
+            )
+            with torch.no_grad():
+                preds[name] = leaf(Xm_val)
+
+        return fit
+
+    # the maps' leaves are independent fits: on a GPU their steps run batched
+    fit_together([probe(name) for name in PROBED_MAPS], X.device)
+    preds = {name: preds[name] for name in PROBED_MAPS if name in preds}  # in the maps' order
     return choose_map_set(preds, y_val, max_maps, margin, leaf.criterion, w_val)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -55,7 +55,7 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
     leaf's :class:`~xrfm_torch.leaf.config.LeafConfig`; ``tau = leaf.n_iters``),
     ``max_leaf_size`` (``L_max``), the split rule, overlap and trees, the routing temperature,
     validation borrowing, input maps, categorical columns, large and distributed fits, the memory
-    budget. The model holds them in :attr:`config` (read, and set, as its attributes too).
+    budget, batched (lockstep) leaf steps. The model holds them in :attr:`config` (read, and set, as its attributes too).
 
     Args:
         kernel: Kernel prototype (each leaf gets a copy), a name from ``KERNELS``, or a factory.
@@ -126,6 +126,7 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
         large_fit_iter_rows: int = DEFAULTS.large_fit_iter_rows,
         distributed: bool = DEFAULTS.distributed,
         memory_budget: MemoryBudget = DEFAULTS.memory_budget,
+        batch_steps: bool | Literal["auto"] = DEFAULTS.batch_steps,
     ) -> None:
         super().__init__()
         # The settings are the arguments TreeConfig names (tests/test_tree_config.py checks the

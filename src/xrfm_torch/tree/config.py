@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from xrfm_torch.inputs.choice import check_input_transform
 from xrfm_torch.inputs.input_map import PROBED_MAPS, InputTransform
@@ -127,6 +127,12 @@ class TreeConfig:
             where not even that fits the fit stops with a ``MemoryBudgetError`` naming the sizes
             and the knobs. Bytes, ``"auto"`` (the memory free on the device: available host
             memory, or CUDA's free memory) or ``None`` (no check: every leaf exact).
+        batch_steps: Fit a tree's leaves in lockstep, each round of their RFM steps run as
+            batched steps (:mod:`xrfm_torch.leaf.lockstep`): on a GPU a step's ~110 kernel
+            launches then serve all the leaves, not one. The same decisions per leaf; the
+            results equal the one-by-one fit's up to float rounding. ``"auto"``: off the CPU
+            (on a CPU the batched step is no faster). Not with ``distributed``, nor where all
+            leaves' step buffers at once would exceed ``memory_budget``.
     """
 
     leaf: LeafConfig = field(default_factory=LeafConfig)
@@ -156,6 +162,7 @@ class TreeConfig:
     large_fit_iter_rows: int = 2000
     distributed: bool = False
     memory_budget: MemoryBudget = "auto"
+    batch_steps: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalize in place once, here
@@ -218,6 +225,8 @@ class TreeConfig:
         )
         check_bool(self.distributed, "distributed")
         check_bool(self.shared_plan, "shared_plan")
+        if self.batch_steps != "auto":
+            check_bool(self.batch_steps, "batch_steps")
         if self.memory_budget is not None and self.memory_budget != "auto":
             budget = check_int(cast(int, self.memory_budget), "memory_budget", 1)
             put(self, "memory_budget", budget)

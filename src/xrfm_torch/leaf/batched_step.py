@@ -1,0 +1,392 @@
+"""Several leaves' RFM steps as one batched step: the same operations for ``B`` leaves as for one.
+
+On a GPU an RFM step costs the host about 20 us per dispatched operation, and a step's ~110
+operations are as many for a leaf of 500 rows as for one of 5000; a tree's median splits give its
+leaves (nearly) equal row counts. So the steps that ``B`` leaves ask for together
+(:class:`~xrfm_torch.leaf.lockstep.Lockstep`) run here as one step on (B, N, N) batches, padded to
+the largest leaf ``N``, with one read back for all of them.
+
+Padding leaves each leaf's system intact: a padded training row has kernel row and column 0, a 1
+on the diagonal, target 0 and no linear features, so its coefficient is 0 and the other rows'
+solution is that of the leaf alone; padded validation rows weigh 0 in the loss and padded
+training rows 0 in the AGOP. The result is :func:`~xrfm_torch.leaf.iteration.rfm_step`'s up to
+float rounding (batched kernels sum in other orders).
+
+What is batched: kernels of the ``p = 2`` family with the base class's formulas (Laplace,
+Gaussian), factored afresh (no warm solve), without autograd. Everything else, and a leaf whose
+first solve needs the retries or whose ``sqrt(M)`` is not finite, is solved one by one with
+:func:`~xrfm_torch.leaf.iteration.rfm_step`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from xrfm_torch.kernels import Kernel
+from xrfm_torch.kernels.bandwidth import median_pairwise_distance
+from xrfm_torch.kernels.distance import needs_graph, transform
+from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.leaf.criteria import class_probabilities, row_logloss
+from xrfm_torch.leaf.iteration import failed_candidate, rfm_step
+from xrfm_torch.leaf.selection import Candidate
+from xrfm_torch.numerics.agop import usable_agop
+
+#: What one step gives: the candidate, its AGOP (or ``None``), whether the leaf's workspace now
+#: holds the step's factor (never after a batched step).
+StepResult = tuple[Candidate, Tensor | None, bool]
+
+
+@dataclass
+class StepRequest:
+    """The arguments of one :func:`~xrfm_torch.leaf.iteration.rfm_step` call."""
+
+    kernel: Kernel
+    X: Tensor
+    y: Tensor
+    X_val: Tensor
+    y_val: Tensor
+    sqrt_m: Tensor | None
+    buffers: tuple[Tensor, Tensor, Tensor]
+    cfg: LeafConfig
+    agop: bool
+    diag: bool
+    generator: torch.Generator | None
+    warm: tuple[float, int] | None
+    weights: tuple[Tensor | None, Tensor | None]
+
+    def run(self) -> StepResult:
+        """The step on its own (:func:`rfm_step`)."""
+        return rfm_step(
+            self.kernel,
+            self.X,
+            self.y,
+            self.X_val,
+            self.y_val,
+            self.sqrt_m,
+            self.buffers,
+            self.cfg,
+            agop=self.agop,
+            diag=self.diag,
+            generator=self.generator,
+            warm=self.warm,
+            weights=self.weights,
+        )
+
+
+def batch_key(r: StepRequest) -> Hashable | None:
+    """Requests with equal keys can run as one batched step; ``None``: this one runs alone."""
+    k, cfg = r.kernel, r.cfg
+    standard = all(
+        getattr(type(k), name) is getattr(Kernel, name)
+        for name in ("distance", "from_distance", "grad_weights", "transformed_grads")
+    )
+    tensors = [r.X, r.y, r.X_val, r.y_val] + ([] if r.sqrt_m is None else [r.sqrt_m])
+    if k.p != 2.0 or not standard or r.warm is not None or needs_graph(*tensors):
+        return None
+    # (sqrt(M)'s layout and the AGOP's are not in the key: a batch of mixed layouts runs full)
+    return (
+        type(k),
+        k.q,
+        k.eps,
+        r.X.device,
+        r.X.dtype,
+        r.X.shape[1],
+        r.y.shape[1],
+        cfg.reg,
+        cfg.linear_mix,
+        cfg.solve_dtype,
+        cfg.criterion,
+        r.weights[0] is None,
+        r.weights[1] is None,
+    )
+
+
+def batch_bytes(requests: Sequence[StepRequest]) -> int:
+    """About the device memory a batched step of ``requests`` takes: six (B, N, N) temporaries."""
+    n = max(r.X.shape[0] for r in requests)
+    return 6 * len(requests) * n * n * requests[0].X.element_size()
+
+
+@dataclass
+class _Rows:
+    """A batch's rows, padded: built once per set of leaves (the rows do not change by step)."""
+
+    members: tuple[int, ...]  # ids of the leaves' training inputs, in batch order
+    X: Tensor  # (B, N, d)
+    y: Tensor  # (B, N, c)
+    Xv: Tensor  # (B, Mv, d)
+    yv: Tensor  # (B, Mv, c)
+    n: list[int]
+    m: list[int]
+    keep: Tensor | None  # (B, N, N) bool: real pairs (None: no padding)
+    pad: Tensor | None  # (B, N) float: 1 on padded rows
+    row: Tensor  # (B, N) float: the AGOP's row weights (sum 1 per leaf, 0 on padding)
+    inv_w: Tensor | None  # (B, N): 1 / training weight (None: unweighted)
+    res_w: Tensor | None  # (B, N, 1) float64: the residual norm's weights (None: 1)
+    bb: Tensor  # (B,) float64: ||y||_w^2, the residual bound
+    val: Tensor | None  # (B, Mv): relative validation weights or the real rows (None: all real)
+    count: Tensor  # (B,) float64: validation rows per leaf
+
+
+def _padded(parts: Sequence[Tensor], rows: int) -> Tensor:
+    """``parts`` (each (n_b, k)) stacked into (B, rows, k) with zero rows after each."""
+    return torch.stack(
+        [p if p.shape[0] == rows else F.pad(p, (0, 0, 0, rows - p.shape[0])) for p in parts]
+    )
+
+
+def batch_rows(requests: Sequence[StepRequest]) -> _Rows:
+    """The padded rows, masks and weights of a batch (see :class:`_Rows`)."""
+    X0 = requests[0].X
+    n = [r.X.shape[0] for r in requests]
+    m = [r.X_val.shape[0] for r in requests]
+    N, Mv = max(n), max(m)
+    lengths = torch.tensor(n, device=X0.device)
+    real = torch.arange(N, device=X0.device)[None, :] < lengths[:, None]  # (B, N)
+    padded = min(n) < N
+    keep = (real[:, :, None] & real[:, None, :]) if padded else None
+    pad = (~real).to(X0.dtype) if padded else None
+    weighted = requests[0].weights[0] is not None
+    if weighted:
+        w = _padded([r.weights[0][:, None] for r in requests], N)[..., 0]  # type: ignore[index]
+        row = w / w.sum(1, keepdim=True)
+        inv_w = torch.where(real, 1.0 / w.double().clamp_min(1e-300), 1.0).to(X0.dtype)
+        res_w = w.double()[..., None]
+    else:
+        row = real.to(X0.dtype) / lengths[:, None].to(X0.dtype)
+        inv_w, res_w = None, None
+    y = _padded([r.y for r in requests], N)
+    y64 = y.double() ** 2
+    bb = (y64 if res_w is None else res_w * y64).sum((1, 2))
+    val_real = (
+        torch.arange(Mv, device=X0.device)[None, :] < torch.tensor(m, device=X0.device)[:, None]
+    )
+    if requests[0].weights[1] is not None:
+        wv = _padded([r.weights[1][:, None] for r in requests], Mv)[..., 0]  # type: ignore[index]
+        mean = wv.sum(1, keepdim=True) / torch.tensor(m, device=X0.device)[:, None].to(wv)
+        val: Tensor | None = wv / mean
+    else:
+        val = val_real.to(X0.dtype) if min(m) < Mv else None
+    return _Rows(
+        members=tuple(id(r.X) for r in requests),
+        X=_padded([r.X for r in requests], N),
+        y=y,
+        Xv=_padded([r.X_val for r in requests], Mv),
+        yv=_padded([r.y_val for r in requests], Mv),
+        n=n,
+        m=m,
+        keep=keep,
+        pad=pad,
+        row=row,
+        inv_w=inv_w,
+        res_w=res_w,
+        bb=bb,
+        val=val,
+        count=torch.tensor(m, dtype=torch.float64, device=X0.device),
+    )
+
+
+def _distance(x: Tensor, z: Tensor, centre: Tensor) -> Tensor:
+    """``||x_i - z_j||`` per batch (B, n, m), on inputs centred at ``centre`` (B, 1, d).
+
+    As :func:`~xrfm_torch.kernels.distance.pairwise_distance` makes it (tiny squares snap to 0).
+    """
+    c = 16 * torch.finfo(x.dtype).eps
+    same = x is z
+    x = x - centre
+    z = x if same else z - centre
+    xx = (x * x).sum(-1, keepdim=True)  # (B, n, 1)
+    s = xx + (xx.mT if same else (z * z).sum(-1)[:, None, :])  # |x|^2 + |z|^2
+    o = torch.baddbmm(s, x, z.mT, alpha=-2.0)
+    return o.masked_fill_(o <= c * s, 0.0).sqrt_()
+
+
+def _kernel(R: Tensor, bw: Tensor, q: float) -> Tensor:
+    """``exp(-(R / L)^q)`` with one bandwidth per batch, ``bw`` (B, 1, 1)."""
+    s = R / bw
+    if q != 1.0:
+        s = s.pow_(q)
+    return s.neg_().exp_()
+
+
+def _losses(pred: Tensor, target: Tensor, rows: _Rows, criterion: str) -> tuple[Tensor, Tensor]:
+    """Per-leaf validation errors (B,) float64 and per-row losses (B, Mv).
+
+    As :func:`~xrfm_torch.leaf.criteria.validation_loss` gives them leaf by leaf.
+    """
+    B, Mv, c = pred.shape
+    if criterion == "mse":
+        per_row = ((pred - target) ** 2).sum(2)
+    else:
+        true = target.argmax(2)
+        if criterion == "logloss":
+            probs = class_probabilities(pred.reshape(B * Mv, c))
+            per_row = row_logloss(probs, true.reshape(-1)).reshape(B, Mv)
+        else:  # "error" (the key holds one criterion per batch)
+            per_row = (pred.argmax(2) != true).to(pred.dtype)
+    if rows.val is not None:
+        per_row = per_row * rows.val
+    err = per_row.sum(1).double() / rows.count
+    return (err / c if criterion == "mse" else err), per_row
+
+
+def batched_rfm_step(requests: Sequence[StepRequest], rows: _Rows) -> list[StepResult]:
+    """:func:`~xrfm_torch.leaf.iteration.rfm_step` for each request, as one batched step.
+
+    Args:
+        requests: Steps with equal :func:`batch_key`, in batch order.
+        rows: Their :func:`batch_rows`.
+
+    Returns:
+        Per request, what ``rfm_step`` returns (the workspace never holds the batch's factor).
+    """
+    r0 = requests[0]
+    cfg, kernel = r0.cfg, r0.kernel
+    q, lm = kernel.q, cfg.linear_mix
+    B, d = rows.X.shape[0], rows.X.shape[2]
+    for r in requests:  # each leaf's bandwidth from its own subsample and generator
+        if cfg.adaptive_bandwidth is not None:
+            med = median_pairwise_distance(transform(r.X, r.sqrt_m), 2.0, generator=r.generator)
+            if med > 1e-14:
+                r.kernel.bandwidth.fill_(cfg.adaptive_bandwidth * med)
+    S = _stacked_roots(requests, d)
+    usable = None if S is None else (S - S == 0).flatten(1).all(1)
+    bandwidth = torch.stack([r.kernel.bandwidth for r in requests]).to(rows.X)
+    bw = bandwidth[:, None, None]
+    if S is None:
+        xs, xv = rows.X, rows.Xv
+    elif S.ndim == 2:
+        xs, xv = rows.X * S[:, None, :], rows.Xv * S[:, None, :]
+    else:
+        xs, xv = rows.X @ S, rows.Xv @ S
+    centre = xs.sum(1, keepdim=True) / torch.tensor(rows.n, device=xs.device)[:, None, None].to(xs)
+    R = _distance(xs, xs, centre)  # (B, N, N)
+    K = _kernel(R, bw, q)
+    if rows.keep is not None and rows.pad is not None:  # padded rows: identity rows and columns
+        K = K.masked_fill_(~rows.keep, 0.0)
+        K.diagonal(dim1=1, dim2=2).add_(rows.pad)
+    U = None
+    if lm > 0:
+        U = F.pad(xs / math.sqrt(d), (1, 0), value=1.0) * math.sqrt(lm)  # (B, N, d + 1)
+        if rows.pad is not None:
+            U = U * (1.0 - rows.pad)[..., None]
+    dtype = cfg.solve_dtype or K.dtype
+    Kd = K.to(dtype)
+    A = Kd.clone() if U is None else torch.baddbmm(Kd, U.to(dtype), U.to(dtype).mT)
+    ridge = A.diagonal(dim1=1, dim2=2)
+    ridge.add_(cfg.reg) if rows.inv_w is None else ridge.add_(rows.inv_w.to(dtype), alpha=cfg.reg)
+    L, info = torch.linalg.cholesky_ex(A)
+    b = rows.y.to(dtype)
+    z = torch.linalg.solve_triangular(L, b, upper=False)
+    alpha_s = torch.linalg.solve_triangular(L.mT, z, upper=True)
+    alpha = alpha_s.to(rows.y.dtype)
+    # the residual bound of the first solve (numerics.solvers): ||(K + U U^T) a - y||_w <= ||y||_w
+    unsure = info != 0
+    if dtype != torch.float64:
+        a = alpha_s.to(K.dtype)
+        ka = K @ a if U is None else torch.baddbmm(K @ a, U, U.mT @ a)
+        r64 = ka.double() - rows.y.double()
+        r2 = r64 * r64 if rows.res_w is None else rows.res_w * r64 * r64
+        unsure = unsure | ~(r2.sum((1, 2)) <= rows.bb)  # also true for NaN
+    v = None if U is None else U.mT @ alpha  # (B, d + 1, c): the linear part's weights
+    Kv = _kernel(_distance(xv, xs, centre), bw, q)  # (B, Mv, N)
+    pred = Kv @ alpha
+    if U is not None and v is not None:
+        Uv = F.pad(xv / math.sqrt(d), (1, 0), value=1.0) * math.sqrt(lm)
+        pred = torch.baddbmm(pred, Uv, v)
+    err, per_row = _losses(pred, rows.yv, rows, cfg.criterion)
+    G = None
+    if any(r.agop for r in requests):  # diagonal where every leaf wants its diagonal
+        diag = (S is None or S.ndim == 2) and all(r.diag for r in requests)
+        G = _agop(R, K, xs, alpha, v, S, rows, kernel, bw, lm, diag)
+    none = err.new_zeros(B)
+    values = torch.cat(
+        [
+            err,
+            bandwidth.double(),
+            none + 1 if usable is None else usable.double(),
+            none if G is None else G.flatten(1).amax(1).double(),
+            unsure.double(),
+        ]
+    ).tolist()  # one read back for the batch
+    results: list[StepResult] = []
+    for i, r in enumerate(requests):
+        e, bandwidth_i, finite_m, top, retry = values[i::B]
+        if not finite_m:
+            results.append(
+                (failed_candidate(r.X, r.y, r.X_val, r.sqrt_m, r.kernel, cfg.reg), None, False)
+            )
+            continue
+        if retry:  # the first attempt failed or was useless: the leaf's own step and its retries
+            results.append(r.run())
+            continue
+        rows_i = per_row[i, : rows.m[i]]
+        cand = Candidate(e, -1, alpha[i, : rows.n[i]], r.sqrt_m, bandwidth_i, q, cfg.reg, rows_i)
+        if G is None or not r.agop or not math.isfinite(e):
+            results.append((cand, None, False))
+        else:
+            Gi = G[i].diagonal() if r.diag and G.ndim == 3 else G[i]
+            results.append((cand, usable_agop(Gi, top, rows.n[i]), False))
+    return results
+
+
+def _stacked_roots(requests: Sequence[StepRequest], d: int) -> Tensor | None:
+    """The leaves' ``sqrt(M)`` as one batch: ``None``, (B, d) or (B, d, d).
+
+    ``None`` where all are the identity, (B, d) where all are diagonal; otherwise a diagonal root
+    becomes its diagonal matrix and the identity the identity (``x @ diag(s)`` is ``x * s``
+    exactly: the other terms are zeros).
+    """
+    roots = [r.sqrt_m for r in requests]
+    if all(s is None for s in roots):
+        return None
+    if all(s is not None and s.ndim == 1 for s in roots):
+        return torch.stack(roots)  # type: ignore[arg-type]
+    X = requests[0].X
+    eye = torch.eye(d, dtype=X.dtype, device=X.device)
+    return torch.stack([eye if s is None else torch.diag(s) if s.ndim == 1 else s for s in roots])
+
+
+def _agop(
+    R: Tensor,
+    K: Tensor,
+    xs: Tensor,
+    alpha: Tensor,
+    v: Tensor | None,
+    S: Tensor | None,
+    rows: _Rows,
+    kernel: Kernel,
+    bw: Tensor,
+    lm: float,
+    diag: bool,
+) -> Tensor:
+    """Each leaf's AGOP of its fitted predictor at its training rows, self-terms excluded.
+
+    As :meth:`~xrfm_torch.kernels.Kernel.transformed_grads` (``p = 2``) with the linear part's
+    gradient, :func:`~xrfm_torch.kernels.chain_rule` and
+    :func:`~xrfm_torch.numerics.agop.agop_from_grads`: (B, d, d), or (B, d) if ``diag``.
+    """
+    B, N, d = xs.shape
+    c = alpha.shape[2]
+    q, p = kernel.q, kernel.p
+    scale = -q / bw.pow(q)
+    w = K * scale if q == p else R.pow(q - p).mul_(K).mul_(scale)
+    w = w.masked_fill_(kernel.eps > R, 0.0)
+    if rows.keep is not None:  # padded pairs (0 * inf where padded rows coincide)
+        w = w.masked_fill_(~rows.keep, 0.0)
+    w.diagonal(dim1=1, dim2=2).zero_()  # the self-terms
+    wa = w @ alpha  # (B, N, c)
+    waz = (w @ (alpha[..., None] * xs[:, :, None, :]).reshape(B, N, c * d)).reshape(B, N, c, d)
+    g = xs[:, :, None, :] * wa[..., None] - waz  # (B, N, c, d) w.r.t. S x
+    if v is not None:
+        g = g + (math.sqrt(lm / d) * v[:, 1:].mT)[:, None]
+    if S is not None:
+        g = g * S[:, None, None, :] if S.ndim == 2 else g @ S.mT[:, None]
+    g = (g * rows.row.sqrt()[:, :, None, None]).reshape(B, N * c, d)
+    return (g * g).sum(1) if diag else g.mT @ g

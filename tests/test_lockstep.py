@@ -1,0 +1,269 @@
+"""Lockstep leaves: a batched RFM step is each leaf's own step, and a lockstep fit the sequential one."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from conftest import planted
+from tools.host_reads import HostReads
+from xrfm_torch import GaussianKernel, LaplaceKernel, LeafConfig, LpqLaplaceKernel, xRFMTree
+from xrfm_torch.inputs import choice
+from xrfm_torch.leaf import lockstep
+from xrfm_torch.leaf.batched_step import StepRequest, batch_key, batch_rows, batched_rfm_step
+from xrfm_torch.leaf.lockstep import CancelledError, Lockstep
+from xrfm_torch.numerics.solvers import krr_workspace
+
+D = torch.float64
+
+
+def request(
+    n: int,
+    m: int,
+    root: str,
+    *,
+    seed: int,
+    kernel=None,
+    cfg: LeafConfig | None = None,
+    d: int = 5,
+    c: int = 2,
+    weighted: bool = False,
+    diag: bool = False,
+    agop: bool = True,
+) -> StepRequest:
+    """One leaf's step: ``n`` training and ``m`` validation rows, ``sqrt(M)`` by ``root``."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g, dtype=D)
+    Xv = torch.randn(m, d, generator=g, dtype=D)
+    coef = torch.randn(d, c, generator=g, dtype=D)
+    y, yv = torch.sin(X @ coef), torch.sin(Xv @ coef)
+    if cfg is not None and cfg.criterion != "mse":  # one-hot classes
+        y = torch.nn.functional.one_hot(y.argmax(1), c).to(D)
+        yv = torch.nn.functional.one_hot(yv.argmax(1), c).to(D)
+    A = torch.randn(d, d, generator=g, dtype=D) / 2
+    sqrt_m = {
+        "identity": None,
+        "diag": torch.rand(d, generator=g, dtype=D) + 0.2,
+        "full": A @ A.mT + 0.3 * torch.eye(d, dtype=D),
+    }[root]
+    w = (
+        (torch.rand(n, generator=g, dtype=D) + 0.5, torch.rand(m, generator=g, dtype=D) + 0.5)
+        if weighted
+        else (None, None)
+    )
+    kernel = (kernel or LaplaceKernel(bandwidth=2.0 + seed)).double()
+    buffers = (X.new_empty(n, n), X.new_empty(n, n), krr_workspace(n, D, X.device))
+    return StepRequest(
+        kernel, X, y, Xv, yv, sqrt_m, buffers, cfg or LeafConfig(), agop, diag, None, None, w
+    )
+
+
+def assert_same_step(batched, alone) -> None:
+    (cb, Gb, fb), (ca, Ga, _) = batched, alone
+    assert cb.err == pytest.approx(ca.err, rel=1e-9)
+    assert cb.bandwidth == ca.bandwidth and cb.q == ca.q and cb.reg == ca.reg
+    assert cb.sqrt_m is ca.sqrt_m and not fb
+    torch.testing.assert_close(cb.alpha, ca.alpha, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(cb.sq_err, ca.sq_err, rtol=1e-8, atol=1e-12)
+    assert (Gb is None) == (Ga is None)
+    if Ga is not None:
+        assert Gb.shape == Ga.shape
+        torch.testing.assert_close(Gb, Ga, rtol=1e-8, atol=1e-12)
+
+
+def check_batch(requests) -> None:
+    keys = {batch_key(r) for r in requests}
+    assert len(keys) == 1 and None not in keys
+    batched = batched_rfm_step(requests, batch_rows(requests))
+    for r, got in zip(requests, batched):
+        assert_same_step(got, r.run())
+
+
+@pytest.mark.parametrize("linear_mix", [0.1, 0.0])
+def test_batched_step_of_unequal_leaves_with_mixed_roots_is_each_leafs_step(linear_mix):
+    cfg = LeafConfig(linear_mix=linear_mix)
+    # padded rows (70 / 64 / 67 training, 25 / 19 / 30 validation), identity, diagonal and full
+    # roots in one batch, the diagonal AGOP where a leaf asks for it
+    check_batch(
+        [
+            request(70, 25, "full", seed=0, cfg=cfg),
+            request(64, 19, "diag", seed=1, cfg=cfg, diag=True),
+            request(67, 30, "identity", seed=2, cfg=cfg),
+            request(70, 25, "full", seed=3, cfg=cfg, agop=False),
+        ]
+    )
+
+
+@pytest.mark.parametrize("root", ["identity", "diag"])
+def test_batched_step_with_one_root_layout_and_diagonal_agops(root):
+    check_batch([request(40 + k, 20 - k, root, seed=k, diag=True) for k in range(3)])
+
+
+def test_batched_step_with_weights_gaussian_kernel_and_logloss():
+    cfg = LeafConfig(criterion="logloss")
+    reqs = [
+        request(
+            50 + 3 * k, 21 + k, "full", seed=k, cfg=cfg, weighted=True, kernel=GaussianKernel(3.0)
+        )
+        for k in range(3)
+    ]
+    check_batch(reqs)
+
+
+def test_batched_step_with_a_laplace_exponent_and_error_criterion():
+    cfg = LeafConfig(criterion="error")
+    reqs = [request(45, 30, "full", seed=k, cfg=cfg, kernel=LaplaceKernel(4.0)) for k in range(2)]
+    for r in reqs:
+        r.kernel.q = 0.7  # an exponent the post-hoc search may choose: q != 1 and != p
+    check_batch(reqs)
+
+
+def test_a_leaf_whose_first_solve_fails_takes_its_own_step_and_retries():
+    cfg = LeafConfig(reg=0.0, linear_mix=0.0, solve_dtype=torch.float32)
+    good = request(40, 20, "full", seed=0, cfg=cfg)
+    bad = request(40, 20, "full", seed=1, cfg=cfg)
+    bad.X[1:] = bad.X[0]  # one distinct row: K is all ones, singular without a ridge
+    results = batched_rfm_step([good, bad], batch_rows([good, bad]))
+    alone = bad.run()
+    assert results[1][0].err == alone[0].err  # the leaf's own step, bit for bit
+    torch.testing.assert_close(results[1][0].alpha, alone[0].alpha, rtol=0, atol=0)
+    assert results[0][0].err == pytest.approx(good.run()[0].err, rel=1e-4)
+
+
+def test_steps_that_do_not_batch_have_no_key():
+    warm = request(30, 10, "full", seed=0)
+    warm.warm = (1e-4, 10)
+    lp = request(30, 10, "full", seed=0, kernel=LpqLaplaceKernel(2.0, p=1.5, q=1.0))
+    assert batch_key(warm) is None and batch_key(lp) is None
+    a, b = request(30, 10, "full", seed=0), request(30, 10, "full", seed=1, cfg=LeafConfig(reg=0.1))
+    assert batch_key(a) != batch_key(b)  # another ridge: another batch
+
+
+def test_a_batched_step_costs_the_same_operations_for_any_number_of_leaves():
+    counts = []
+    for B in (2, 5):
+        reqs = [request(60 - k, 20 + k, "full", seed=k) for k in range(B)]
+        rows = batch_rows(reqs)
+        with HostReads() as mode:
+            batched_rfm_step(reqs, rows)
+        counts.append(mode.computed)
+    assert counts[0] == counts[1]
+
+
+def test_lockstep_runs_rounds_of_all_live_leaves_and_reports_the_first_error():
+    lock = Lockstep()
+    seen: list[tuple[int, int]] = []
+
+    def job(k: int, steps: int):
+        def run(step):
+            for t in range(steps):
+                r = request(30, 12, "full", seed=10 * k + t)
+                cand, _, _ = step(
+                    r.kernel, r.X, r.y, r.X_val, r.y_val, r.sqrt_m, r.buffers, r.cfg,
+                    agop=True, diag=False, generator=None,
+                )  # fmt: skip
+                assert cand.err == pytest.approx(r.run()[0].err, rel=1e-9)
+                seen.append((lock.rounds, k))
+
+        return run
+
+    lock.run([job(0, 3), job(1, 1), job(2, 2)])
+    assert lock.rounds == 3 and lock.batched == 3 + 2 and lock.alone == 1
+    assert sorted(seen) == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 2), (3, 0)]
+
+    def failing(step):
+        raise ValueError("leaf 1 is broken")
+
+    with pytest.raises(ValueError, match="leaf 1 is broken"):
+        Lockstep().run([job(0, 3), failing, job(2, 3)])
+    assert not [t for t in threading.enumerate() if t.name.startswith("xrfm-leaf-")]
+
+
+def test_a_failed_leaf_cancels_the_others_at_their_next_step():
+    lock, steps = Lockstep(), []
+
+    def waiting(step):
+        r = request(20, 8, "full", seed=0)
+        steps.append(1)
+        step(r.kernel, r.X, r.y, r.X_val, r.y_val, r.sqrt_m, r.buffers, r.cfg,
+             agop=True, diag=False, generator=None)  # fmt: skip
+        steps.append(2)  # never: the round cancels it
+
+    def failing(step):
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        lock.run([waiting, failing])
+    assert steps == [1]
+    with pytest.raises(CancelledError):
+        Lockstep().run([lambda step: (_ for _ in ()).throw(CancelledError("x"))])
+
+
+def fitted(batch_steps, X, y, **kw):
+    model = xRFMTree(batch_steps=batch_steps, max_leaf_size=150, **kw)
+    return model.fit(X, y, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_a_lockstep_tree_fit_is_the_one_by_one_fit(task):
+    X, y = planted(900, d=6, seed=3, dtype=D)
+    if task == "classification":
+        y = (y > y.median()).long()
+    kw = {"leaf": LeafConfig(n_iters=4), "task": task}
+    one, lock = fitted(False, X, y, **kw), fitted(True, X, y, **kw)
+    assert one.n_leaves == lock.n_leaves >= 4
+    for a, b in zip(one.trees[0].leaves, lock.trees[0].leaves):
+        assert int(a.best_iter_) == int(b.best_iter_)
+        torch.testing.assert_close(a.alpha_, b.alpha_, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(lock(X), one(X), rtol=1e-6, atol=1e-9)
+    again = fitted(True, X, y, **kw)  # the same seed, the same model: scheduling does not matter
+    for (name, a), b in zip(lock.state_dict().items(), again.state_dict().values()):
+        if isinstance(a, torch.Tensor):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=name)
+        else:
+            assert a == b, name
+
+
+def test_the_callers_thread_state_goes_with_the_leaves():
+    def work() -> None:
+        torch.ones(3, dtype=D).add_(1).sum()
+
+    seen = []
+
+    def job(step) -> None:
+        seen.append(torch.is_grad_enabled())
+        work()
+
+    with HostReads() as here:
+        work()
+    with torch.no_grad(), HostReads() as mode:  # per thread: the leaves' threads enter them
+        Lockstep().run([job, job])
+    assert seen == [False, False]
+    assert here.computed > 0 and mode.computed == 2 * here.computed
+
+
+def test_probes_in_lockstep_choose_the_same_maps(monkeypatch):
+    X, y = planted(1200, d=6, seed=5, dtype=D)
+    y = y + torch.where(X[:, 0] > 1, 3.0, 0.0)
+    chosen, real = [], choice.choose_map_set
+    for pays in (False, True):
+        monkeypatch.setattr(lockstep, "lockstep_pays", lambda device, pays=pays: pays)
+        calls: list = []
+        monkeypatch.setattr(
+            choice,
+            "choose_map_set",
+            lambda preds, *a, calls=calls: calls.append(preds) or real(preds, *a),
+        )
+        model = fitted(False, X, y, leaf=LeafConfig(n_iters=2))
+        chosen.append((calls[0], model.input_map.names))
+    (one, maps_one), (lock, maps_lock) = chosen
+    assert list(one) == list(lock) and maps_one == maps_lock
+    for name in one:
+        torch.testing.assert_close(lock[name], one[name], rtol=1e-6, atol=1e-8)
+
+
+def test_batch_steps_is_checked():
+    with pytest.raises(TypeError, match="batch_steps"):
+        xRFMTree(batch_steps="yes")  # type: ignore[arg-type]
