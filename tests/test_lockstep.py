@@ -96,6 +96,16 @@ def test_batched_step_of_unequal_leaves_with_mixed_roots_is_each_leafs_step(line
     )
 
 
+@pytest.mark.parametrize("roots", [("identity",) * 3, ("diag",) * 3, ("full", "diag", "identity")])
+def test_batched_step_of_leaves_with_other_input_widths_pads_their_columns(roots):
+    # an input-map probe's leaves: the same rows, 5, 9 and 3 columns
+    reqs = [
+        request(50, 20, root, seed=k, d=d, diag=root == "diag")
+        for k, (root, d) in enumerate(zip(roots, (5, 9, 3)))
+    ]
+    check_batch(reqs)
+
+
 @pytest.mark.parametrize("root", ["identity", "diag"])
 def test_batched_step_with_one_root_layout_and_diagonal_agops(root):
     check_batch([request(40 + k, 20 - k, root, seed=k, diag=True) for k in range(3)])

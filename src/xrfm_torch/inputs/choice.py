@@ -72,10 +72,12 @@ def choose_maps(
     max_maps: int,
     margin: float,
     generator: torch.Generator,
+    batched: bool = False,
 ) -> list[InputMapName]:
     """The maps to grow trees on: ``spec`` itself, or for ``"auto"`` the probe's choice.
 
-    ``imap`` must have its knots fitted unless ``spec`` is ``"identity"``.
+    ``imap`` must have its knots fitted unless ``spec`` is ``"identity"``. ``batched``: the
+    probe's leaves in lockstep (:func:`probe_input_maps`).
     """
     if spec == "auto":
         return probe_input_maps(
@@ -86,6 +88,7 @@ def choose_maps(
             max_maps=max_maps,
             margin=margin,
             generator=generator,
+            batched=batched,
         )
     return [spec] if isinstance(spec, str) else list(spec)  # type: ignore[list-item]
 
@@ -104,6 +107,7 @@ def probe_input_maps(
     max_maps: int,
     margin: float,
     generator: torch.Generator,
+    batched: bool = False,
 ) -> list[InputMapName]:
     """The simplest set of maps whose averaged probe predictions no richer set beats significantly.
 
@@ -123,6 +127,8 @@ def probe_input_maps(
         max_maps: Largest set of maps considered.
         margin: Paired standard errors a set must win by.
         generator: Only its seed is read: the probe draws from its own generator.
+        batched: Fit the maps' leaves in lockstep, their RFM steps batched
+            (:func:`~xrfm_torch.leaf.lockstep.fit_together`; the tree's ``batch_steps``).
     """
     # The probe draws from its own generator, seeded from the caller's without consuming it, so
     # the trees grown afterwards are the same as with the chosen maps set by hand.
@@ -166,7 +172,7 @@ def probe_input_maps(
         return fit
 
     # the maps' leaves are independent fits: on a GPU their steps run batched
-    fit_together([probe(name) for name in PROBED_MAPS], X.device)
+    fit_together([probe(name) for name in PROBED_MAPS], batched=batched)
     preds = {name: preds[name] for name in PROBED_MAPS if name in preds}  # in the maps' order
     return choose_map_set(preds, y_val, max_maps, margin, leaf.criterion, w_val)
 

@@ -89,14 +89,14 @@ def batch_key(r: StepRequest) -> Hashable | None:
     tensors = [r.X, r.y, r.X_val, r.y_val] + ([] if r.sqrt_m is None else [r.sqrt_m])
     if k.p != 2.0 or not standard or r.warm is not None or needs_graph(*tensors):
         return None
-    # (sqrt(M)'s layout and the AGOP's are not in the key: a batch of mixed layouts runs full)
+    # (not in the key: sqrt(M)'s layout and the AGOP's, as a batch of mixed layouts runs full;
+    # the input width, as narrower leaves' inputs are padded with zero columns)
     return (
         type(k),
         k.q,
         k.eps,
         r.X.device,
         r.X.dtype,
-        r.X.shape[1],
         r.y.shape[1],
         cfg.reg,
         cfg.linear_mix,
@@ -117,13 +117,14 @@ def batch_bytes(requests: Sequence[StepRequest]) -> int:
 class _Rows:
     """A batch's rows, padded: built once per set of leaves (the rows do not change by step)."""
 
-    members: tuple[int, ...]  # ids of the leaves' training inputs, in batch order
-    X: Tensor  # (B, N, d)
+    X: Tensor  # (B, N, D), D the widest leaf's input width
     y: Tensor  # (B, N, c)
     Xv: Tensor  # (B, Mv, d)
     yv: Tensor  # (B, Mv, c)
     n: list[int]
     m: list[int]
+    dims: list[int]  # each leaf's input width
+    scale: Tensor | float  # 1 / sqrt(width) of the linear features: (B, 1, 1), or one float
     keep: Tensor | None  # (B, N, N) bool: real pairs (None: no padding)
     pad: Tensor | None  # (B, N) float: 1 on padded rows
     row: Tensor  # (B, N) float: the AGOP's row weights (sum 1 per leaf, 0 on padding)
@@ -134,10 +135,18 @@ class _Rows:
     count: Tensor  # (B,) float64: validation rows per leaf
 
 
-def _padded(parts: Sequence[Tensor], rows: int) -> Tensor:
-    """``parts`` (each (n_b, k)) stacked into (B, rows, k) with zero rows after each."""
+def _padded(parts: Sequence[Tensor], rows: int, cols: int | None = None) -> Tensor:
+    """``parts`` (each (n_b, k_b)) stacked into (B, rows, cols), zeros after each.
+
+    ``cols`` ``None``: all parts have the same number of columns.
+    """
     return torch.stack(
-        [p if p.shape[0] == rows else F.pad(p, (0, 0, 0, rows - p.shape[0])) for p in parts]
+        [
+            p
+            if p.shape[0] == rows and (cols is None or p.shape[1] == cols)
+            else F.pad(p, (0, 0 if cols is None else cols - p.shape[1], 0, rows - p.shape[0]))
+            for p in parts
+        ]
     )
 
 
@@ -173,14 +182,24 @@ def batch_rows(requests: Sequence[StepRequest]) -> _Rows:
         val: Tensor | None = wv / mean
     else:
         val = val_real.to(X0.dtype) if min(m) < Mv else None
+    dims = [r.X.shape[1] for r in requests]
+    D = max(dims)
+    scale = (
+        1.0 / math.sqrt(D)
+        if min(dims) == D
+        else torch.tensor([1.0 / math.sqrt(k) for k in dims], dtype=X0.dtype, device=X0.device)[
+            :, None, None
+        ]
+    )
     return _Rows(
-        members=tuple(id(r.X) for r in requests),
-        X=_padded([r.X for r in requests], N),
+        X=_padded([r.X for r in requests], N, D),
         y=y,
-        Xv=_padded([r.X_val for r in requests], Mv),
+        Xv=_padded([r.X_val for r in requests], Mv, D),
         yv=_padded([r.y_val for r in requests], Mv),
         n=n,
         m=m,
+        dims=dims,
+        scale=scale,
         keep=keep,
         pad=pad,
         row=row,
@@ -249,13 +268,13 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: _Rows) -> list[StepR
     r0 = requests[0]
     cfg, kernel = r0.cfg, r0.kernel
     q, lm = kernel.q, cfg.linear_mix
-    B, d = rows.X.shape[0], rows.X.shape[2]
+    B = rows.X.shape[0]
     for r in requests:  # each leaf's bandwidth from its own subsample and generator
         if cfg.adaptive_bandwidth is not None:
             med = median_pairwise_distance(transform(r.X, r.sqrt_m), 2.0, generator=r.generator)
             if med > 1e-14:
                 r.kernel.bandwidth.fill_(cfg.adaptive_bandwidth * med)
-    S = _stacked_roots(requests, d)
+    S = _stacked_roots(requests, rows.dims)
     usable = None if S is None else (S - S == 0).flatten(1).all(1)
     bandwidth = torch.stack([r.kernel.bandwidth for r in requests]).to(rows.X)
     bw = bandwidth[:, None, None]
@@ -273,7 +292,7 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: _Rows) -> list[StepR
         K.diagonal(dim1=1, dim2=2).add_(rows.pad)
     U = None
     if lm > 0:
-        U = F.pad(xs / math.sqrt(d), (1, 0), value=1.0) * math.sqrt(lm)  # (B, N, d + 1)
+        U = F.pad(xs * rows.scale, (1, 0), value=1.0) * math.sqrt(lm)  # (B, N, D + 1)
         if rows.pad is not None:
             U = U * (1.0 - rows.pad)[..., None]
     dtype = cfg.solve_dtype or K.dtype
@@ -298,7 +317,7 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: _Rows) -> list[StepR
     Kv = _kernel(_distance(xv, xs, centre), bw, q)  # (B, Mv, N)
     pred = Kv @ alpha
     if U is not None and v is not None:
-        Uv = F.pad(xv / math.sqrt(d), (1, 0), value=1.0) * math.sqrt(lm)
+        Uv = F.pad(xv * rows.scale, (1, 0), value=1.0) * math.sqrt(lm)
         pred = torch.baddbmm(pred, Uv, v)
     err, per_row = _losses(pred, rows.yv, rows, cfg.criterion)
     G = None
@@ -331,26 +350,39 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: _Rows) -> list[StepR
         if G is None or not r.agop or not math.isfinite(e):
             results.append((cand, None, False))
         else:
-            Gi = G[i].diagonal() if r.diag and G.ndim == 3 else G[i]
+            k = rows.dims[i]  # (a narrower leaf's padded columns have no gradient)
+            Gi = (
+                G[i, :k, :k].diagonal()
+                if r.diag and G.ndim == 3
+                else G[i, :k, :k]
+                if G.ndim == 3
+                else G[i, :k]
+            )
             results.append((cand, usable_agop(Gi, top, rows.n[i]), False))
     return results
 
 
-def _stacked_roots(requests: Sequence[StepRequest], d: int) -> Tensor | None:
+def _stacked_roots(requests: Sequence[StepRequest], dims: Sequence[int]) -> Tensor | None:
     """The leaves' ``sqrt(M)`` as one batch: ``None``, (B, d) or (B, d, d).
 
     ``None`` where all are the identity, (B, d) where all are diagonal; otherwise a diagonal root
     becomes its diagonal matrix and the identity the identity (``x @ diag(s)`` is ``x * s``
-    exactly: the other terms are zeros).
+    exactly: the other terms are zeros). A narrower leaf's root is padded with zeros.
     """
     roots = [r.sqrt_m for r in requests]
     if all(s is None for s in roots):
         return None
+    D = max(dims)
     if all(s is not None and s.ndim == 1 for s in roots):
-        return torch.stack(roots)  # type: ignore[arg-type]
+        return torch.stack([F.pad(s, (0, D - s.shape[0])) for s in roots])  # type: ignore[arg-type, union-attr]
     X = requests[0].X
-    eye = torch.eye(d, dtype=X.dtype, device=X.device)
-    return torch.stack([eye if s is None else torch.diag(s) if s.ndim == 1 else s for s in roots])
+
+    def full(s: Tensor | None, k: int) -> Tensor:
+        m = torch.eye(k, dtype=X.dtype, device=X.device) if s is None else s
+        m = torch.diag(m) if m.ndim == 1 else m
+        return m if k == D else F.pad(m, (0, D - k, 0, D - k))
+
+    return torch.stack([full(s, k) for s, k in zip(roots, dims)])
 
 
 def _agop(
@@ -385,7 +417,7 @@ def _agop(
     waz = (w @ (alpha[..., None] * xs[:, :, None, :]).reshape(B, N, c * d)).reshape(B, N, c, d)
     g = xs[:, :, None, :] * wa[..., None] - waz  # (B, N, c, d) w.r.t. S x
     if v is not None:
-        g = g + (math.sqrt(lm / d) * v[:, 1:].mT)[:, None]
+        g = g + (math.sqrt(lm) * rows.scale * v[:, 1:].mT)[:, None]
     if S is not None:
         g = g * S[:, None, None, :] if S.ndim == 2 else g @ S.mT[:, None]
     g = (g * rows.row.sqrt()[:, :, None, None]).reshape(B, N * c, d)

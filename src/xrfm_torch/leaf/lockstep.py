@@ -56,15 +56,13 @@ def lockstep_pays(device: torch.device) -> bool:
     return device.type != "cpu"
 
 
-def fit_together(
-    jobs: Sequence[Callable[[StepRunner | None], object]], device: torch.device
-) -> None:
-    """Run ``jobs[k](step)``: in lockstep where batched steps pay on ``device``, else one by one.
+def fit_together(jobs: Sequence[Callable[[StepRunner | None], object]], *, batched: bool) -> None:
+    """Run ``jobs[k](step)``: in lockstep if ``batched``, else one by one (``step`` ``None``).
 
-    One by one (``step`` is ``None``) also under a time limit, where the jobs' order decides
-    which of them the remaining time goes to.
+    One by one also under a time limit, where the jobs' order decides which of them the
+    remaining time goes to.
     """
-    if len(jobs) > 1 and lockstep_pays(device) and deadline.time_left() == math.inf:
+    if batched and len(jobs) > 1 and deadline.time_left() == math.inf:
         Lockstep().run(jobs)
         return
     for job in jobs:
@@ -248,15 +246,19 @@ class Lockstep:
 def _caller_state() -> Callable[[contextlib.ExitStack], None]:
     """What enters the calling thread's torch state in a leaf's thread.
 
-    Grad mode and the torch-function and dispatch modes (a ``torch.device`` block, an operation
-    counter) are per thread; the leaves' threads work as if in the caller's.
+    Grad mode, the current CUDA stream and the torch-function and dispatch modes (a
+    ``torch.device`` block, an operation counter) are per thread; the leaves' threads work as if in the caller's.
     """
     grad = torch.is_grad_enabled()
     functions = _get_current_function_mode_stack()
     dispatches = _get_current_dispatch_mode_stack()
+    # the current CUDA stream is per thread too: the leaves' work queues behind the caller's
+    stream = torch.cuda.current_stream() if torch.cuda.is_initialized() else None
 
     def enter(stack: contextlib.ExitStack) -> None:
         stack.enter_context(torch.set_grad_enabled(grad))
+        if stream is not None:
+            stack.enter_context(torch.cuda.stream(stream))
         for mode in [*functions, *dispatches]:
             stack.enter_context(mode)
 

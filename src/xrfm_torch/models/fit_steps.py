@@ -63,6 +63,7 @@ def prepare_fit(
         max_maps=model.config.input_maps_limit(data.X.shape[0]),
         margin=model.config.input_margin,
         generator=generator,
+        batched=model.config.steps_batched(data.X.device),
     )
     return data, raw_y_val, raw_w_val, maps
 

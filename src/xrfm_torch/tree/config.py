@@ -17,8 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
+import torch
+
 from xrfm_torch.inputs.choice import check_input_transform
 from xrfm_torch.inputs.input_map import PROBED_MAPS, InputTransform
+from xrfm_torch.leaf import lockstep
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.numerics.checks import check_bool, check_fraction, check_int, check_positive
 from xrfm_torch.tree.memory import MemoryBudget
@@ -230,6 +233,12 @@ class TreeConfig:
         if self.memory_budget is not None and self.memory_budget != "auto":
             budget = check_int(cast(int, self.memory_budget), "memory_budget", 1)
             put(self, "memory_budget", budget)
+
+    def steps_batched(self, device: torch.device) -> bool:
+        """Whether the leaves' steps run batched on ``device`` (``batch_steps``; ``"auto"``: off the CPU)."""
+        if self.batch_steps == "auto":
+            return lockstep.lockstep_pays(device)
+        return bool(self.batch_steps)
 
     def replace(self, **changes: Any) -> TreeConfig:
         """A copy with some settings changed (validated like a new one)."""

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from xrfm_torch.leaf import LeafRFM, lockstep
+from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.approx import approx_width
 from xrfm_torch.leaf.data import FitData
 from xrfm_torch.leaf.iteration import StepRunner
@@ -241,14 +241,11 @@ def _in_lockstep(
 ) -> bool:
     """Whether the leaves are fitted in lockstep, their RFM steps batched (``batch_steps``).
 
-    ``"auto"``: off the CPU (on a CPU a batched step is no faster, ``tools/batched_steps.py``).
-    Never for a distributed fit or a single leaf, nor when the leaves' step buffers, all held
+    ``"auto"``: off the CPU (:meth:`TreeConfig.steps_batched`). Never for a distributed fit or a single leaf, nor when the leaves' step buffers, all held
     at once (three (n, n) per exactly iterating leaf), the largest leaf's peak and one batch
     would exceed the memory ``limit``.
     """
-    on = config.batch_steps
-    if on == "auto":
-        on = lockstep.lockstep_pays(X.device)
+    on = config.steps_batched(X.device)
     exact = [s for leaf, s in zip(leaves, sizes) if s[3] is None or not leaf.config.approx_iters]
     if not on or len(exact) < 2 or world(config.distributed)[1] > 1:
         return False
