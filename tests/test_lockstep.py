@@ -13,7 +13,9 @@ from xrfm_torch import GaussianKernel, LaplaceKernel, LeafConfig, LpqLaplaceKern
 from xrfm_torch.inputs import choice
 from xrfm_torch.leaf import lockstep
 from xrfm_torch.leaf.batched_step import StepRequest, batch_key, batch_rows, batched_rfm_step
+from xrfm_torch.leaf.iteration import STEP_RUNNER
 from xrfm_torch.leaf.lockstep import CancelledError, Lockstep
+from xrfm_torch.numerics import host
 from xrfm_torch.numerics.solvers import krr_workspace
 
 D = torch.float64
@@ -122,6 +124,17 @@ def test_batched_step_with_weights_gaussian_kernel_and_logloss():
     check_batch(reqs)
 
 
+def test_batched_step_of_laplace_and_gaussian_leaves_together():
+    # a kernel blend's members: exponents 1, 2 and 0.7 in one batch
+    reqs = [
+        request(40, 15, "full", seed=0, kernel=LaplaceKernel(2.0)),
+        request(38, 17, "diag", seed=1, kernel=GaussianKernel(3.0), diag=True),
+        request(40, 15, "full", seed=2, kernel=LaplaceKernel(2.5)),
+    ]
+    reqs[2].kernel.q = 0.7
+    check_batch(reqs)
+
+
 def test_batched_step_with_a_laplace_exponent_and_error_criterion():
     cfg = LeafConfig(criterion="error")
     reqs = [request(45, 30, "full", seed=k, cfg=cfg, kernel=LaplaceKernel(4.0)) for k in range(2)]
@@ -167,7 +180,8 @@ def test_lockstep_runs_rounds_of_all_live_leaves_and_reports_the_first_error():
     seen: list[tuple[int, int]] = []
 
     def job(k: int, steps: int):
-        def run(step):
+        def run():
+            step = STEP_RUNNER.get()  # a lockstep's job's steps go to the lockstep
             for t in range(steps):
                 r = request(30, 12, "full", seed=10 * k + t)
                 cand, _, _ = step(
@@ -183,7 +197,7 @@ def test_lockstep_runs_rounds_of_all_live_leaves_and_reports_the_first_error():
     assert lock.rounds == 3 and lock.batched == 3 + 2 and lock.alone == 1
     assert sorted(seen) == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 2), (3, 0)]
 
-    def failing(step):
+    def failing():
         raise ValueError("leaf 1 is broken")
 
     with pytest.raises(ValueError, match="leaf 1 is broken"):
@@ -194,21 +208,21 @@ def test_lockstep_runs_rounds_of_all_live_leaves_and_reports_the_first_error():
 def test_a_failed_leaf_cancels_the_others_at_their_next_step():
     lock, steps = Lockstep(), []
 
-    def waiting(step):
+    def waiting():
         r = request(20, 8, "full", seed=0)
         steps.append(1)
-        step(r.kernel, r.X, r.y, r.X_val, r.y_val, r.sqrt_m, r.buffers, r.cfg,
+        STEP_RUNNER.get()(r.kernel, r.X, r.y, r.X_val, r.y_val, r.sqrt_m, r.buffers, r.cfg,
              agop=True, diag=False, generator=None)  # fmt: skip
         steps.append(2)  # never: the round cancels it
 
-    def failing(step):
+    def failing():
         raise KeyError("boom")
 
     with pytest.raises(KeyError):
         lock.run([waiting, failing])
     assert steps == [1]
     with pytest.raises(CancelledError):
-        Lockstep().run([lambda step: (_ for _ in ()).throw(CancelledError("x"))])
+        Lockstep().run([lambda: (_ for _ in ()).throw(CancelledError("x"))])
 
 
 def fitted(batch_steps, X, y, **kw):
@@ -242,7 +256,7 @@ def test_the_callers_thread_state_goes_with_the_leaves():
 
     seen = []
 
-    def job(step) -> None:
+    def job() -> None:
         seen.append(torch.is_grad_enabled())
         work()
 
@@ -259,7 +273,7 @@ def test_probes_in_lockstep_choose_the_same_maps(monkeypatch):
     y = y + torch.where(X[:, 0] > 1, 3.0, 0.0)
     chosen, real = [], choice.choose_map_set
     for pays in (False, True):
-        monkeypatch.setattr(lockstep, "lockstep_pays", lambda device, pays=pays: pays)
+        monkeypatch.setattr(host, "launch_bound", lambda device, pays=pays: pays)
         calls: list = []
         monkeypatch.setattr(
             choice,
@@ -277,3 +291,39 @@ def test_probes_in_lockstep_choose_the_same_maps(monkeypatch):
 def test_batch_steps_is_checked():
     with pytest.raises(TypeError, match="batch_steps"):
         xRFMTree(batch_steps="yes")  # type: ignore[arg-type]
+
+
+def test_a_blend_of_bags_in_lockstep_is_the_one_by_one_blend(monkeypatch):
+    # members and bags in lockstep too: every leaf's steps of every bag of both kernels batch
+    from xrfm_torch.models.bagging import BaggedTree
+    from xrfm_torch.models.blend import KernelBlend
+
+    X, y = planted(1300, d=5, seed=2, dtype=D)
+    y = (y > y.median()).long()
+    models, batches = [], []
+    real = lockstep.batched_rfm_step
+    monkeypatch.setattr(
+        lockstep,
+        "batched_rfm_step",
+        lambda reqs, rows: batches.append([r.kernel.q for r in reqs]) or real(reqs, rows),
+    )
+    for batch_steps in (False, True, True):
+        tree = xRFMTree(
+            task="classification",
+            batch_steps=batch_steps,
+            max_leaf_size=300,
+            leaf=LeafConfig(n_iters=3),
+            input_transform="identity",
+        )
+        blend = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+        models.append(blend.fit(X, y, generator=torch.Generator().manual_seed(0)))
+        assert bool(batches) == batch_steps
+    # batches of steps from leaves of several bags of both kernels
+    assert max(len(set(qs)) for qs in batches) == 2  # (q = 1 and 2 while iterating)
+    assert max(len(b) for b in batches) > 3 * 2
+    one, lock, again = models
+    assert one.summary()["kernels"] == lock.summary()["kernels"]
+    torch.testing.assert_close(lock(X), one(X), rtol=1e-6, atol=1e-8)
+    for (name, a), b in zip(lock.state_dict().items(), again.state_dict().values()):
+        if isinstance(a, torch.Tensor):  # the same seed, the same model
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=name)

@@ -9,6 +9,8 @@ import torch
 
 from conftest import planted
 from xrfm_torch import LeafConfig, xRFMTree
+from xrfm_torch.numerics import host
+from xrfm_torch.tree import temperature
 from xrfm_torch.tree.partition import PartitionTree
 from xrfm_torch.tree.temperature import (
     DEFAULT_TEMPERATURE_GRID,
@@ -112,3 +114,31 @@ def test_an_unsorted_grid_keeps_its_order_and_ties_go_to_the_earlier_entry(fitte
 def test_bad_temperature_patience_is_named(bad):
     with pytest.raises(ValueError, match="temperature_patience"):
         xRFMTree(temperature_patience=bad)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_where_launches_bound_each_leaf_runs_once_on_every_row(fitted, monkeypatch, dense):
+    trees, xs, yv, model = fitted
+    cfg = model.config
+    lazy = temperature_predictions(
+        trees, xs, GRID, keep_mass=cfg.keep_mass, max_leaves=cfg.max_soft_leaves
+    )
+    monkeypatch.setattr(host, "launch_bound", lambda device: True)  # as on a GPU
+    if not dense:  # more pairs than the cap: the lazy evaluation, as on a CPU
+        monkeypatch.setattr(temperature, "DENSE_PAIRS", 10)
+    calls = []
+    for leaf in trees[0].leaf_list():
+        real = leaf.forward
+        monkeypatch.setattr(
+            leaf, "forward", lambda x, real=real: calls.append(x.shape[0]) or real(x)
+        )
+    at = temperature_predictions(
+        trees, xs, GRID, keep_mass=cfg.keep_mass, max_leaves=cfg.max_soft_leaves
+    )
+    n_leaves, n_val = trees[0].n_leaves, xs[0].shape[0]
+    if dense:
+        assert calls == [n_val] * n_leaves  # one call per leaf, on every row
+    else:
+        assert len(calls) > n_leaves and max(calls) < n_val
+    for p, q in zip(at, lazy, strict=True):  # the same outputs (other row batches: float32)
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=2e-4)

@@ -133,11 +133,12 @@ def main() -> None:
     )
     a = ap.parse_args()
     from xrfm_torch.kernels import distance
-    from xrfm_torch.leaf import iteration, lockstep
+    from xrfm_torch.leaf import iteration
+    from xrfm_torch.numerics import host
 
     iteration.PCG_ROWS_PER_ITER = iteration.PCG_ROWS_PER_ITER_DEVICE  # the GPU's CG budget
     distance.CACHE_BLOCK_BYTES = distance.DEVICE_BLOCK_BYTES  # and its one-block passes
-    lockstep.lockstep_pays = lambda device: not a.one_by_one  # and its batched leaf steps
+    host.launch_bound = lambda device: not a.one_by_one  # and its launch-bound paths
     path = a.data_dir / f"{a.table}.csv.gz"
     if a.estimator:
         from bench.peers import is_regression, split_table

@@ -33,7 +33,6 @@ from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import Criterion, validation_loss
 from xrfm_torch.leaf.data import FitData
-from xrfm_torch.leaf.iteration import StepRunner
 from xrfm_torch.leaf.lockstep import fit_together
 from xrfm_torch.leaf.selection import paired_win
 from xrfm_torch.numerics import deadline
@@ -146,8 +145,8 @@ def probe_input_maps(
     config = probe_config(leaf)
     stopped: list[bool] = []
 
-    def probe(name: InputMapName) -> Callable[[StepRunner | None], None]:
-        def fit(run_step: StepRunner | None) -> None:
+    def probe(name: InputMapName) -> Callable[[], None]:
+        def fit() -> None:
             if stopped or (preds and deadline.should_stop()):  # out of time: choose among those
                 if not stopped:  # probed so far
                     count("input-map probes cut short at the time limit")
@@ -164,7 +163,6 @@ def probe_input_maps(
                 sample_weight=w,
                 val_sample_weight=w_val,
                 generator=g_map,
-                run_step=run_step,
             )
             with torch.no_grad():
                 preds[name] = leaf(Xm_val)

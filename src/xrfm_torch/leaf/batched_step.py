@@ -91,9 +91,8 @@ def batch_key(r: StepRequest) -> Hashable | None:
         return None
     # (not in the key: sqrt(M)'s layout and the AGOP's, as a batch of mixed layouts runs full;
     # the input width, as narrower leaves' inputs are padded with zero columns)
+    # (nor the kernel's exponent q: the Laplace and Gaussian kernels of a blend batch together)
     return (
-        type(k),
-        k.q,
         k.eps,
         r.X.device,
         r.X.dtype,
@@ -226,10 +225,13 @@ def _distance(x: Tensor, z: Tensor, centre: Tensor) -> Tensor:
     return o.masked_fill_(o <= c * s, 0.0).sqrt_()
 
 
-def _kernel(R: Tensor, bw: Tensor, q: float) -> Tensor:
-    """``exp(-(R / L)^q)`` with one bandwidth per batch, ``bw`` (B, 1, 1)."""
+def _kernel(R: Tensor, bw: Tensor, q: float | Tensor) -> Tensor:
+    """``exp(-(R / L)^q)`` with one bandwidth per batch, ``bw`` (B, 1, 1).
+
+    ``q``: one exponent, or one per batch (B, 1, 1).
+    """
     s = R / bw
-    if q != 1.0:
+    if isinstance(q, Tensor) or q != 1.0:
         s = s.pow_(q)
     return s.neg_().exp_()
 
@@ -267,7 +269,10 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: _Rows) -> list[StepR
     """
     r0 = requests[0]
     cfg, kernel = r0.cfg, r0.kernel
-    q, lm = kernel.q, cfg.linear_mix
+    lm = cfg.linear_mix
+    qs = [r.kernel.q for r in requests]
+    # one exponent, or one per leaf (a blend's Laplace and Gaussian leaves)
+    q: float | Tensor = qs[0] if len(set(qs)) == 1 else rows.X.new_tensor(qs)[:, None, None]
     B = rows.X.shape[0]
     for r in requests:  # each leaf's bandwidth from its own subsample and generator
         if cfg.adaptive_bandwidth is not None:
@@ -323,7 +328,7 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: _Rows) -> list[StepR
     G = None
     if any(r.agop for r in requests):  # diagonal where every leaf wants its diagonal
         diag = (S is None or S.ndim == 2) and all(r.diag for r in requests)
-        G = _agop(R, K, xs, alpha, v, S, rows, kernel, bw, lm, diag)
+        G = _agop(R, K, xs, alpha, v, S, rows, kernel, q, bw, lm, diag)
     none = err.new_zeros(B)
     values = torch.cat(
         [
@@ -346,7 +351,9 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: _Rows) -> list[StepR
             results.append(r.run())
             continue
         rows_i = per_row[i, : rows.m[i]]
-        cand = Candidate(e, -1, alpha[i, : rows.n[i]], r.sqrt_m, bandwidth_i, q, cfg.reg, rows_i)
+        cand = Candidate(
+            e, -1, alpha[i, : rows.n[i]], r.sqrt_m, bandwidth_i, qs[i], cfg.reg, rows_i
+        )
         if G is None or not r.agop or not math.isfinite(e):
             results.append((cand, None, False))
         else:
@@ -394,6 +401,7 @@ def _agop(
     S: Tensor | None,
     rows: _Rows,
     kernel: Kernel,
+    q: float | Tensor,
     bw: Tensor,
     lm: float,
     diag: bool,
@@ -406,9 +414,9 @@ def _agop(
     """
     B, N, d = xs.shape
     c = alpha.shape[2]
-    q, p = kernel.q, kernel.p
+    p = kernel.p
     scale = -q / bw.pow(q)
-    w = K * scale if q == p else R.pow(q - p).mul_(K).mul_(scale)
+    w = K * scale if isinstance(q, float) and q == p else R.pow(q - p).mul_(K).mul_(scale)
     w = w.masked_fill_(kernel.eps > R, 0.0)
     if rows.keep is not None:  # padded pairs (0 * inf where padded rows coincide)
         w = w.masked_fill_(~rows.keep, 0.0)

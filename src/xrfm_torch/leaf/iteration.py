@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor
@@ -68,6 +69,10 @@ def warm_budget(n: int, device: torch.device) -> int:
 #: whether the workspace holds the step's factor)``: ``rfm_step`` itself, or a lockstep fit's
 #: batching (:class:`xrfm_torch.leaf.lockstep.Lockstep`).
 StepRunner = Callable[..., "tuple[Candidate, Tensor | None, bool]"]
+
+#: What runs this thread's RFM steps: set in a lockstep's threads (their steps are batched with
+#: the other jobs'); ``None``: :func:`rfm_step`, one by one.
+STEP_RUNNER: ContextVar[StepRunner | None] = ContextVar("xrfm_torch_step_runner", default=None)
 
 
 def failed_candidate(
@@ -222,7 +227,6 @@ def run_iterations(
     generator: torch.Generator | None,
     weights: tuple[Tensor | None, Tensor | None] = (None, None),
     start: Tensor | None = None,
-    run_step: StepRunner | None = None,
 ) -> tuple[Candidate, Tensor, bool, tuple[Tensor, Tensor] | None]:
     """Fit ``t = 0 .. tau`` with ``M_{t+1} = G_t / (eps + max G_t)`` and keep the best validation MSE.
 
@@ -244,8 +248,6 @@ def run_iterations(
             every solve, AGOP and validation error is weighted (:func:`rfm_step`).
         start: ``sqrt(M)`` of ``t = 0``, (d,) or (d, d), which also fixes the layout (``None``:
             the identity, the layout by ``diag``).
-        run_step: What runs a step, with :func:`rfm_step`'s signature (``None``: ``rfm_step``);
-            a lockstep fit's batching (:mod:`xrfm_torch.leaf.lockstep`).
 
     Returns:
         ``(best candidate, validation MSE per iteration (tau + 1,) with NaN where not run,
@@ -271,7 +273,7 @@ def run_iterations(
     def step(sqrt_m: Tensor | None, agop: bool, diag: bool) -> tuple[Candidate, Tensor | None]:
         nonlocal factor_diag, gave_up
         tried = warm is not None and factor_diag is diag and gave_up < WARM_GIVE_UPS
-        cand, G, factored = (run_step or rfm_step)(
+        cand, G, factored = (STEP_RUNNER.get() or rfm_step)(
             kernel,
             X,
             y,

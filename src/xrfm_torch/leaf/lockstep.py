@@ -1,7 +1,10 @@
 """Fit several leaves in lockstep: their RFM steps run together as batched steps.
 
 Each leaf's fit (``LeafRFM.fit``, its decisions unchanged) runs in its own thread, and its RFM
-steps go through :meth:`Lockstep.step` instead of :func:`~xrfm_torch.leaf.iteration.rfm_step`.
+steps go to the lockstep instead of :func:`~xrfm_torch.leaf.iteration.rfm_step` (the thread's
+:data:`~xrfm_torch.leaf.iteration.STEP_RUNNER`). A job may run jobs of its own in the same
+lockstep (:func:`fit_together`: a bag's tree fits its leaves), so the steps of every leaf of
+every tree being fitted batch together.
 The threads only take turns: one lock is held by whichever thread runs, and a thread gives it up
 only while it waits for its step. When every leaf still fitting is waiting, the round's steps run
 (:func:`run_round`): those that batch together (:func:`~xrfm_torch.leaf.batched_step.batch_key`)
@@ -18,11 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import math
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -40,33 +45,65 @@ from xrfm_torch.leaf.batched_step import (
     batched_rfm_step,
 )
 from xrfm_torch.leaf.config import LeafConfig
-from xrfm_torch.leaf.iteration import StepRunner
+from xrfm_torch.leaf.iteration import STEP_RUNNER
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.events import count
 
 log = logging.getLogger(__name__)
+
+#: A job's id and the step it waits for.
+_Pending = tuple[tuple[int, ...], StepRequest]
 
 #: Device memory one batched step may take (:func:`~xrfm_torch.leaf.batched_step.batch_bytes`);
 #: a larger group of steps runs as several batches.
 BATCH_BYTES = 4 * 2**30
 
 
-def lockstep_pays(device: torch.device) -> bool:
-    """Whether batched steps pay on ``device``: off the CPU (there they are no faster)."""
-    return device.type != "cpu"
+#: Where a thread runs as a job of a lockstep: the lockstep and the job's id (a tuple: a job's
+#: own jobs extend it, so ids sort the same way whatever the threads' schedule).
+_ACTIVE: ContextVar[tuple[Lockstep, tuple[int, ...]] | None] = ContextVar(
+    "xrfm_torch_lockstep", default=None
+)
+
+#: A lockstep's job: a fit whose RFM steps (``run_iterations``) the lockstep runs.
+Job = Callable[[], object]
 
 
-def fit_together(jobs: Sequence[Callable[[StepRunner | None], object]], *, batched: bool) -> None:
-    """Run ``jobs[k](step)``: in lockstep if ``batched``, else one by one (``step`` ``None``).
+def fit_together(
+    jobs: Sequence[Job],
+    *,
+    batched: bool,
+    held_bytes: int = 0,
+    limit: int | None = None,
+) -> None:
+    """Run every job: in lockstep if ``batched`` (each in a thread), else one by one.
 
-    One by one also under a time limit, where the jobs' order decides which of them the
-    remaining time goes to.
+    Inside a job of a lockstep (a tree's fit in a bag fitted in lockstep), the jobs join that
+    lockstep: their steps batch with every other job's. ``held_bytes``: the device memory the
+    jobs hold at once when run together (their step buffers); where that and one batch would
+    exceed ``limit`` beside what the lockstep's other jobs hold, the jobs run one by one (their
+    steps still in the lockstep's rounds). One by one also under a time limit, where the jobs'
+    order decides which of them the remaining time goes to.
     """
-    if batched and len(jobs) > 1 and deadline.time_left() == math.inf:
-        Lockstep().run(jobs)
+    active = _ACTIVE.get()
+    if active is not None:
+        lock, me = active
+        if batched and len(jobs) > 1 and lock.reserve(held_bytes, limit):
+            try:
+                lock.fork(me, jobs)
+            finally:
+                lock.release(held_bytes)
+            return
+        for job in jobs:  # in this job's thread: their steps still join the rounds
+            job()
         return
+    if batched and len(jobs) > 1 and deadline.time_left() == math.inf:
+        lock = Lockstep()
+        if lock.reserve(held_bytes, limit):
+            lock.run(jobs)
+            return
     for job in jobs:
-        job(None)
+        job()
 
 
 class CancelledError(RuntimeError):
@@ -74,14 +111,14 @@ class CancelledError(RuntimeError):
 
 
 class Lockstep:
-    """Runs leaf fits in threads that take turns, their RFM steps batched round by round.
+    """Runs fits in threads that take turns, their RFM steps batched round by round.
 
     Args:
         batch_bytes: Device memory one batched step may take.
 
     Example:
         >>> lock = Lockstep()
-        >>> lock.run([lambda step: None, lambda step: None])  # jobs that take no step
+        >>> lock.run([lambda: None, lambda: None])  # jobs that take no step
         >>> lock.rounds
         0
     """
@@ -94,67 +131,108 @@ class Lockstep:
         self.batched = 0  # steps that ran in a batch of two or more
         self.alone = 0  # steps that ran one by one
         self._cond = threading.Condition(threading.Lock())
-        self._pending: dict[int, StepRequest] = {}
-        self._results: dict[int, StepResult | BaseException] = {}
-        self._live = 0
+        self._pending: dict[tuple[int, ...], StepRequest] = {}
+        self._results: dict[tuple[int, ...], StepResult | BaseException] = {}
+        self._live = 0  # jobs running or waiting for a step (not those waiting for their jobs)
         self._failed = False
+        self._reserved = 0  # device memory the running jobs hold (fit_together's held_bytes)
         # padded rows by batch membership: (the leaves' training inputs, their rows)
         self._rows: dict[tuple[int, ...], tuple[tuple[Tensor, ...], Any]] = {}
 
-    def run(self, jobs: Sequence[Callable[[StepRunner], object]]) -> None:
-        """Run ``jobs[k](step)`` for every ``k`` in lockstep; ``step`` replaces ``rfm_step``.
+    def reserve(self, nbytes: int, limit: int | None) -> bool:
+        """Count ``nbytes`` more held, if they and a batch fit in ``limit`` (``None``: no limit)."""
+        if limit is not None and self._reserved + nbytes + self.batch_bytes > limit:
+            return False
+        self._reserved += nbytes
+        return True
+
+    def release(self, nbytes: int) -> None:
+        """The jobs that held ``nbytes`` are done."""
+        self._reserved -= nbytes
+
+    def run(self, jobs: Sequence[Job]) -> None:
+        """Run every job in its own thread, in lockstep (their RFM steps batched round by round).
 
         Raises:
             The first job's error (by job order) if any job failed; the other jobs are cancelled
             at their next step.
         """
-        errors: dict[int, BaseException] = {}
-        self._live = len(jobs)
-        self._failed = False
-
-        enter_caller_state = _caller_state()
-
-        def body(k: int, job: Callable[[StepRunner], object]) -> None:
-            with self._cond, contextlib.ExitStack() as state:  # runs only holding the lock
-                try:
-                    enter_caller_state(state)
-                    job(lambda *args, **kwargs: self._step(k, *args, **kwargs))
-                except BaseException as err:  # reported by run, in the caller's thread
-                    errors[k] = err
-                    self._failed = True
-                finally:
-                    self._live -= 1
-                    self._maybe_round()
-
-        threads = [
-            threading.Thread(
-                target=contextvars.copy_context().run,  # deadlines and counters go along
-                args=(body, k, job),
-                name=f"xrfm-leaf-{k}",
-                daemon=True,
-            )
-            for k, job in enumerate(jobs)
-        ]
-        for t in threads:
-            t.start()
+        errors: dict[tuple[int, ...], BaseException] = {}
+        with self._cond:
+            self._live += len(jobs)
+        threads = self._start(jobs, (), errors, None)
         for t in threads:
             t.join()
         self._rows.clear()
-        real = {k: e for k, e in errors.items() if not isinstance(e, CancelledError)}
-        if real or errors:
-            k = min(real or errors)
-            raise (real or errors)[k]
+        _raise_first(errors)
         log.debug(
-            "lockstep: %d leaves, %d rounds, %d steps batched, %d alone",
+            "lockstep: %d jobs, %d rounds, %d steps batched, %d alone",
             len(jobs),
             self.rounds,
             self.batched,
             self.alone,
         )
 
+    def fork(self, me: tuple[int, ...], jobs: Sequence[Job]) -> None:
+        """Job ``me`` runs ``jobs`` in this lockstep and waits for them (called holding the lock).
+
+        The jobs take ``me``'s place among the live jobs while it waits; the last to finish
+        gives it back, so no round runs without ``me``'s next step.
+        """
+        errors: dict[tuple[int, ...], BaseException] = {}
+        left = [len(jobs)]
+        self._live += len(jobs) - 1
+        self._start(jobs, me, errors, left)
+        while left[0] > 0:
+            self._cond.wait()
+        _raise_first(errors)
+
+    def _start(
+        self,
+        jobs: Sequence[Job],
+        parent: tuple[int, ...],
+        errors: dict[tuple[int, ...], BaseException],
+        left: list[int] | None,
+    ) -> list[threading.Thread]:
+        """One thread per job, ids ``parent + (k,)``; ``left`` counts a fork's unfinished jobs."""
+        enter_caller_state = _caller_state()
+
+        def body(me: tuple[int, ...], job: Job) -> None:
+            with self._cond, contextlib.ExitStack() as state:  # runs only holding the lock
+                token = _ACTIVE.set((self, me))
+                runner = STEP_RUNNER.set(functools.partial(self._step, me))
+                try:
+                    enter_caller_state(state)
+                    job()
+                except BaseException as err:  # reported to the caller, in its thread
+                    errors[me] = err
+                    self._failed = True
+                finally:
+                    _ACTIVE.reset(token)
+                    STEP_RUNNER.reset(runner)
+                    self._live -= 1
+                    if left is not None:
+                        left[0] -= 1
+                        self._live += left[0] == 0  # the waiting caller's place back
+                    self._maybe_round()
+                    self._cond.notify_all()
+
+        threads = [
+            threading.Thread(
+                target=contextvars.copy_context().run,  # deadlines and counters go along
+                args=(body, (*parent, k), job),
+                name=f"xrfm-lockstep-{'.'.join(map(str, (*parent, k)))}",
+                daemon=True,
+            )
+            for k, job in enumerate(jobs)
+        ]
+        for t in threads:
+            t.start()
+        return threads
+
     def _step(
         self,
-        k: int,
+        k: tuple[int, ...],
         kernel: Kernel,
         X: Tensor,
         y: Tensor,
@@ -170,7 +248,7 @@ class Lockstep:
         warm: tuple[float, int] | None = None,
         weights: tuple[Tensor | None, Tensor | None] = (None, None),
     ) -> StepResult:
-        """Leaf ``k``'s step: wait (the lock given up) until its round has run it."""
+        """Job ``k``'s step: wait (the lock given up) until its round has run it."""
         if self._failed:
             raise CancelledError("another leaf of this lockstep fit failed")
         self._pending[k] = StepRequest(
@@ -197,13 +275,13 @@ class Lockstep:
         self._cond.notify_all()
 
     def run_round(
-        self, pending: Sequence[tuple[int, StepRequest]]
-    ) -> dict[int, StepResult | BaseException]:
+        self, pending: Sequence[tuple[tuple[int, ...], StepRequest]]
+    ) -> dict[tuple[int, ...], StepResult | BaseException]:
         """Each request's result: batched by :func:`batch_key` within ``batch_bytes``, else alone."""
         self.rounds += 1
-        groups: dict[Hashable, list[tuple[int, StepRequest]]] = defaultdict(list)
-        out: dict[int, StepResult | BaseException] = {}
-        alone: list[tuple[int, StepRequest]] = []
+        groups: dict[Hashable, list[_Pending]] = defaultdict(list)
+        out: dict[tuple[int, ...], StepResult | BaseException] = {}
+        alone: list[_Pending] = []
         for k, r in pending:
             key = batch_key(r)
             if key is None:
@@ -265,11 +343,16 @@ def _caller_state() -> Callable[[contextlib.ExitStack], None]:
     return enter
 
 
-def _split(
-    group: list[tuple[int, StepRequest]], budget: int
-) -> list[list[tuple[int, StepRequest]]]:
+def _raise_first(errors: dict[tuple[int, ...], BaseException]) -> None:
+    """Raise the first error by job id, one that is not a cancellation if there is one."""
+    real = {k: e for k, e in errors.items() if not isinstance(e, CancelledError)}
+    if real or errors:
+        raise (real or errors)[min(real or errors)]
+
+
+def _split(group: list[_Pending], budget: int) -> list[list[_Pending]]:
     """Consecutive batches of ``group`` whose :func:`batch_bytes` stay within ``budget``."""
-    batches: list[list[tuple[int, StepRequest]]] = []
+    batches: list[list[_Pending]] = []
     for item in group:
         if batches and batch_bytes([r for _, r in batches[-1]] + [item[1]]) <= budget:
             batches[-1].append(item)

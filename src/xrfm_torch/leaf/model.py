@@ -16,7 +16,7 @@ from xrfm_torch.leaf.approx_iteration import run_approx_iterations
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.data import fit_data, weighted_rows
 from xrfm_torch.leaf.gp import LeafGP
-from xrfm_torch.leaf.iteration import StepRunner, run_iterations
+from xrfm_torch.leaf.iteration import run_iterations
 from xrfm_torch.leaf.kinds import KINDS, SOLVES, KernelSolve, LeafKind, extend_solve, mean_beats
 from xrfm_torch.leaf.selection import Candidate
 from xrfm_torch.leaf.state import upgrade_leaf_state
@@ -183,7 +183,6 @@ class LeafRFM(ResizableBuffers):
         extra: tuple[Tensor, Tensor] | None = None,
         extra_weight: Tensor | None = None,
         start_sqrt_m: Tensor | None = None,
-        run_step: StepRunner | None = None,
     ) -> LeafRFM:
         """Run the RFM iterations and keep the iteration with the lowest validation MSE.
 
@@ -217,8 +216,6 @@ class LeafRFM(ResizableBuffers):
             start_sqrt_m: ``sqrt(M)`` of ``t = 0``, (d,) or (d, d), also fixing the layout
                 (``None``: the identity); a later bag starts from the first bag's leaves. The
                 exact iterations use it (``approx_iters`` start from the identity).
-            run_step: What runs each RFM step (``None``: one by one); a tree's lockstep fit
-                batches its leaves' steps (:mod:`xrfm_torch.leaf.lockstep`).
 
         Returns:
             ``self``.
@@ -293,7 +290,6 @@ class LeafRFM(ResizableBuffers):
                 generator,
                 (w, data.w_val),
                 start_sqrt_m,
-                run_step,
             )
             best, self.val_errors_, self._chosen_diag, factored = fitted
             self._store(X, best)

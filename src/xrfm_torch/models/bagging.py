@@ -19,6 +19,7 @@ With ``shared_plan`` the later bags follow the first bag's choices instead of se
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from xrfm_torch.inputs.input_map import InputTransform
+from xrfm_torch.leaf.lockstep import fit_together
 from xrfm_torch.models.bag_plan import (
     CLASSIFICATION_BAG_SIZE_FRACTION,
     PLAN_MIN_ROWS,
@@ -41,6 +43,7 @@ from xrfm_torch.numerics.checks import check_bool, check_fraction, check_int
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import HonestOutputs
+from xrfm_torch.tree.memory import budget_bytes, tree_step_bytes
 from xrfm_torch.tree.parallel import assign_by_cost, leaf_seeds, run_leaf_jobs, world
 
 log = logging.getLogger(__name__)
@@ -342,9 +345,19 @@ class BaggedTree(Ensemble):
         if p is None:
             raise RuntimeError("finish_fit needs begin_fit first")
         self._pending = None
-        rest = self.n_bags - p.first
-        owners = assign_by_cost([1.0] * rest, world(self.distributed)[1])
-        run_leaf_jobs(p.bags[p.first :], p.jobs[p.first :], owners, distributed=self.distributed)
+        bags, jobs = p.bags[p.first :], p.jobs[p.first :]
+        if world(self.distributed)[1] > 1:
+            owners = assign_by_cost([1.0] * len(bags), world(self.distributed)[1])
+            run_leaf_jobs(bags, jobs, owners, distributed=self.distributed)
+        elif bags:  # in lockstep where batched steps pay: every bag's leaves' steps batch together
+            cfg, rows = bags[0].config, int((p.folds != 0).sum())
+            fit_together(
+                [functools.partial(job, bag) for job, bag in zip(jobs, bags)],
+                batched=cfg.steps_batched(p.Xp.device),
+                held_bytes=len(bags)
+                * tree_step_bytes(cfg.max_leaf_size, rows, p.Xp.element_size()),
+                limit=budget_bytes(cfg.memory_budget, p.Xp.device),
+            )
         widths = {b.n_outputs_ for b in p.bags}
         if len(widths) > 1:  # cannot happen with >= 2 rows a class; a guard for the average
             raise RuntimeError(f"bags fitted different output widths {sorted(widths)}")

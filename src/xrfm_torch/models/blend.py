@@ -16,6 +16,7 @@ scores or targets for ``forward``); ``return_std`` is the weighted mixture's.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from xrfm_torch.kernels import KERNELS
+from xrfm_torch.leaf.lockstep import fit_together
 from xrfm_torch.leaf.selection import paired_win
 from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.ensemble import Ensemble
@@ -40,6 +42,7 @@ from xrfm_torch.tree.honest import (
     mean_loss,
     row_losses,
 )
+from xrfm_torch.tree.memory import budget_bytes, tree_step_bytes
 from xrfm_torch.tree.parallel import world
 
 log = logging.getLogger(__name__)
@@ -257,11 +260,15 @@ class KernelBlend(Ensemble):
         members = [self._new_member(i) for i in range(len(self.kernels))]
         race = self.race_margin is not None and all(isinstance(m, BaggedTree) for m in members)
         race = race and world(self.distributed)[1] == 1  # every rank must make the same choice
-        for member in members:
+        proto = self.prototype
+        cfg = (proto.tree if isinstance(proto, BaggedTree) else proto).config
+        # the members are independent fits: in lockstep where batched steps pay
+        batched = cfg.steps_batched(X.device) and world(self.distributed)[1] == 1
+
+        def fit(member: Member) -> None:
             draws = torch.Generator()
             draws.set_state(state)
-            fit = cast(BaggedTree, member).begin_fit if race else member.fit
-            fit(
+            (cast(BaggedTree, member).begin_fit if race else member.fit)(
                 X,
                 y,
                 X_val,
@@ -271,11 +278,19 @@ class KernelBlend(Ensemble):
                 generator=draws,
                 progress=progress,
             )
+
+        held = len(members) * tree_step_bytes(cfg.max_leaf_size, X.shape[0], X.element_size())
+        limit = budget_bytes(cfg.memory_budget, X.device)
+        fit_together(
+            [functools.partial(fit, m) for m in members],
+            batched=batched,
+            held_bytes=held,
+            limit=limit,
+        )
         keep = list(range(len(members)))
         if race:
             keep = self._race([cast(BaggedTree, m) for m in members])
-            for i in keep:
-                cast(BaggedTree, members[i]).finish_fit()
+            fit_together([cast(BaggedTree, members[i]).finish_fit for i in keep], batched=batched)
         self.mix([members[i] for i in keep], keep)
         self.fit_seconds_ = time.perf_counter() - start
         return self

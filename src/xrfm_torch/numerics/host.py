@@ -58,3 +58,13 @@ def _scalar(v: Tensor) -> Tensor:
     """``v`` as a 0-dim tensor outside autograd (no operation where it is one already)."""
     v = v.detach() if v.requires_grad else v
     return v if v.ndim == 0 else v.reshape(())
+
+
+def launch_bound(device: torch.device) -> bool:
+    """Whether a fit on ``device`` is bound by the host's cost per operation, not arithmetic.
+
+    Off the CPU (a GPU): there each operation costs the host some 20 us to launch whatever its
+    size, so fewer, larger operations pay (batched leaf steps, a leaf evaluated on all rows at
+    once) even where they do more arithmetic. On the CPU arithmetic is the cost.
+    """
+    return device.type != "cpu"

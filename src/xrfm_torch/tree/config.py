@@ -21,8 +21,8 @@ import torch
 
 from xrfm_torch.inputs.choice import check_input_transform
 from xrfm_torch.inputs.input_map import PROBED_MAPS, InputTransform
-from xrfm_torch.leaf import lockstep
 from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.numerics import host
 from xrfm_torch.numerics.checks import check_bool, check_fraction, check_int, check_positive
 from xrfm_torch.tree.memory import MemoryBudget
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
@@ -237,7 +237,7 @@ class TreeConfig:
     def steps_batched(self, device: torch.device) -> bool:
         """Whether the leaves' steps run batched on ``device`` (``batch_steps``; ``"auto"``: off the CPU)."""
         if self.batch_steps == "auto":
-            return lockstep.lockstep_pays(device)
+            return host.launch_bound(device)
         return bool(self.batch_steps)
 
     def replace(self, **changes: Any) -> TreeConfig:

@@ -7,6 +7,7 @@ them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from xrfm_torch.inputs.choice import encode_fit_data
 from xrfm_torch.inputs.input_map import InputMap, InputMapName
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.data import FitData
+from xrfm_torch.leaf.lockstep import fit_together
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.events import count
 from xrfm_torch.tree.grow import Progress, TreeLayout, grow_tree
@@ -61,6 +63,14 @@ class GrownTrees:
     val_scores: Tensor | None = None
     val_score_rows: Tensor | None = None
     val_moments: Moments | None = None
+
+    def extend(self, more: GrownTrees) -> None:
+        """Append ``more``'s trees (with their maps, data and pending solves)."""
+        self.trees += more.trees
+        self.maps += more.maps
+        self.data += more.data
+        self.pending += more.pending
+        self.owners += more.owners
 
     def fit_posteriors(self) -> None:
         """Give every leaf its Gaussian-process view (:meth:`LeafRFM.fit_posterior`)."""
@@ -126,11 +136,19 @@ def fit_trees(
     n_trees = cast(int, cfg.n_trees)
     grown = GrownTrees([], [], [], [], [], distributed=cfg.distributed)
     start = generator.get_state()
-    for i, name in enumerate(maps):
-        if i > 0:
-            generator.set_state(start)
+    batched = cfg.steps_batched(data.X.device) and world(cfg.distributed)[1] == 1
+    per_map: dict[int, GrownTrees] = {}
+    ends: dict[int, Tensor] = {}  # each map's generator state after its trees
+
+    def map_trees(i: int, name: InputMapName) -> None:
+        """Map ``i``'s trees, from the generator state the call started with."""
+        g = torch.Generator()
+        g.set_state(start)
+        mine = GrownTrees([], [], [], [], [], distributed=cfg.distributed)
         mapped = encode_fit_data(imap, data, name)  # what this map's trees see
         tree_plan = plan  # the map's later trees follow its first tree (FitPlan.following)
+        # the trees before (in lockstep, where the maps run together: i * n_trees)
+        done = i * n_trees if batched else sum(len(m.trees) for m in per_map.values())
         for t in range(n_trees):
             held = mapped.holdout is not None
             # with a hold-out, the tree is grown on all training rows and each leaf validates on
@@ -143,25 +161,31 @@ def fit_trees(
                 max_leaf_size=cfg.max_leaf_size,
                 split_rule=cfg.split_rule,
                 kernel=plan.kernel,
-                generator=generator,
+                generator=g,
                 overlap_fraction=cast(float, cfg.overlap_fraction),  # resolved by the plan
                 weights=(mapped.w, None if held else mapped.w_val),
             )
-            leaves, pending, owners = tree_plan.fit(
-                layout, mapped, generator, progress, len(grown.trees)
-            )
+            leaves, pending, owners = tree_plan.fit(layout, mapped, g, progress, done + t)
             tree = PartitionTree(leaves, trainable=cfg.trainable_routing)
             tree.set_structure(layout.vectors, layout.thresholds, layout.scales, layout.children)
             if t == 0 and n_trees > 1 and cfg.shared_plan:
                 tree_plan = plan.following(tree) or plan
-            grown.trees.append(tree)
-            grown.maps.append(name)
-            grown.data.append(mapped)
-            grown.pending.append(pending)
-            grown.owners.append(owners)
+            mine.trees.append(tree)
+            mine.maps.append(name)
+            mine.data.append(mapped)
+            mine.pending.append(pending)
+            mine.owners.append(owners)
             if tree.n_leaves == 1 and n_trees > 1:
                 log.info("tree %d has no split; more trees on %r would be identical", t, name)
                 break
+        per_map[i], ends[i] = mine, g.get_state()
+
+    # the maps' trees are independent fits: in lockstep on a GPU, their leaves' steps batched
+    jobs = [functools.partial(map_trees, i, name) for i, name in enumerate(maps)]
+    fit_together(jobs, batched=batched)
+    for i in range(len(maps)):
+        grown.extend(per_map[i])
+    generator.set_state(ends[len(maps) - 1])  # as if the maps had run one after another
     if data.holdout is None:
         grown.refit()
     xs = [mapped.X_val for mapped in grown.data]  # each tree's map, encoded once per map

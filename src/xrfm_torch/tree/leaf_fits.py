@@ -17,8 +17,7 @@ from torch import Tensor
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.leaf.approx import approx_width
 from xrfm_torch.leaf.data import FitData
-from xrfm_torch.leaf.iteration import StepRunner
-from xrfm_torch.leaf.lockstep import BATCH_BYTES, Lockstep
+from xrfm_torch.leaf.lockstep import fit_together
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.config import TreeConfig
@@ -145,8 +144,7 @@ def fit_leaves(
     check_leaf_memory(sizes, X.dtype, X.device, limit, auto=memory_budget == "auto")
     done = [0]
 
-    def job(k: int, run_step: StepRunner | None = None) -> LeafJob:
-        """Leaf ``k``'s fit, its RFM steps run by ``run_step`` (``None``: one by one)."""
+    def job(k: int) -> LeafJob:
         tr, Xv, yv, final, wv = plans[k]
         wt = None if w is None else w[tr]
 
@@ -162,7 +160,6 @@ def fit_leaves(
                     generator=g,
                     final_solve=False,
                     start_sqrt_m=m0,
-                    run_step=run_step,
                 )
             else:
                 final_rows: dict[str, Any] = {"final_solve": False}
@@ -186,7 +183,6 @@ def fit_leaves(
                     val_sample_weight=wv,
                     generator=g,
                     start_sqrt_m=m0,
-                    run_step=run_step,
                     **final_rows,
                 )
             done[0] += 1
@@ -214,10 +210,15 @@ def fit_leaves(
         for leaf, (_, _, _, final, _), size in zip(leaves, plans, sizes)
     ]
     owners = assign_by_cost(costs, world(distributed)[1])
-    if _in_lockstep(config, leaves, sizes, X, limit):
-        Lockstep().run([functools.partial(_fit_with, job, k, leaves[k]) for k in range(len(plans))])
-    else:
+    if world(distributed)[1] > 1:
         run_leaf_jobs(leaves, [job(k) for k in range(len(plans))], owners, distributed=distributed)
+    else:  # in lockstep where batched steps pay (and inside a lockstep already running)
+        fit_together(
+            [functools.partial(job(k), leaf) for k, leaf in enumerate(leaves)],
+            batched=config.steps_batched(X.device),
+            held_bytes=_held_bytes(leaves, sizes, X),
+            limit=limit,
+        )
     refit = [
         final if leaf.support_.shape[0] < final.shape[0] else None
         for leaf, (_, _, _, final, _) in zip(leaves, plans)
@@ -225,35 +226,17 @@ def fit_leaves(
     return leaves, refit, owners
 
 
-def _fit_with(
-    job: Callable[[int, StepRunner | None], LeafJob], k: int, leaf: LeafRFM, step: StepRunner
-) -> None:
-    """Leaf ``k``'s job with its steps run by ``step`` (a lockstep fit's job)."""
-    job(k, step)(leaf)
+def _held_bytes(
+    leaves: list[LeafRFM], sizes: list[tuple[int, int, int, int | None]], X: Tensor
+) -> int:
+    """What the leaves hold at once in lockstep.
 
-
-def _in_lockstep(
-    config: TreeConfig,
-    leaves: list[LeafRFM],
-    sizes: list[tuple[int, int, int, int | None]],
-    X: Tensor,
-    limit: int | None,
-) -> bool:
-    """Whether the leaves are fitted in lockstep, their RFM steps batched (``batch_steps``).
-
-    ``"auto"``: off the CPU (:meth:`TreeConfig.steps_batched`). Never for a distributed fit or a single leaf, nor when the leaves' step buffers, all held
-    at once (three (n, n) per exactly iterating leaf), the largest leaf's peak and one batch
-    would exceed the memory ``limit``.
+    Three (n, n) step buffers per exactly iterating leaf and the largest leaf's peak (its final
+    solve).
     """
-    on = config.steps_batched(X.device)
     exact = [s for leaf, s in zip(leaves, sizes) if s[3] is None or not leaf.config.approx_iters]
-    if not on or len(exact) < 2 or world(config.distributed)[1] > 1:
-        return False
-    if limit is None:
-        return True
     held = sum(3 * s[0] ** 2 for s in exact) * X.element_size()
-    peak = max(leaf_peak_bytes(*s[:3], X.dtype, s[3]) for s in sizes)
-    return held + peak + BATCH_BYTES <= limit
+    return held + max((leaf_peak_bytes(*s[:3], X.dtype, s[3]) for s in sizes), default=0)
 
 
 def _planned_size(

@@ -87,6 +87,14 @@ def available_bytes(device: torch.device) -> int | None:
     return None
 
 
+def tree_step_bytes(max_leaf_size: int, rows: int, itemsize: int) -> int:
+    """A bound on what a tree's leaves on ``rows`` rows hold at once in lockstep.
+
+    Their step buffers: three (n, n) per leaf, and ``sum n_i^2 <= rows * max n_i``.
+    """
+    return 3 * rows * min(rows, max_leaf_size) * itemsize
+
+
 def budget_bytes(budget: MemoryBudget, device: torch.device) -> int | None:
     """The budget in bytes: ``budget`` itself, the free memory for ``"auto"``, ``None`` for none."""
     if budget is None:

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.leaf.criteria import Criterion, validation_loss
+from xrfm_torch.numerics import host
 from xrfm_torch.numerics.checks import as_float_targets
 from xrfm_torch.numerics.host import read_scalars
 from xrfm_torch.tree.partition import PartitionTree
@@ -20,6 +21,11 @@ DEFAULT_TEMPERATURE_GRID: list[float] = [0.0] + [
 ]
 
 
+#: The most (validation row, leaf support row) pairs :class:`RoutedOutputs` evaluates at once
+#: where launches bound a fit (a GPU): 2^28, a gigabyte of float32 kernel values.
+DENSE_PAIRS = 2**28
+
+
 class RoutedOutputs:
     """The averaged ``trees``' outputs (n_val, c) at one temperature after another.
 
@@ -27,7 +33,10 @@ class RoutedOutputs:
     weight (kept in (n_val, L, c), zero elsewhere); each later temperature only recomputes the
     mixture weights. With weights truncated to ``max_soft_leaves`` per row this costs
     ``O(n_val * max_soft_leaves * leaf size)``, not ``O(n_val * L * leaf size)``: quadratic in
-    ``n`` when the validation rows and the leaves both grow with it.
+    ``n`` when the validation rows and the leaves both grow with it. Where launches bound the fit
+    (:func:`~xrfm_torch.numerics.host.launch_bound`: a GPU) and the pairs are at most
+    :data:`DENSE_PAIRS`, every leaf is evaluated on every row at once instead (one call per
+    leaf, not one per leaf and temperature, and no row selections).
 
     Args:
         trees: Fitted trees (their leaves are used as they are), averaged.
@@ -46,6 +55,13 @@ class RoutedOutputs:
     ) -> None:
         self.pairs = list(zip(trees, xs))
         self.keep_mass, self.max_leaves = keep_mass, max_leaves
+        # launch-bound (a GPU): every leaf on every row at the first temperature, one call per
+        # leaf instead of one per leaf and temperature, where the pairs are few enough
+        pairs = sum(
+            int(x.shape[0]) * sum(int(leaf.support_.shape[0]) for leaf in t.leaf_list())
+            for t, x in self.pairs
+        )
+        self.dense = bool(xs) and host.launch_bound(xs[0].device) and pairs <= DENSE_PAIRS
         self.seen = [
             torch.zeros(x.shape[0], t.n_leaves, dtype=torch.bool, device=x.device)
             for t, x in self.pairs
@@ -58,6 +74,11 @@ class RoutedOutputs:
         outs = []
         for k, (tree, x) in enumerate(self.pairs):
             w = tree.weights(x, temperature, keep_mass=self.keep_mass, max_leaves=self.max_leaves)
+            if self.dense:
+                if self.leaf_preds[k] is None:
+                    self.leaf_preds[k] = tree.leaf_predictions(x)
+                outs.append((w[:, :, None] * cast(Tensor, self.leaf_preds[k])).sum(1))
+                continue
             new = (w > 0) & ~self.seen[k]
             if bool(new.any()):
                 self.leaf_preds[k] = tree.leaf_predictions(x, new, out=self.leaf_preds[k])
