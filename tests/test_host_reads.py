@@ -174,7 +174,7 @@ def test_a_leaf_whose_first_solves_all_fail_is_the_leaf_fitted_with_the_checks_r
         return torch.full_like(y, float("nan")), torch.tensor(True)
 
     monkeypatch.setattr("xrfm_torch.leaf.iteration.first_krr_solve", failed_first)
-    monkeypatch.setattr("xrfm_torch.leaf.selection.first_krr_solve", failed_first)
+    monkeypatch.setattr("xrfm_torch.leaf.solve_request.first_krr_solve", failed_first)
     again = fit()
     assert len(calls) > 5  # the steps and the search candidates all went the long way
     a, b = plain.state_dict(), again.state_dict()

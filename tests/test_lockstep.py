@@ -12,9 +12,12 @@ from tools.host_reads import HostReads
 from xrfm_torch import GaussianKernel, LaplaceKernel, LeafConfig, LpqLaplaceKernel, xRFMTree
 from xrfm_torch.inputs import choice
 from xrfm_torch.leaf import lockstep
-from xrfm_torch.leaf.batched_step import StepRequest, batch_key, batch_rows, batched_rfm_step
+from xrfm_torch.leaf.batch_ops import batch_rows
+from xrfm_torch.leaf.batched_search import batched_solve, solve_key
+from xrfm_torch.leaf.batched_step import StepRequest, batch_key, batched_rfm_step
 from xrfm_torch.leaf.iteration import STEP_RUNNER
 from xrfm_torch.leaf.lockstep import CancelledError, Lockstep
+from xrfm_torch.leaf.solve_request import SolveRequest
 from xrfm_torch.numerics import host
 from xrfm_torch.numerics.solvers import krr_workspace
 
@@ -327,3 +330,58 @@ def test_a_blend_of_bags_in_lockstep_is_the_one_by_one_blend(monkeypatch):
     for (name, a), b in zip(lock.state_dict().items(), again.state_dict().values()):
         if isinstance(a, torch.Tensor):  # the same seed, the same model
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=name)
+
+
+def candidate(
+    n, m, *, seed, kernel, lam, d=4, cfg=None, weighted=False, one_row=False
+) -> SolveRequest:
+    """A post-hoc search candidate of one leaf (rows already in its M-space)."""
+    from xrfm_torch.kernels.linear import features_or_none, linear_weights
+
+    cfg = cfg or LeafConfig()
+    r = request(n, m, "identity", seed=seed, d=d, cfg=cfg, weighted=weighted)
+    if one_row:  # every training row the same: K is all ones
+        r.X[1:] = r.X[0]
+    kernel = kernel.double()
+    xs, xv = r.X, r.X_val
+    K = kernel.from_distance(kernel.distance(xs, xs))
+    U = features_or_none(xs, cfg.linear_mix)
+
+    def predict(alpha):
+        pred = kernel.from_distance(kernel.distance(xv, xs)) @ alpha
+        Uv = features_or_none(xv, cfg.linear_mix)
+        return pred if U is None else pred + Uv @ linear_weights(U, alpha)
+
+    F = krr_workspace(n, D, xs.device)
+    return SolveRequest(kernel, K, xs, r.y, xv, r.y_val, lam, U, F, cfg, r.weights, predict, True)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_batched_search_candidates_are_each_leafs_own_solve(weighted):
+    g = GaussianKernel(3.0)
+    laplace = LaplaceKernel(2.0)
+    laplace.q = 0.7
+    reqs = [  # other rows, widths, exponents, bandwidths and ridges in one batch
+        candidate(50, 20, seed=0, kernel=LaplaceKernel(2.5), lam=1e-3, weighted=weighted),
+        candidate(46, 24, seed=1, kernel=g, lam=1e-2, d=6, weighted=weighted),
+        candidate(50, 20, seed=2, kernel=laplace, lam=1e-1, weighted=weighted),
+    ]
+    assert len({solve_key(r) for r in reqs}) == 1
+    for r, (alpha, err, sq, retry, holds) in zip(reqs, batched_solve(reqs, batch_rows(reqs))):
+        a_alpha, a_err, a_sq, a_retry, _ = r.run()
+        assert err == pytest.approx(a_err, rel=1e-9) and not retry and not a_retry
+        assert not holds  # the batch's factor is not the leaf's workspace
+        torch.testing.assert_close(alpha, a_alpha, rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(sq, a_sq, rtol=1e-8, atol=1e-12)
+
+
+def test_a_search_candidate_that_fails_its_check_is_solved_alone():
+    cfg = LeafConfig(linear_mix=0.0, solve_dtype=torch.float32)
+    good = candidate(30, 10, seed=0, kernel=LaplaceKernel(2.0), lam=1e-3, cfg=cfg)
+    # singular without a ridge: the Cholesky fails
+    bad = candidate(30, 10, seed=1, kernel=LaplaceKernel(2.0), lam=0.0, cfg=cfg, one_row=True)
+    results = batched_solve([good, bad], batch_rows([good, bad]))
+    alone = bad.run()
+    assert results[1][3] and alone[3]  # the retries are the caller's, as one by one
+    assert results[1][4]  # solved alone: its workspace holds the factor
+    assert results[0][1] == pytest.approx(good.run()[1], rel=1e-4)

@@ -32,7 +32,8 @@ from torch import Tensor
 from bench.common import DATASETS
 from tools.host_reads import counting
 from xrfm_torch.kernels import LaplaceKernel
-from xrfm_torch.leaf.batched_step import StepRequest, batch_rows, batched_rfm_step
+from xrfm_torch.leaf.batch_ops import batch_rows
+from xrfm_torch.leaf.batched_step import StepRequest, batched_rfm_step
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.numerics.agop import normalize_agop, sqrt_psd
 from xrfm_torch.numerics.solvers import krr_workspace

@@ -31,8 +31,17 @@ from torch import Tensor
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.kernels.bandwidth import median_pairwise_distance
 from xrfm_torch.kernels.distance import needs_graph, transform
+from xrfm_torch.leaf.batch_ops import (
+    BatchRows,
+    LeafRows,
+    batch_losses,
+    distance,
+    linear_features,
+    masked_kernel,
+    predict_batch,
+    solve_batch,
+)
 from xrfm_torch.leaf.config import LeafConfig
-from xrfm_torch.leaf.criteria import class_probabilities, row_logloss
 from xrfm_torch.leaf.iteration import failed_candidate, rfm_step
 from xrfm_torch.leaf.selection import Candidate
 from xrfm_torch.numerics.agop import usable_agop
@@ -106,158 +115,13 @@ def batch_key(r: StepRequest) -> Hashable | None:
     )
 
 
-def batch_bytes(requests: Sequence[StepRequest]) -> int:
-    """About the device memory a batched step of ``requests`` takes: six (B, N, N) temporaries."""
+def batch_bytes(requests: Sequence[LeafRows]) -> int:
+    """About the device memory a batched step or solve takes: six (B, N, N) temporaries."""
     n = max(r.X.shape[0] for r in requests)
     return 6 * len(requests) * n * n * requests[0].X.element_size()
 
 
-@dataclass
-class _Rows:
-    """A batch's rows, padded: built once per set of leaves (the rows do not change by step)."""
-
-    X: Tensor  # (B, N, D), D the widest leaf's input width
-    y: Tensor  # (B, N, c)
-    Xv: Tensor  # (B, Mv, d)
-    yv: Tensor  # (B, Mv, c)
-    n: list[int]
-    m: list[int]
-    dims: list[int]  # each leaf's input width
-    scale: Tensor | float  # 1 / sqrt(width) of the linear features: (B, 1, 1), or one float
-    keep: Tensor | None  # (B, N, N) bool: real pairs (None: no padding)
-    pad: Tensor | None  # (B, N) float: 1 on padded rows
-    row: Tensor  # (B, N) float: the AGOP's row weights (sum 1 per leaf, 0 on padding)
-    inv_w: Tensor | None  # (B, N): 1 / training weight (None: unweighted)
-    res_w: Tensor | None  # (B, N, 1) float64: the residual norm's weights (None: 1)
-    bb: Tensor  # (B,) float64: ||y||_w^2, the residual bound
-    val: Tensor | None  # (B, Mv): relative validation weights or the real rows (None: all real)
-    count: Tensor  # (B,) float64: validation rows per leaf
-
-
-def _padded(parts: Sequence[Tensor], rows: int, cols: int | None = None) -> Tensor:
-    """``parts`` (each (n_b, k_b)) stacked into (B, rows, cols), zeros after each.
-
-    ``cols`` ``None``: all parts have the same number of columns.
-    """
-    return torch.stack(
-        [
-            p
-            if p.shape[0] == rows and (cols is None or p.shape[1] == cols)
-            else F.pad(p, (0, 0 if cols is None else cols - p.shape[1], 0, rows - p.shape[0]))
-            for p in parts
-        ]
-    )
-
-
-def batch_rows(requests: Sequence[StepRequest]) -> _Rows:
-    """The padded rows, masks and weights of a batch (see :class:`_Rows`)."""
-    X0 = requests[0].X
-    n = [r.X.shape[0] for r in requests]
-    m = [r.X_val.shape[0] for r in requests]
-    N, Mv = max(n), max(m)
-    lengths = torch.tensor(n, device=X0.device)
-    real = torch.arange(N, device=X0.device)[None, :] < lengths[:, None]  # (B, N)
-    padded = min(n) < N
-    keep = (real[:, :, None] & real[:, None, :]) if padded else None
-    pad = (~real).to(X0.dtype) if padded else None
-    weighted = requests[0].weights[0] is not None
-    if weighted:
-        w = _padded([r.weights[0][:, None] for r in requests], N)[..., 0]  # type: ignore[index]
-        row = w / w.sum(1, keepdim=True)
-        inv_w = torch.where(real, 1.0 / w.double().clamp_min(1e-300), 1.0).to(X0.dtype)
-        res_w = w.double()[..., None]
-    else:
-        row = real.to(X0.dtype) / lengths[:, None].to(X0.dtype)
-        inv_w, res_w = None, None
-    y = _padded([r.y for r in requests], N)
-    y64 = y.double() ** 2
-    bb = (y64 if res_w is None else res_w * y64).sum((1, 2))
-    val_real = (
-        torch.arange(Mv, device=X0.device)[None, :] < torch.tensor(m, device=X0.device)[:, None]
-    )
-    if requests[0].weights[1] is not None:
-        wv = _padded([r.weights[1][:, None] for r in requests], Mv)[..., 0]  # type: ignore[index]
-        mean = wv.sum(1, keepdim=True) / torch.tensor(m, device=X0.device)[:, None].to(wv)
-        val: Tensor | None = wv / mean
-    else:
-        val = val_real.to(X0.dtype) if min(m) < Mv else None
-    dims = [r.X.shape[1] for r in requests]
-    D = max(dims)
-    scale = (
-        1.0 / math.sqrt(D)
-        if min(dims) == D
-        else torch.tensor([1.0 / math.sqrt(k) for k in dims], dtype=X0.dtype, device=X0.device)[
-            :, None, None
-        ]
-    )
-    return _Rows(
-        X=_padded([r.X for r in requests], N, D),
-        y=y,
-        Xv=_padded([r.X_val for r in requests], Mv, D),
-        yv=_padded([r.y_val for r in requests], Mv),
-        n=n,
-        m=m,
-        dims=dims,
-        scale=scale,
-        keep=keep,
-        pad=pad,
-        row=row,
-        inv_w=inv_w,
-        res_w=res_w,
-        bb=bb,
-        val=val,
-        count=torch.tensor(m, dtype=torch.float64, device=X0.device),
-    )
-
-
-def _distance(x: Tensor, z: Tensor, centre: Tensor) -> Tensor:
-    """``||x_i - z_j||`` per batch (B, n, m), on inputs centred at ``centre`` (B, 1, d).
-
-    As :func:`~xrfm_torch.kernels.distance.pairwise_distance` makes it (tiny squares snap to 0).
-    """
-    c = 16 * torch.finfo(x.dtype).eps
-    same = x is z
-    x = x - centre
-    z = x if same else z - centre
-    xx = (x * x).sum(-1, keepdim=True)  # (B, n, 1)
-    s = xx + (xx.mT if same else (z * z).sum(-1)[:, None, :])  # |x|^2 + |z|^2
-    o = torch.baddbmm(s, x, z.mT, alpha=-2.0)
-    return o.masked_fill_(o <= c * s, 0.0).sqrt_()
-
-
-def _kernel(R: Tensor, bw: Tensor, q: float | Tensor) -> Tensor:
-    """``exp(-(R / L)^q)`` with one bandwidth per batch, ``bw`` (B, 1, 1).
-
-    ``q``: one exponent, or one per batch (B, 1, 1).
-    """
-    s = R / bw
-    if isinstance(q, Tensor) or q != 1.0:
-        s = s.pow_(q)
-    return s.neg_().exp_()
-
-
-def _losses(pred: Tensor, target: Tensor, rows: _Rows, criterion: str) -> tuple[Tensor, Tensor]:
-    """Per-leaf validation errors (B,) float64 and per-row losses (B, Mv).
-
-    As :func:`~xrfm_torch.leaf.criteria.validation_loss` gives them leaf by leaf.
-    """
-    B, Mv, c = pred.shape
-    if criterion == "mse":
-        per_row = ((pred - target) ** 2).sum(2)
-    else:
-        true = target.argmax(2)
-        if criterion == "logloss":
-            probs = class_probabilities(pred.reshape(B * Mv, c))
-            per_row = row_logloss(probs, true.reshape(-1)).reshape(B, Mv)
-        else:  # "error" (the key holds one criterion per batch)
-            per_row = (pred.argmax(2) != true).to(pred.dtype)
-    if rows.val is not None:
-        per_row = per_row * rows.val
-    err = per_row.sum(1).double() / rows.count
-    return (err / c if criterion == "mse" else err), per_row
-
-
-def batched_rfm_step(requests: Sequence[StepRequest], rows: _Rows) -> list[StepResult]:
+def batched_rfm_step(requests: Sequence[StepRequest], rows: BatchRows) -> list[StepResult]:
     """:func:`~xrfm_torch.leaf.iteration.rfm_step` for each request, as one batched step.
 
     Args:
@@ -290,41 +154,13 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: _Rows) -> list[StepR
     else:
         xs, xv = rows.X @ S, rows.Xv @ S
     centre = xs.sum(1, keepdim=True) / torch.tensor(rows.n, device=xs.device)[:, None, None].to(xs)
-    R = _distance(xs, xs, centre)  # (B, N, N)
-    K = _kernel(R, bw, q)
-    if rows.keep is not None and rows.pad is not None:  # padded rows: identity rows and columns
-        K = K.masked_fill_(~rows.keep, 0.0)
-        K.diagonal(dim1=1, dim2=2).add_(rows.pad)
-    U = None
-    if lm > 0:
-        U = F.pad(xs * rows.scale, (1, 0), value=1.0) * math.sqrt(lm)  # (B, N, D + 1)
-        if rows.pad is not None:
-            U = U * (1.0 - rows.pad)[..., None]
-    dtype = cfg.solve_dtype or K.dtype
-    Kd = K.to(dtype)
-    A = Kd.clone() if U is None else torch.baddbmm(Kd, U.to(dtype), U.to(dtype).mT)
-    ridge = A.diagonal(dim1=1, dim2=2)
-    ridge.add_(cfg.reg) if rows.inv_w is None else ridge.add_(rows.inv_w.to(dtype), alpha=cfg.reg)
-    L, info = torch.linalg.cholesky_ex(A)
-    b = rows.y.to(dtype)
-    z = torch.linalg.solve_triangular(L, b, upper=False)
-    alpha_s = torch.linalg.solve_triangular(L.mT, z, upper=True)
-    alpha = alpha_s.to(rows.y.dtype)
-    # the residual bound of the first solve (numerics.solvers): ||(K + U U^T) a - y||_w <= ||y||_w
-    unsure = info != 0
-    if dtype != torch.float64:
-        a = alpha_s.to(K.dtype)
-        ka = K @ a if U is None else torch.baddbmm(K @ a, U, U.mT @ a)
-        r64 = ka.double() - rows.y.double()
-        r2 = r64 * r64 if rows.res_w is None else rows.res_w * r64 * r64
-        unsure = unsure | ~(r2.sum((1, 2)) <= rows.bb)  # also true for NaN
+    R = distance(xs, xs, centre)  # (B, N, N)
+    K = masked_kernel(R, bw, q, rows)
+    U = linear_features(xs, rows, lm)
+    alpha, unsure = solve_batch(K, U, rows, cfg.reg, cfg.solve_dtype)
     v = None if U is None else U.mT @ alpha  # (B, d + 1, c): the linear part's weights
-    Kv = _kernel(_distance(xv, xs, centre), bw, q)  # (B, Mv, N)
-    pred = Kv @ alpha
-    if U is not None and v is not None:
-        Uv = F.pad(xv * rows.scale, (1, 0), value=1.0) * math.sqrt(lm)
-        pred = torch.baddbmm(pred, Uv, v)
-    err, per_row = _losses(pred, rows.yv, rows, cfg.criterion)
+    pred = predict_batch(distance(xv, xs, centre), bw, q, alpha, xv, v, rows, lm)
+    err, per_row = batch_losses(pred, rows.yv, rows, cfg.criterion)
     G = None
     if any(r.agop for r in requests):  # diagonal where every leaf wants its diagonal
         diag = (S is None or S.ndim == 2) and all(r.diag for r in requests)
@@ -399,7 +235,7 @@ def _agop(
     alpha: Tensor,
     v: Tensor | None,
     S: Tensor | None,
-    rows: _Rows,
+    rows: BatchRows,
     kernel: Kernel,
     q: float | Tensor,
     bw: Tensor,

@@ -28,7 +28,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from contextvars import ContextVar
-from typing import Any
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -36,23 +36,29 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from xrfm_torch.kernels import Kernel
+from xrfm_torch.leaf.batch_ops import BatchRows, batch_rows
+from xrfm_torch.leaf.batched_search import batched_solve, solve_key
 from xrfm_torch.leaf.batched_step import (
     StepRequest,
     StepResult,
     batch_bytes,
     batch_key,
-    batch_rows,
     batched_rfm_step,
 )
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.iteration import STEP_RUNNER
+from xrfm_torch.leaf.solve_request import SOLVE_RUNNER, SolveRequest, SolveResult
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.events import count
 
 log = logging.getLogger(__name__)
 
-#: A job's id and the step it waits for.
-_Pending = tuple[tuple[int, ...], StepRequest]
+#: What a job waits for: an RFM step or a post-hoc search candidate.
+Request = StepRequest | SolveRequest
+#: A job's id and its request.
+_Pending = tuple[tuple[int, ...], Request]
+#: A request's result, or the error it raised (raised again in its job's thread).
+Outcome = StepResult | SolveResult | BaseException
 
 #: Device memory one batched step may take (:func:`~xrfm_torch.leaf.batched_step.batch_bytes`);
 #: a larger group of steps runs as several batches.
@@ -131,13 +137,13 @@ class Lockstep:
         self.batched = 0  # steps that ran in a batch of two or more
         self.alone = 0  # steps that ran one by one
         self._cond = threading.Condition(threading.Lock())
-        self._pending: dict[tuple[int, ...], StepRequest] = {}
-        self._results: dict[tuple[int, ...], StepResult | BaseException] = {}
+        self._pending: dict[tuple[int, ...], Request] = {}
+        self._results: dict[tuple[int, ...], Outcome] = {}
         self._live = 0  # jobs running or waiting for a step (not those waiting for their jobs)
         self._failed = False
         self._reserved = 0  # device memory the running jobs hold (fit_together's held_bytes)
         # padded rows by batch membership: (the leaves' training inputs, their rows)
-        self._rows: dict[tuple[int, ...], tuple[tuple[Tensor, ...], Any]] = {}
+        self._rows: dict[tuple[int, ...], tuple[tuple[Tensor, ...], BatchRows]] = {}
 
     def reserve(self, nbytes: int, limit: int | None) -> bool:
         """Count ``nbytes`` more held, if they and a batch fit in ``limit`` (``None``: no limit)."""
@@ -201,6 +207,7 @@ class Lockstep:
             with self._cond, contextlib.ExitStack() as state:  # runs only holding the lock
                 token = _ACTIVE.set((self, me))
                 runner = STEP_RUNNER.set(functools.partial(self._step, me))
+                solver = SOLVE_RUNNER.set(functools.partial(self._solve, me))
                 try:
                     enter_caller_state(state)
                     job()
@@ -210,6 +217,7 @@ class Lockstep:
                 finally:
                     _ACTIVE.reset(token)
                     STEP_RUNNER.reset(runner)
+                    SOLVE_RUNNER.reset(solver)
                     self._live -= 1
                     if left is not None:
                         left[0] -= 1
@@ -248,12 +256,21 @@ class Lockstep:
         warm: tuple[float, int] | None = None,
         weights: tuple[Tensor | None, Tensor | None] = (None, None),
     ) -> StepResult:
-        """Job ``k``'s step: wait (the lock given up) until its round has run it."""
-        if self._failed:
-            raise CancelledError("another leaf of this lockstep fit failed")
-        self._pending[k] = StepRequest(
+        """Job ``k``'s RFM step (in :func:`rfm_step`'s terms), run in its round."""
+        request = StepRequest(
             kernel, X, y, X_val, y_val, sqrt_m, buffers, cfg, agop, diag, generator, warm, weights
         )
+        return cast(StepResult, self._submit(k, request))
+
+    def _solve(self, k: tuple[int, ...], request: SolveRequest) -> SolveResult:
+        """Job ``k``'s post-hoc search candidate, run in its round."""
+        return cast(SolveResult, self._submit(k, request))
+
+    def _submit(self, k: tuple[int, ...], request: Request) -> StepResult | SolveResult:
+        """Job ``k``'s request: wait (the lock given up) until its round has run it."""
+        if self._failed:
+            raise CancelledError("another leaf of this lockstep fit failed")
+        self._pending[k] = request
         self._maybe_round()
         while k not in self._results:
             self._cond.wait()
@@ -274,20 +291,22 @@ class Lockstep:
             self._results.update(self.run_round(pending))
         self._cond.notify_all()
 
-    def run_round(
-        self, pending: Sequence[tuple[tuple[int, ...], StepRequest]]
-    ) -> dict[tuple[int, ...], StepResult | BaseException]:
-        """Each request's result: batched by :func:`batch_key` within ``batch_bytes``, else alone."""
+    def run_round(self, pending: Sequence[_Pending]) -> dict[tuple[int, ...], Outcome]:
+        """Each request's result: batched by kind and key within ``batch_bytes``, else alone.
+
+        The kinds: RFM steps (:func:`~xrfm_torch.leaf.batched_step.batch_key`) and post-hoc
+        search candidates (:func:`~xrfm_torch.leaf.batched_search.solve_key`).
+        """
         self.rounds += 1
         groups: dict[Hashable, list[_Pending]] = defaultdict(list)
-        out: dict[tuple[int, ...], StepResult | BaseException] = {}
+        out: dict[tuple[int, ...], Outcome] = {}
         alone: list[_Pending] = []
         for k, r in pending:
-            key = batch_key(r)
+            key = batch_key(r) if isinstance(r, StepRequest) else solve_key(r)
             if key is None:
                 alone.append((k, r))
             else:
-                groups[key].append((k, r))
+                groups[(type(r), key)].append((k, r))
         for group in groups.values():
             for batch in _split(group, self.batch_bytes):
                 if len(batch) == 1:
@@ -295,13 +314,18 @@ class Lockstep:
                     continue
                 reqs = [r for _, r in batch]
                 try:
-                    results = batched_rfm_step(reqs, self._batch_rows(reqs))
+                    rows = self._batch_rows(reqs)
+                    results: Sequence[StepResult | SolveResult] = (
+                        batched_rfm_step(cast(list[StepRequest], reqs), rows)
+                        if isinstance(reqs[0], StepRequest)
+                        else batched_solve(cast(list[SolveRequest], reqs), rows)
+                    )
                 except Exception as err:  # a batch that fails: each step alone decides
                     log.debug("batched step of %d leaves failed (%s); one by one", len(batch), err)
                     alone.extend(batch)
                     continue
                 self.batched += len(batch)
-                count("RFM steps batched")
+                count("leaf solves batched")
                 out.update((k, res) for (k, _), res in zip(batch, results))
         for k, r in alone:
             self.alone += 1
@@ -311,7 +335,7 @@ class Lockstep:
                 out[k] = err
         return out
 
-    def _batch_rows(self, reqs: Sequence[StepRequest]) -> Any:
+    def _batch_rows(self, reqs: Sequence[Request]) -> BatchRows:
         """The batch's padded rows, made once per set of leaves (kept for later rounds)."""
         inputs = tuple(r.X for r in reqs)
         members = tuple(id(x) for x in inputs)

@@ -19,9 +19,10 @@ from xrfm_torch.kernels import Kernel, transform
 from xrfm_torch.kernels.linear import features_or_none, linear_weights
 from xrfm_torch.leaf.config import LeafConfig, RidgeRule
 from xrfm_torch.leaf.criteria import validation_errors, validation_loss
+from xrfm_torch.leaf.solve_request import SolveRequest, solve_candidate
 from xrfm_torch.numerics.host import read_scalars
 from xrfm_torch.numerics.risk import gcv_ridge
-from xrfm_torch.numerics.solvers import first_krr_solve, solve_krr
+from xrfm_torch.numerics.solvers import solve_krr
 from xrfm_torch.numerics.warm_solves import pcg_krr
 
 log = logging.getLogger(__name__)
@@ -177,15 +178,17 @@ def select_kernel(
         near = factored is not None and factored[:2] == built and 0.1 <= lam / factored[2] <= 10
         if warm is not None and near:
             alpha = pcg_krr(K, y, lam, F, features=U, tol=warm[0], max_iters=warm[1], weights=w)
-        unsure = None
-        if alpha is None:  # its check is read with the validation error
-            alpha, unsure = first_krr_solve(
-                K, y, lam, solve_dtype=solve_dtype, workspace=F, features=U, weights=w
+        if alpha is None:  # its check is read with the validation error (batched in lockstep)
+            one_block = Rv is not None
+            request = SolveRequest(
+                kernel, K, xs, y, xv, y_val, lam, U, F, cfg, weights, predicted, one_block
             )
-            factored = None if built is None else (*built, lam)
-        pred = predicted(alpha)
-        err_t, sq = validation_loss(pred, y_val, criterion, w_val)
-        err, retry = read_scalars(err_t, torch.zeros(()) if unsure is None else unsure)
+            alpha, err, sq, retry, holds = solve_candidate(request)
+            factored = None if built is None or not holds else (*built, lam)
+        else:
+            err_t, sq = validation_loss(predicted(alpha), y_val, criterion, w_val)
+            err, flag = read_scalars(err_t, torch.zeros(()))
+            retry = bool(flag)
         if retry:  # the first attempt failed or was useless: solve_krr's retries (rare)
             alpha = solve_krr(
                 K, y, lam, solve_dtype=solve_dtype, workspace=F, features=U, weights=w

@@ -1,0 +1,93 @@
+"""Several leaves' post-hoc search candidates as one batched solve.
+
+In lockstep (:mod:`xrfm_torch.leaf.lockstep`) the leaves' searches ask for their candidates'
+solves together: each round's candidates (one per leaf, each at its own exponent, bandwidth and
+ridge) run here as one batched Cholesky on (B, N, N) kernels, scored on the validation rows with
+one read back. A leaf's rows do not change during its search (its ``M`` is fixed), so their
+distances are made once per set of leaves and kept with the padded rows; only the kernel values
+change between candidates. The result is :meth:`SolveRequest.run`'s up to float rounding; the
+batched factor is not kept (the leaf's final solve factors afresh), and a candidate whose
+first attempt fails its check is solved alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+
+from xrfm_torch.kernels import Kernel
+from xrfm_torch.kernels.distance import needs_graph
+from xrfm_torch.leaf.batch_ops import (
+    BatchRows,
+    batch_losses,
+    distance,
+    linear_features,
+    masked_kernel,
+    predict_batch,
+    solve_batch,
+)
+from xrfm_torch.leaf.solve_request import SolveRequest, SolveResult
+
+
+def solve_key(r: SolveRequest) -> Hashable | None:
+    """Candidates with equal keys can be solved as one batch; ``None``: this one runs alone.
+
+    Not in the key: the exponent, bandwidth and ridge (one per leaf in a batch).
+    """
+    k, cfg = r.kernel, r.cfg
+    standard = all(
+        getattr(type(k), name) is getattr(Kernel, name) for name in ("distance", "from_distance")
+    )
+    tensors = [r.K, r.X, r.y, r.X_val, r.y_val]
+    if k.p != 2.0 or not standard or not r.one_block or needs_graph(*tensors):
+        return None
+    return (
+        k.eps,
+        r.X.device,
+        r.X.dtype,
+        r.y.shape[1],
+        cfg.linear_mix,
+        cfg.solve_dtype,
+        cfg.criterion,
+        r.weights[0] is None,
+        r.weights[1] is None,
+    )
+
+
+def batched_solve(requests: Sequence[SolveRequest], rows: BatchRows) -> list[SolveResult]:
+    """:meth:`SolveRequest.run` for each request, as one batched solve.
+
+    Args:
+        requests: Candidates with equal :func:`solve_key`, in batch order.
+        rows: Their padded rows (:func:`~xrfm_torch.leaf.batch_ops.batch_rows`); the training
+            and validation distances are kept in ``rows.cache`` for the next rounds.
+    """
+    cfg = requests[0].cfg
+    lm = cfg.linear_mix
+    if "R" not in rows.cache:  # the leaves' rows in their M-spaces: fixed during their searches
+        n = torch.tensor(rows.n, device=rows.X.device)[:, None, None].to(rows.X)
+        centre = rows.X.sum(1, keepdim=True) / n
+        rows.cache["R"] = distance(rows.X, rows.X, centre)
+        rows.cache["Rv"] = distance(rows.Xv, rows.X, centre)
+    qs = [r.kernel.q for r in requests]
+    q = qs[0] if len(set(qs)) == 1 else rows.X.new_tensor(qs)[:, None, None]
+    bw = torch.stack([r.kernel.bandwidth for r in requests]).to(rows.X)[:, None, None]
+    lams = [r.lam for r in requests]
+    lam = lams[0] if len(set(lams)) == 1 else rows.X.new_tensor(lams, dtype=torch.float64)
+    K = masked_kernel(rows.cache["R"], bw, q, rows)
+    U = linear_features(rows.X, rows, lm)
+    alpha, unsure = solve_batch(K, U, rows, lam, cfg.solve_dtype)
+    v = None if U is None else U.mT @ alpha
+    pred = predict_batch(rows.cache["Rv"], bw, q, alpha, rows.Xv, v, rows, lm)
+    err, per_row = batch_losses(pred, rows.yv, rows, cfg.criterion)
+    B = len(requests)
+    values = torch.cat([err, unsure.double()]).tolist()  # one read back for the batch
+    results: list[SolveResult] = []
+    for i, r in enumerate(requests):
+        if values[B + i]:  # the first attempt failed or was useless: the leaf's own solve
+            results.append(r.run())
+            continue
+        sq = per_row[i, : rows.m[i]]
+        results.append((alpha[i, : rows.n[i]], values[i], sq, False, False))
+    return results
