@@ -1,20 +1,24 @@
-"""Fit several leaves in lockstep: their RFM steps run together as batched steps.
+"""Fit several leaves in lockstep: their RFM steps and search candidates run as batches.
 
 Each leaf's fit (``LeafRFM.fit``, its decisions unchanged) runs in its own thread, and its RFM
-steps go to the lockstep instead of :func:`~xrfm_torch.leaf.iteration.rfm_step` (the thread's
-:data:`~xrfm_torch.leaf.iteration.STEP_RUNNER`). A job may run jobs of its own in the same
-lockstep (:func:`fit_together`: a bag's tree fits its leaves), so the steps of every leaf of
-every tree being fitted batch together.
-The threads only take turns: one lock is held by whichever thread runs, and a thread gives it up
-only while it waits for its step. When every leaf still fitting is waiting, the round's steps run
-(:func:`run_round`): those that batch together (:func:`~xrfm_torch.leaf.batched_step.batch_key`)
-as one batched step, the others one by one. A round holds the steps of all the live leaves,
-sorted by leaf, so the results do not depend on how the threads were scheduled, and no two leaves'
-work ever runs at once (memory as one leaf's fit plus the batch).
+steps and post-hoc search candidates go to the lockstep instead of being solved at once (the
+thread's :data:`~xrfm_torch.leaf.iteration.STEP_RUNNER` and
+:data:`~xrfm_torch.leaf.solve_request.SOLVE_RUNNER`). A job may run jobs of its own in the same
+lockstep (:func:`fit_together`: a blend's members, a member's bags, a tree's input maps, a tree's
+leaves), so the solves of every leaf being fitted anywhere in the model batch together.
 
-Why threads, not a rewrite of the iterations as a generator: the step is called deep inside a
-leaf's fit (its iterations, between its input checks and its final solve), and a thread keeps
-that code as it is, run one by one on a CPU and in lockstep on a GPU.
+The threads only take turns: one lock is held by whichever thread runs, and a thread gives it up
+only while it waits for a solve or for its own jobs. When every live job waits for a solve, the
+round runs (:meth:`Lockstep.run_round`): the requests that batch together (same kind and key:
+:func:`~xrfm_torch.leaf.batched_step.batch_key`, :func:`~xrfm_torch.leaf.batched_search.solve_key`)
+as one batch, the others one by one. A round holds the requests of all the live jobs, sorted by
+job id, so the results do not depend on how the threads were scheduled (same seed, same model),
+and no two jobs' own work ever runs at once. The live jobs' step buffers are held together:
+:func:`fit_together` reserves them against the memory budget.
+
+Why threads, not a rewrite of the iterations as generators: the solves are asked for deep inside
+a leaf's fit (its iterations and its search, between its input checks and its final solve), and
+a thread keeps that code as it is, run one by one on a CPU and in lockstep on a GPU.
 """
 
 from __future__ import annotations
@@ -141,6 +145,7 @@ class Lockstep:
         self._results: dict[tuple[int, ...], Outcome] = {}
         self._live = 0  # jobs running or waiting for a step (not those waiting for their jobs)
         self._failed = False
+        self._stopped = False  # the caller was interrupted: waiting jobs give up
         self._reserved = 0  # device memory the running jobs hold (fit_together's held_bytes)
         # padded rows by batch membership: (the leaves' training inputs, their rows)
         self._rows: dict[tuple[int, ...], tuple[tuple[Tensor, ...], BatchRows]] = {}
@@ -167,8 +172,14 @@ class Lockstep:
         with self._cond:
             self._live += len(jobs)
         threads = self._start(jobs, (), errors, None)
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except BaseException:  # an interrupt in the caller: the jobs stop at their next request
+            with self._cond:
+                self._failed = self._stopped = True
+                self._cond.notify_all()
+            raise
         self._rows.clear()
         _raise_first(errors)
         log.debug(
@@ -273,6 +284,8 @@ class Lockstep:
         self._pending[k] = request
         self._maybe_round()
         while k not in self._results:
+            if self._stopped:
+                raise CancelledError("the lockstep fit was interrupted")
             self._cond.wait()
         result = self._results.pop(k)
         if isinstance(result, BaseException):
