@@ -20,6 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from xrfm_torch.kernels import Kernel
+from xrfm_torch.kernels.distance import needs_graph
+from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import class_probabilities, row_logloss
 
 
@@ -54,6 +57,35 @@ class BatchRows:
     val: Tensor | None  # (B, Mv): relative validation weights or the real rows (None: all real)
     count: Tensor  # (B,) float64: validation rows per leaf
     cache: dict[str, Tensor] = field(default_factory=dict)  # made once per set of leaves
+
+
+def shared_key(
+    kernel: Kernel,
+    cfg: LeafConfig,
+    request: LeafRows,
+    methods: Sequence[str],
+    tensors: Sequence[Tensor],
+) -> tuple[object, ...] | None:
+    """What leaves' solves must share to run as one batch; ``None``: this one runs alone.
+
+    A ``p = 2`` kernel whose ``methods`` are the base class's formulas, no autograd, and the same
+    distance cut-off, device, dtype, outputs, linear weight, solve dtype, criterion and weighting.
+    Not in it (one per leaf in a batch): the rows, input width, ``sqrt(M)``, exponent, bandwidth.
+    """
+    standard = all(getattr(type(kernel), m) is getattr(Kernel, m) for m in methods)
+    if kernel.p != 2.0 or not standard or needs_graph(*tensors):
+        return None
+    return (
+        kernel.eps,
+        request.X.device,
+        request.X.dtype,
+        request.y.shape[1],
+        cfg.linear_mix,
+        cfg.solve_dtype,
+        cfg.criterion,
+        request.weights[0] is None,
+        request.weights[1] is None,
+    )
 
 
 def padded(parts: Sequence[Tensor], rows: int, cols: int | None = None) -> Tensor:

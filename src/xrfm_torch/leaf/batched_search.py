@@ -16,8 +16,6 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from xrfm_torch.kernels import Kernel
-from xrfm_torch.kernels.distance import needs_graph
 from xrfm_torch.leaf.batch_ops import (
     BatchRows,
     batch_losses,
@@ -25,6 +23,7 @@ from xrfm_torch.leaf.batch_ops import (
     linear_features,
     masked_kernel,
     predict_batch,
+    shared_key,
     solve_batch,
 )
 from xrfm_torch.leaf.solve_request import SolveRequest, SolveResult
@@ -33,26 +32,12 @@ from xrfm_torch.leaf.solve_request import SolveRequest, SolveResult
 def solve_key(r: SolveRequest) -> Hashable | None:
     """Candidates with equal keys can be solved as one batch; ``None``: this one runs alone.
 
+    :func:`~xrfm_torch.leaf.batch_ops.shared_key`, where the validation block is made whole.
     Not in the key: the exponent, bandwidth and ridge (one per leaf in a batch).
     """
-    k, cfg = r.kernel, r.cfg
-    standard = all(
-        getattr(type(k), name) is getattr(Kernel, name) for name in ("distance", "from_distance")
-    )
     tensors = [r.K, r.X, r.y, r.X_val, r.y_val]
-    if k.p != 2.0 or not standard or not r.one_block or needs_graph(*tensors):
-        return None
-    return (
-        k.eps,
-        r.X.device,
-        r.X.dtype,
-        r.y.shape[1],
-        cfg.linear_mix,
-        cfg.solve_dtype,
-        cfg.criterion,
-        r.weights[0] is None,
-        r.weights[1] is None,
-    )
+    shared = shared_key(r.kernel, r.cfg, r, ("distance", "from_distance"), tensors)
+    return shared if r.one_block else None
 
 
 def batched_solve(requests: Sequence[SolveRequest], rows: BatchRows) -> list[SolveResult]:

@@ -20,9 +20,11 @@ first solve needs the retries or whose ``sqrt(M)`` is not finite, is solved one 
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +32,7 @@ from torch import Tensor
 
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.kernels.bandwidth import median_pairwise_distance
-from xrfm_torch.kernels.distance import needs_graph, transform
+from xrfm_torch.kernels.distance import transform
 from xrfm_torch.leaf.batch_ops import (
     BatchRows,
     LeafRows,
@@ -39,6 +41,7 @@ from xrfm_torch.leaf.batch_ops import (
     linear_features,
     masked_kernel,
     predict_batch,
+    shared_key,
     solve_batch,
 )
 from xrfm_torch.leaf.config import LeafConfig
@@ -69,6 +72,13 @@ class StepRequest:
     warm: tuple[float, int] | None
     weights: tuple[Tensor | None, Tensor | None]
 
+    @classmethod
+    def of_call(cls, *args: Any, **kwargs: Any) -> StepRequest:
+        """The request of ``rfm_step(*args, **kwargs)``."""
+        bound = inspect.signature(rfm_step).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return cls(**bound.arguments)
+
     def run(self) -> StepResult:
         """The step on its own (:func:`rfm_step`)."""
         return rfm_step(
@@ -89,30 +99,15 @@ class StepRequest:
 
 
 def batch_key(r: StepRequest) -> Hashable | None:
-    """Requests with equal keys can run as one batched step; ``None``: this one runs alone."""
-    k, cfg = r.kernel, r.cfg
-    standard = all(
-        getattr(type(k), name) is getattr(Kernel, name)
-        for name in ("distance", "from_distance", "grad_weights", "transformed_grads")
-    )
+    """Requests with equal keys can run as one batched step; ``None``: this one runs alone.
+
+    :func:`~xrfm_torch.leaf.batch_ops.shared_key` and the ridge; no warm solve. Not in the key:
+    ``sqrt(M)``'s layout and the AGOP's (a batch of mixed layouts runs full).
+    """
+    methods = ("distance", "from_distance", "grad_weights", "transformed_grads")
     tensors = [r.X, r.y, r.X_val, r.y_val] + ([] if r.sqrt_m is None else [r.sqrt_m])
-    if k.p != 2.0 or not standard or r.warm is not None or needs_graph(*tensors):
-        return None
-    # (not in the key: sqrt(M)'s layout and the AGOP's, as a batch of mixed layouts runs full;
-    # the input width, as narrower leaves' inputs are padded with zero columns)
-    # (nor the kernel's exponent q: the Laplace and Gaussian kernels of a blend batch together)
-    return (
-        k.eps,
-        r.X.device,
-        r.X.dtype,
-        r.y.shape[1],
-        cfg.reg,
-        cfg.linear_mix,
-        cfg.solve_dtype,
-        cfg.criterion,
-        r.weights[0] is None,
-        r.weights[1] is None,
-    )
+    shared = shared_key(r.kernel, r.cfg, r, methods, tensors)
+    return None if shared is None or r.warm is not None else (*shared, r.cfg.reg)
 
 
 def batch_bytes(requests: Sequence[LeafRows]) -> int:

@@ -32,14 +32,13 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from contextvars import ContextVar
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf.batch_ops import BatchRows, batch_rows
 from xrfm_torch.leaf.batched_search import batched_solve, solve_key
 from xrfm_torch.leaf.batched_step import (
@@ -49,7 +48,6 @@ from xrfm_torch.leaf.batched_step import (
     batch_key,
     batched_rfm_step,
 )
-from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.iteration import STEP_RUNNER
 from xrfm_torch.leaf.solve_request import SOLVE_RUNNER, SolveRequest, SolveResult
 from xrfm_torch.numerics import deadline
@@ -249,29 +247,9 @@ class Lockstep:
             t.start()
         return threads
 
-    def _step(
-        self,
-        k: tuple[int, ...],
-        kernel: Kernel,
-        X: Tensor,
-        y: Tensor,
-        X_val: Tensor,
-        y_val: Tensor,
-        sqrt_m: Tensor | None,
-        buffers: tuple[Tensor, Tensor, Tensor],
-        cfg: LeafConfig,
-        *,
-        agop: bool,
-        diag: bool,
-        generator: torch.Generator | None,
-        warm: tuple[float, int] | None = None,
-        weights: tuple[Tensor | None, Tensor | None] = (None, None),
-    ) -> StepResult:
-        """Job ``k``'s RFM step (in :func:`rfm_step`'s terms), run in its round."""
-        request = StepRequest(
-            kernel, X, y, X_val, y_val, sqrt_m, buffers, cfg, agop, diag, generator, warm, weights
-        )
-        return cast(StepResult, self._submit(k, request))
+    def _step(self, k: tuple[int, ...], *args: Any, **kwargs: Any) -> StepResult:
+        """Job ``k``'s RFM step (called as :func:`~xrfm_torch.leaf.iteration.rfm_step`)."""
+        return cast(StepResult, self._submit(k, StepRequest.of_call(*args, **kwargs)))
 
     def _solve(self, k: tuple[int, ...], request: SolveRequest) -> SolveResult:
         """Job ``k``'s post-hoc search candidate, run in its round."""
