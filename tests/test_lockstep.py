@@ -16,7 +16,7 @@ from xrfm_torch.leaf.batch_ops import batch_rows
 from xrfm_torch.leaf.batched_search import batched_solve, solve_key
 from xrfm_torch.leaf.batched_step import StepRequest, batch_key, batched_rfm_step
 from xrfm_torch.leaf.iteration import STEP_RUNNER
-from xrfm_torch.leaf.lockstep import CancelledError, Lockstep
+from xrfm_torch.leaf.lockstep import BATCH_BYTES, CancelledError, Lockstep, fit_together
 from xrfm_torch.leaf.solve_request import SolveRequest
 from xrfm_torch.numerics import host
 from xrfm_torch.numerics.solvers import krr_workspace
@@ -385,3 +385,29 @@ def test_a_search_candidate_that_fails_its_check_is_solved_alone():
     assert results[1][3] and alone[3]  # the retries are the caller's, as one by one
     assert results[1][4]  # solved alone: its workspace holds the factor
     assert results[0][1] == pytest.approx(good.run()[1], rel=1e-4)
+
+
+def test_auto_runs_one_by_one_on_the_cpu_and_in_lockstep_where_launches_bound(monkeypatch):
+    X, y = planted(700, d=4, seed=4, dtype=D)
+    runs = []
+    real = Lockstep.run
+    monkeypatch.setattr(
+        Lockstep, "run", lambda self, jobs: runs.append(len(jobs)) or real(self, jobs)
+    )
+    fitted("auto", X, y, leaf=LeafConfig(n_iters=2))  # on the CPU: no thread, bit for bit
+    assert runs == []
+    monkeypatch.setattr(host, "launch_bound", lambda device: True)  # as on a GPU
+    fitted("auto", X, y, leaf=LeafConfig(n_iters=2))
+    assert runs and runs[0] >= 2
+
+
+def test_jobs_that_would_exceed_the_memory_limit_run_one_by_one_in_the_callers_thread():
+    names = []
+
+    def job():
+        names.append(threading.current_thread().name)
+
+    fit_together([job, job], batched=True, held_bytes=10, limit=BATCH_BYTES + 5)
+    assert names == [threading.current_thread().name] * 2
+    fit_together([job, job], batched=True, held_bytes=10, limit=BATCH_BYTES + 10)
+    assert sorted(names[2:]) == ["xrfm-lockstep-0", "xrfm-lockstep-1"]  # within the limit
