@@ -24,7 +24,7 @@ import inspect
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -212,7 +212,8 @@ def _stacked_roots(requests: Sequence[StepRequest], dims: Sequence[int]) -> Tens
         return None
     D = max(dims)
     if all(s is not None and s.ndim == 1 for s in roots):
-        return torch.stack([F.pad(s, (0, D - s.shape[0])) for s in roots])  # type: ignore[arg-type, union-attr]
+        vectors = cast(list[Tensor], roots)
+        return torch.stack([F.pad(s, (0, D - s.shape[0])) for s in vectors])
     X = requests[0].X
 
     def full(s: Tensor | None, k: int) -> Tensor:

@@ -340,7 +340,8 @@ def _caller_state() -> Callable[[contextlib.ExitStack], None]:
     """What enters the calling thread's torch state in a leaf's thread.
 
     Grad mode, the current CUDA stream and the torch-function and dispatch modes (a
-    ``torch.device`` block, an operation counter) are per thread; the leaves' threads work as if in the caller's.
+    ``torch.device`` block, an operation counter) are per thread; the leaves' threads work as
+    if in the caller's.
     """
     grad = torch.is_grad_enabled()
     functions = _get_current_function_mode_stack()

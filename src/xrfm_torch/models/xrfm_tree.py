@@ -55,7 +55,8 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
     leaf's :class:`~xrfm_torch.leaf.config.LeafConfig`; ``tau = leaf.n_iters``),
     ``max_leaf_size`` (``L_max``), the split rule, overlap and trees, the routing temperature,
     validation borrowing, input maps, categorical columns, large and distributed fits, the memory
-    budget, batched (lockstep) leaf steps. The model holds them in :attr:`config` (read, and set, as its attributes too).
+    budget, leaves in lockstep. The model holds them in :attr:`config` (read, and set, as its
+    attributes too).
 
     Args:
         kernel: Kernel prototype (each leaf gets a copy), a name from ``KERNELS``, or a factory.

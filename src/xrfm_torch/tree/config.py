@@ -130,12 +130,16 @@ class TreeConfig:
             where not even that fits the fit stops with a ``MemoryBudgetError`` naming the sizes
             and the knobs. Bytes, ``"auto"`` (the memory free on the device: available host
             memory, or CUDA's free memory) or ``None`` (no check: every leaf exact).
-        batch_steps: Fit a tree's leaves in lockstep, each round of their RFM steps run as
-            batched steps (:mod:`xrfm_torch.leaf.lockstep`): on a GPU a step's ~110 kernel
-            launches then serve all the leaves, not one. The same decisions per leaf; the
-            results equal the one-by-one fit's up to float rounding. ``"auto"``: off the CPU
-            (on a CPU the batched step is no faster). Not with ``distributed``, nor where all
-            leaves' step buffers at once would exceed ``memory_budget``.
+        batch_steps: Fit the leaves in lockstep (:mod:`xrfm_torch.leaf.lockstep`): a tree's
+            leaves, its input maps' trees and the input-map probe's leaves (and, in a
+            ``BaggedTree`` or ``KernelBlend`` of such trees, every bag's and member's) each
+            fit in a thread, and each round of their RFM steps and post-hoc search candidates
+            runs as one batched solve: on a GPU a step's ~110 kernel launches then serve all
+            the leaves, not one. The same decisions per leaf; the results equal the one-by-one
+            fit's up to float rounding. ``"auto"``: off the CPU (on a CPU the batched step is
+            no faster; the CPU fit stays the one-by-one fit bit for bit). Not with
+            ``distributed``, nor where the leaves' step buffers held at once would exceed
+            ``memory_budget`` (those run one by one).
     """
 
     leaf: LeafConfig = field(default_factory=LeafConfig)
@@ -235,7 +239,7 @@ class TreeConfig:
             put(self, "memory_budget", budget)
 
     def steps_batched(self, device: torch.device) -> bool:
-        """Whether the leaves' steps run batched on ``device`` (``batch_steps``; ``"auto"``: off the CPU)."""
+        """Whether the leaves run in lockstep on ``device`` (``batch_steps``; auto: off the CPU)."""
         if self.batch_steps == "auto":
             return host.launch_bound(device)
         return bool(self.batch_steps)
