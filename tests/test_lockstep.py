@@ -101,6 +101,21 @@ def test_batched_step_of_unequal_leaves_with_mixed_roots_is_each_leafs_step(line
     )
 
 
+def test_validation_rows_as_many_as_the_padded_training_rows_keep_their_linear_part():
+    # 40 training rows padded to 50, and 50 validation rows: the validation rows' linear features
+    # are their own, not masked like padded training rows (the batch tells them apart by role)
+    check_batch([request(50, 50, "full", seed=0), request(40, 50, "full", seed=1)])
+    search = [
+        candidate(50, 50, seed=0, kernel=LaplaceKernel(2.0), lam=1e-3),
+        candidate(40, 50, seed=1, kernel=LaplaceKernel(3.0), lam=1e-3),
+    ]
+    for r, (alpha, err, sq, _, _) in zip(search, batched_solve(search, batch_rows(search))):
+        a_alpha, a_err, a_sq, _, _ = r.run()
+        assert err == pytest.approx(a_err, rel=1e-9)
+        torch.testing.assert_close(alpha, a_alpha, rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(sq, a_sq, rtol=1e-8, atol=1e-12)
+
+
 @pytest.mark.parametrize("roots", [("identity",) * 3, ("diag",) * 3, ("full", "diag", "identity")])
 def test_batched_step_of_leaves_with_other_input_widths_pads_their_columns(roots):
     # an input-map probe's leaves: the same rows, 5, 9 and 3 columns

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -104,7 +104,7 @@ def padded(parts: Sequence[Tensor], rows: int, cols: int | None = None) -> Tenso
 
 
 def batch_rows(requests: Sequence[LeafRows]) -> BatchRows:
-    """The padded rows, masks and weights of a batch (see :class:`_Rows`)."""
+    """The padded rows, masks and weights of a batch (see :class:`BatchRows`)."""
     X0 = requests[0].X
     n = [r.X.shape[0] for r in requests]
     m = [r.X_val.shape[0] for r in requests]
@@ -126,15 +126,13 @@ def batch_rows(requests: Sequence[LeafRows]) -> BatchRows:
     y = padded([r.y for r in requests], N)
     y64 = y.double() ** 2
     bb = (y64 if res_w is None else res_w * y64).sum((1, 2))
-    val_real = (
-        torch.arange(Mv, device=X0.device)[None, :] < torch.tensor(m, device=X0.device)[:, None]
-    )
+    count = torch.tensor(m, dtype=torch.float64, device=X0.device)
+    val: Tensor | None = None
     if requests[0].weights[1] is not None:
         wv = padded([r.weights[1][:, None] for r in requests], Mv)[..., 0]  # type: ignore[index]
-        mean = wv.sum(1, keepdim=True) / torch.tensor(m, device=X0.device)[:, None].to(wv)
-        val: Tensor | None = wv / mean
-    else:
-        val = val_real.to(X0.dtype) if min(m) < Mv else None
+        val = wv / (wv.sum(1, keepdim=True) / count[:, None].to(wv))
+    elif min(m) < Mv:  # the real validation rows
+        val = (torch.arange(Mv, device=X0.device)[None, :] < count[:, None]).to(X0.dtype)
     dims = [r.X.shape[1] for r in requests]
     D = max(dims)
     scale = (
@@ -160,7 +158,7 @@ def batch_rows(requests: Sequence[LeafRows]) -> BatchRows:
         res_w=res_w,
         bb=bb,
         val=val,
-        count=torch.tensor(m, dtype=torch.float64, device=X0.device),
+        count=count,
     )
 
 
@@ -222,15 +220,16 @@ def masked_kernel(R: Tensor, bw: Tensor, q: float | Tensor, rows: BatchRows) -> 
     return K
 
 
-def linear_features(x: Tensor, rows: BatchRows, lm: float) -> Tensor | None:
+def linear_features(x: Tensor, rows: BatchRows, lm: float, *, training: bool) -> Tensor | None:
     """The constant + linear part's features ``sqrt(c) [1, x / sqrt(d)]``, (B, n, D + 1).
 
-    Padded training rows zeroed (``rows.pad``, where ``x`` has N rows); ``None`` where ``lm`` is 0.
+    ``training``: ``x`` are the training rows, whose padded rows get no features (``rows.pad``).
+    ``None`` where ``lm`` is 0.
     """
     if lm <= 0:
         return None
     U = F.pad(x * rows.scale, (1, 0), value=1.0) * math.sqrt(lm)
-    if rows.pad is not None and x.shape[1] == rows.pad.shape[1]:
+    if training and rows.pad is not None:
         U = U * (1.0 - rows.pad)[..., None]
     return U
 
@@ -253,7 +252,7 @@ def solve_batch(
     dtype = solve_dtype or K.dtype
     Kd = K.to(dtype)
     A = Kd.clone() if U is None else torch.baddbmm(Kd, U.to(dtype), U.to(dtype).mT)
-    lam = reg if isinstance(reg, float) else reg.to(dtype)[:, None]
+    lam = reg.to(dtype)[:, None] if isinstance(reg, Tensor) else float(reg)
     ridge = A.diagonal(dim1=1, dim2=2)
     if rows.inv_w is None:
         ridge.add_(lam)
@@ -272,20 +271,64 @@ def solve_batch(
     return alpha_s.to(rows.y.dtype), unsure
 
 
-def predict_batch(
-    Rv: Tensor,
-    bw: Tensor,
-    q: float | Tensor,
-    alpha: Tensor,
-    xv: Tensor,
-    v: Tensor | None,
-    rows: BatchRows,
-    lm: float,
-) -> Tensor:
-    """Validation predictions (B, Mv, c) from their distances to the training rows ``Rv``.
+def kernel_params(kernels: Sequence[Kernel], like: Tensor) -> tuple[float | Tensor, Tensor]:
+    """The batch's kernel exponent and bandwidths (B,) in ``like``'s dtype.
 
-    With the linear part's weights ``v = U^T alpha`` (B, D + 1, c) where it is on.
+    The exponent is one float, or (B, 1, 1) where they differ (a blend's Laplace and Gaussian
+    leaves).
     """
+    qs = [k.q for k in kernels]
+    q = qs[0] if len(set(qs)) == 1 else like.new_tensor(qs)[:, None, None]
+    return q, torch.stack([k.bandwidth for k in kernels]).to(like)
+
+
+def distances(xs: Tensor, xv: Tensor, rows: BatchRows) -> tuple[Tensor, Tensor]:
+    """Training pairs' (B, N, N) and validation-to-training (B, Mv, N) distances.
+
+    Centred at each leaf's training mean (its real rows; padded rows are zero).
+    """
+    n = torch.tensor(rows.n, device=xs.device)[:, None, None].to(xs)
+    centre = xs.sum(1, keepdim=True) / n
+    return distance(xs, xs, centre), distance(xv, xs, centre)
+
+
+class Scored(NamedTuple):
+    """A batched solve's kernel values, coefficients, linear weights, flags and losses."""
+
+    K: Tensor  # (B, N, N), padded rows identity
+    alpha: Tensor  # (B, N, c)
+    v: Tensor | None  # (B, D + 1, c): U^T alpha, the linear part's weights
+    unsure: Tensor  # (B,) bool: the first attempt failed its check
+    err: Tensor  # (B,) float64: validation errors
+    per_row: Tensor  # (B, Mv): per-row validation losses
+
+
+def solve_and_score(
+    R: Tensor,
+    Rv: Tensor,
+    xs: Tensor,
+    xv: Tensor,
+    q: float | Tensor,
+    bandwidth: Tensor,
+    reg: float | Tensor,
+    rows: BatchRows,
+    cfg: LeafConfig,
+) -> Scored:
+    """Each leaf's kernel ridge regression in its M-space and its validation error.
+
+    What a step and a search candidate share: ``xs``, ``xv`` are the leaves' rows in their
+    M-spaces and ``R``, ``Rv`` their distances (:func:`distances`).
+
+    ``bandwidth`` (B,); ``reg`` one ridge or one per leaf (B,).
+    """
+    bw = bandwidth[:, None, None]
+    K = masked_kernel(R, bw, q, rows)
+    U = linear_features(xs, rows, cfg.linear_mix, training=True)
+    alpha, unsure = solve_batch(K, U, rows, reg, cfg.solve_dtype)
+    v = None if U is None else U.mT @ alpha
     pred = kernel_values(Rv, bw, q) @ alpha
-    Uv = linear_features(xv, rows, lm)
-    return pred if Uv is None or v is None else torch.baddbmm(pred, Uv, v)
+    Uv = linear_features(xv, rows, cfg.linear_mix, training=False)
+    if Uv is not None and v is not None:
+        pred = torch.baddbmm(pred, Uv, v)
+    err, per_row = batch_losses(pred, rows.yv, rows, cfg.criterion)
+    return Scored(K, alpha, v, unsure, err, per_row)

@@ -18,13 +18,10 @@ import torch
 
 from xrfm_torch.leaf.batch_ops import (
     BatchRows,
-    batch_losses,
-    distance,
-    linear_features,
-    masked_kernel,
-    predict_batch,
+    distances,
+    kernel_params,
     shared_key,
-    solve_batch,
+    solve_and_score,
 )
 from xrfm_torch.leaf.solve_request import SolveRequest, SolveResult
 
@@ -48,24 +45,14 @@ def batched_solve(requests: Sequence[SolveRequest], rows: BatchRows) -> list[Sol
         rows: Their padded rows (:func:`~xrfm_torch.leaf.batch_ops.batch_rows`); the training
             and validation distances are kept in ``rows.cache`` for the next rounds.
     """
-    cfg = requests[0].cfg
-    lm = cfg.linear_mix
     if "R" not in rows.cache:  # the leaves' rows in their M-spaces: fixed during their searches
-        n = torch.tensor(rows.n, device=rows.X.device)[:, None, None].to(rows.X)
-        centre = rows.X.sum(1, keepdim=True) / n
-        rows.cache["R"] = distance(rows.X, rows.X, centre)
-        rows.cache["Rv"] = distance(rows.Xv, rows.X, centre)
-    qs = [r.kernel.q for r in requests]
-    q = qs[0] if len(set(qs)) == 1 else rows.X.new_tensor(qs)[:, None, None]
-    bw = torch.stack([r.kernel.bandwidth for r in requests]).to(rows.X)[:, None, None]
+        rows.cache["R"], rows.cache["Rv"] = distances(rows.X, rows.Xv, rows)
+    q, bandwidth = kernel_params([r.kernel for r in requests], rows.X)
     lams = [r.lam for r in requests]
     lam = lams[0] if len(set(lams)) == 1 else rows.X.new_tensor(lams, dtype=torch.float64)
-    K = masked_kernel(rows.cache["R"], bw, q, rows)
-    U = linear_features(rows.X, rows, lm)
-    alpha, unsure = solve_batch(K, U, rows, lam, cfg.solve_dtype)
-    v = None if U is None else U.mT @ alpha
-    pred = predict_batch(rows.cache["Rv"], bw, q, alpha, rows.Xv, v, rows, lm)
-    err, per_row = batch_losses(pred, rows.yv, rows, cfg.criterion)
+    _, alpha, _, unsure, err, per_row = solve_and_score(
+        rows.cache["R"], rows.cache["Rv"], rows.X, rows.Xv, q, bandwidth, lam, rows, requests[0].cfg
+    )
     B = len(requests)
     values = torch.cat([err, unsure.double()]).tolist()  # one read back for the batch
     results: list[SolveResult] = []

@@ -36,13 +36,10 @@ from xrfm_torch.kernels.distance import transform
 from xrfm_torch.leaf.batch_ops import (
     BatchRows,
     LeafRows,
-    batch_losses,
-    distance,
-    linear_features,
-    masked_kernel,
-    predict_batch,
+    distances,
+    kernel_params,
     shared_key,
-    solve_batch,
+    solve_and_score,
 )
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.iteration import failed_candidate, rfm_step
@@ -128,10 +125,6 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: BatchRows) -> list[S
     """
     r0 = requests[0]
     cfg, kernel = r0.cfg, r0.kernel
-    lm = cfg.linear_mix
-    qs = [r.kernel.q for r in requests]
-    # one exponent, or one per leaf (a blend's Laplace and Gaussian leaves)
-    q: float | Tensor = qs[0] if len(set(qs)) == 1 else rows.X.new_tensor(qs)[:, None, None]
     B = rows.X.shape[0]
     for r in requests:  # each leaf's bandwidth from its own subsample and generator
         if cfg.adaptive_bandwidth is not None:
@@ -140,26 +133,22 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: BatchRows) -> list[S
                 r.kernel.bandwidth.fill_(cfg.adaptive_bandwidth * med)
     S = _stacked_roots(requests, rows.dims)
     usable = None if S is None else (S - S == 0).flatten(1).all(1)
-    bandwidth = torch.stack([r.kernel.bandwidth for r in requests]).to(rows.X)
-    bw = bandwidth[:, None, None]
+    q, bandwidth = kernel_params([r.kernel for r in requests], rows.X)
     if S is None:
         xs, xv = rows.X, rows.Xv
     elif S.ndim == 2:
         xs, xv = rows.X * S[:, None, :], rows.Xv * S[:, None, :]
     else:
         xs, xv = rows.X @ S, rows.Xv @ S
-    centre = xs.sum(1, keepdim=True) / torch.tensor(rows.n, device=xs.device)[:, None, None].to(xs)
-    R = distance(xs, xs, centre)  # (B, N, N)
-    K = masked_kernel(R, bw, q, rows)
-    U = linear_features(xs, rows, lm)
-    alpha, unsure = solve_batch(K, U, rows, cfg.reg, cfg.solve_dtype)
-    v = None if U is None else U.mT @ alpha  # (B, d + 1, c): the linear part's weights
-    pred = predict_batch(distance(xv, xs, centre), bw, q, alpha, xv, v, rows, lm)
-    err, per_row = batch_losses(pred, rows.yv, rows, cfg.criterion)
+    R, Rv = distances(xs, xv, rows)
+    K, alpha, v, unsure, err, per_row = solve_and_score(
+        R, Rv, xs, xv, q, bandwidth, cfg.reg, rows, cfg
+    )
     G = None
     if any(r.agop for r in requests):  # diagonal where every leaf wants its diagonal
         diag = (S is None or S.ndim == 2) and all(r.diag for r in requests)
-        G = _agop(R, K, xs, alpha, v, S, rows, kernel, q, bw, lm, diag)
+        bw = bandwidth[:, None, None]
+        G = _agop(R, K, xs, alpha, v, S, rows, kernel, q, bw, cfg.linear_mix, diag)
     none = err.new_zeros(B)
     values = torch.cat(
         [
@@ -183,7 +172,7 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: BatchRows) -> list[S
             continue
         rows_i = per_row[i, : rows.m[i]]
         cand = Candidate(
-            e, -1, alpha[i, : rows.n[i]], r.sqrt_m, bandwidth_i, qs[i], cfg.reg, rows_i
+            e, -1, alpha[i, : rows.n[i]], r.sqrt_m, bandwidth_i, r.kernel.q, cfg.reg, rows_i
         )
         if G is None or not r.agop or not math.isfinite(e):
             results.append((cand, None, False))
