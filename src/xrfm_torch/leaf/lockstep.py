@@ -289,6 +289,7 @@ class Lockstep:
         search candidates (:func:`~xrfm_torch.leaf.batched_search.solve_key`).
         """
         self.rounds += 1
+        used: set[tuple[int, ...]] = set()  # this round's batches, by their leaves' inputs
         groups: dict[Hashable, list[_Pending]] = defaultdict(list)
         out: dict[tuple[int, ...], Outcome] = {}
         alone: list[_Pending] = []
@@ -304,6 +305,7 @@ class Lockstep:
                     alone.extend(batch)
                     continue
                 reqs = [r for _, r in batch]
+                used.add(_members(reqs))
                 try:
                     rows = self._batch_rows(reqs)
                     results: Sequence[StepResult | SolveResult] = (
@@ -318,6 +320,9 @@ class Lockstep:
                 self.batched += len(batch)
                 count("leaf solves batched")
                 out.update((k, res) for (k, _), res in zip(batch, results))
+        # keep only this round's padded rows (a search's cached distances are (B, N, N)); a set
+        # of leaves that comes back later is padded again
+        self._rows = {k: v for k, v in self._rows.items() if k in used}
         for k, r in alone:
             self.alone += 1
             try:
@@ -329,7 +334,7 @@ class Lockstep:
     def _batch_rows(self, reqs: Sequence[Request]) -> BatchRows:
         """The batch's padded rows, made once per set of leaves (kept for later rounds)."""
         inputs = tuple(r.X for r in reqs)
-        members = tuple(id(x) for x in inputs)
+        members = _members(reqs)
         held = self._rows.get(members)
         if held is None or any(a is not b for a, b in zip(held[0], inputs)):
             held = self._rows[members] = (inputs, batch_rows(reqs))
@@ -364,6 +369,11 @@ def _raise_first(errors: dict[tuple[int, ...], BaseException]) -> None:
     real = {k: e for k, e in errors.items() if not isinstance(e, CancelledError)}
     if real or errors:
         raise (real or errors)[min(real or errors)]
+
+
+def _members(reqs: Sequence[Request]) -> tuple[int, ...]:
+    """A batch's key among the padded rows kept: its leaves' training inputs, by identity."""
+    return tuple(id(r.X) for r in reqs)
 
 
 def _split(group: list[_Pending], budget: int) -> list[list[_Pending]]:

@@ -154,12 +154,7 @@ def fit_leaves(
             m0 = None if start is None else start(X[tr])
             if Xv.shape[0] == 0:
                 leaf.fit(
-                    X[tr],
-                    y[tr],
-                    sample_weight=wt,
-                    generator=g,
-                    final_solve=False,
-                    start_sqrt_m=m0,
+                    X[tr], y[tr], sample_weight=wt, generator=g, final_solve=False, start_sqrt_m=m0
                 )
             else:
                 final_rows: dict[str, Any] = {"final_solve": False}

@@ -62,9 +62,9 @@ class RoutedOutputs:
             for t, x in self.pairs
         )
         self.dense = bool(xs) and host.launch_bound(xs[0].device) and pairs <= DENSE_PAIRS
-        self.seen = [
+        self.seen = [  # (the lazy evaluation's: the pairs evaluated so far)
             torch.zeros(x.shape[0], t.n_leaves, dtype=torch.bool, device=x.device)
-            for t, x in self.pairs
+            for t, x in ([] if self.dense else self.pairs)
         ]
         self.leaf_preds: list[Tensor | None] = [None] * len(self.pairs)
 
@@ -77,12 +77,11 @@ class RoutedOutputs:
             if self.dense:
                 if self.leaf_preds[k] is None:
                     self.leaf_preds[k] = tree.leaf_predictions(x)
-                outs.append((w[:, :, None] * cast(Tensor, self.leaf_preds[k])).sum(1))
-                continue
-            new = (w > 0) & ~self.seen[k]
-            if bool(new.any()):
-                self.leaf_preds[k] = tree.leaf_predictions(x, new, out=self.leaf_preds[k])
-                self.seen[k] |= new
+            else:
+                new = (w > 0) & ~self.seen[k]
+                if bool(new.any()):
+                    self.leaf_preds[k] = tree.leaf_predictions(x, new, out=self.leaf_preds[k])
+                    self.seen[k] |= new
             outs.append((w[:, :, None] * cast(Tensor, self.leaf_preds[k])).sum(1))
         return torch.stack(outs).mean(0)
 
