@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hydra
+import torch.distributed as dist
 from omegaconf import DictConfig
 
 from xrfm_torch.pipeline import format_metrics, run
@@ -15,6 +16,12 @@ def main(cfg: DictConfig) -> float | None:
     if result["is_global_zero"]:  # under trainer=ddp every rank runs this script
         print(f"\nResults ({cfg.dataset.name}, seed {cfg.seed}) in {result['output_dir']}")
         print(format_metrics(test or result["metrics"]))
+    if dist.is_available() and dist.is_initialized():
+        # Lightning leaves a gloo process group to the interpreter's exit, where destroying it
+        # while its threads still run can abort the process ("terminate called without an
+        # active exception", seen under trainer=ddp); the ranks end it together instead.
+        dist.barrier()
+        dist.destroy_process_group()
     value = result["metrics"].get(str(cfg.get("optimized_metric")))
     return None if value is None else float(value)
 
