@@ -30,15 +30,15 @@ def _fit(generator):
 
 def test_nan_in_a_later_iteration_keeps_the_best_finished_one(monkeypatch, generator, caplog):
     clean, Xv = _fit(generator)
-    real = iteration.sqrt_psd
+    real = iteration.next_root
     calls = [0]
 
-    def poisoned(G):
+    def poisoned(G, diag, eps, ridge):
         calls[0] += 1
-        root = real(G)
+        root = real(G, diag, eps, ridge)
         return root * float("nan") if calls[0] == 2 else root  # M of iteration 2 is NaN
 
-    monkeypatch.setattr(iteration, "sqrt_psd", poisoned)
+    monkeypatch.setattr(iteration, "next_root", poisoned)
     with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf.iteration"):
         leaf, _ = _fit(generator)
     assert "iter 2: non-finite validation error; stopping" in caplog.text

@@ -19,6 +19,7 @@ from xrfm_torch.leaf.iteration import STEP_RUNNER
 from xrfm_torch.leaf.lockstep import BATCH_BYTES, CancelledError, Lockstep, fit_together
 from xrfm_torch.leaf.solve_request import SolveRequest
 from xrfm_torch.numerics import host
+from xrfm_torch.numerics.agop import RootedAgop, next_root
 from xrfm_torch.numerics.solvers import krr_workspace
 
 D = torch.float64
@@ -65,7 +66,7 @@ def request(
     )
 
 
-def assert_same_step(batched, alone) -> None:
+def assert_same_step(batched, alone, cfg: LeafConfig) -> None:
     (cb, Gb, fb), (ca, Ga, _) = batched, alone
     assert cb.err == pytest.approx(ca.err, rel=1e-9)
     assert cb.bandwidth == ca.bandwidth and cb.q == ca.q and cb.reg == ca.reg
@@ -74,8 +75,16 @@ def assert_same_step(batched, alone) -> None:
     torch.testing.assert_close(cb.sq_err, ca.sq_err, rtol=1e-8, atol=1e-12)
     assert (Gb is None) == (Ga is None)
     if Ga is not None:
-        assert Gb.shape == Ga.shape
-        torch.testing.assert_close(Gb, Ga, rtol=1e-8, atol=1e-12)
+        # the batch makes the next step's roots: each is the leaf's own learned root
+        assert isinstance(Gb, RootedAgop) and isinstance(Ga, torch.Tensor)
+        assert Gb.G.shape == Ga.shape
+        torch.testing.assert_close(Gb.G, Ga, rtol=1e-8, atol=1e-12)
+        layouts = (True, False) if Ga.ndim == 2 else (True,)
+        assert set(Gb.roots) == set(layouts)
+        for diag in layouts:
+            own = next_root(Ga, diag, cfg.eps, cfg.agop_ridge)
+            assert Gb.roots[diag].shape == own.shape
+            torch.testing.assert_close(Gb.roots[diag], own, rtol=1e-8, atol=1e-10)
 
 
 def check_batch(requests) -> None:
@@ -83,12 +92,12 @@ def check_batch(requests) -> None:
     assert len(keys) == 1 and None not in keys
     batched = batched_rfm_step(requests, batch_rows(requests))
     for r, got in zip(requests, batched):
-        assert_same_step(got, r.run())
+        assert_same_step(got, r.run(), r.cfg)
 
 
-@pytest.mark.parametrize("linear_mix", [0.1, 0.0])
-def test_batched_step_of_unequal_leaves_with_mixed_roots_is_each_leafs_step(linear_mix):
-    cfg = LeafConfig(linear_mix=linear_mix)
+@pytest.mark.parametrize(("linear_mix", "agop_ridge"), [(0.1, 0.0), (0.0, 0.0), (0.1, 0.05)])
+def test_batched_step_of_unequal_leaves_with_mixed_roots_is_each_leafs_step(linear_mix, agop_ridge):
+    cfg = LeafConfig(linear_mix=linear_mix, agop_ridge=agop_ridge)
     # padded rows (70 / 64 / 67 training, 25 / 19 / 30 validation), identity, diagonal and full
     # roots in one batch, the diagonal AGOP where a leaf asks for it
     check_batch(
@@ -99,6 +108,19 @@ def test_batched_step_of_unequal_leaves_with_mixed_roots_is_each_leafs_step(line
             request(70, 25, "full", seed=3, cfg=cfg, agop=False),
         ]
     )
+
+
+def test_a_leaf_with_a_non_finite_root_fails_alone_and_the_others_get_their_roots():
+    # the batch's eigh makes every leaf's next root at once: one leaf's NaN AGOP must neither
+    # fail it nor reach the others' roots
+    reqs = [request(40 + k, 20, "full", seed=k) for k in range(3)]
+    reqs[1].sqrt_m = reqs[1].sqrt_m.clone()
+    reqs[1].sqrt_m[0, 1] = reqs[1].sqrt_m[1, 0] = float("nan")
+    got = batched_rfm_step(reqs, batch_rows(reqs))
+    failed, G_failed, _ = got[1]
+    assert G_failed is None and failed.err != failed.err  # NaN: the leaf's iterations stop
+    for k in (0, 2):
+        assert_same_step(got[k], reqs[k].run(), reqs[k].cfg)
 
 
 def test_validation_rows_as_many_as_the_padded_training_rows_keep_their_linear_part():

@@ -44,11 +44,11 @@ from xrfm_torch.leaf.batch_ops import (
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.iteration import failed_candidate, rfm_step
 from xrfm_torch.leaf.selection import Candidate
-from xrfm_torch.numerics.agop import usable_agop
+from xrfm_torch.numerics.agop import RootedAgop, batched_roots, usable_agop
 
 #: What one step gives: the candidate, its AGOP (or ``None``), whether the leaf's workspace now
 #: holds the step's factor (never after a batched step).
-StepResult = tuple[Candidate, Tensor | None, bool]
+StepResult = tuple[Candidate, Tensor | RootedAgop | None, bool]
 
 
 @dataclass
@@ -159,6 +159,8 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: BatchRows) -> list[S
             unsure.double(),
         ]
     ).tolist()  # one read back for the batch
+    # alone, a leaf makes its own root for the one layout it continues in (fewer operations)
+    roots = None if G is None or B == 1 else _next_roots(G, requests, values, cfg)
     results: list[StepResult] = []
     for i, r in enumerate(requests):
         e, bandwidth_i, finite_m, top, retry = values[i::B]
@@ -185,8 +187,38 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: BatchRows) -> list[S
                 if G.ndim == 3
                 else G[i, :k]
             )
-            results.append((cand, usable_agop(Gi, top, rows.n[i]), False))
+            G_i: Tensor | RootedAgop | None = usable_agop(Gi, top, rows.n[i])
+            if G_i is not None and roots is not None:  # the next step's roots, made here
+                made = {
+                    layout: m[i, :k] if m.ndim == 2 else m[i, :k, :k] for layout, m in roots.items()
+                }
+                G_i = RootedAgop(Gi, made if Gi.ndim == 2 else {True: made[True]})
+            results.append((cand, G_i, False))
     return results
+
+
+def _next_roots(
+    G: Tensor, requests: Sequence[StepRequest], values: list[float], cfg: LeafConfig
+) -> dict[bool, Tensor]:
+    """The next steps' roots of the batch's AGOPs (:func:`~xrfm_torch.numerics.agop.batched_roots`).
+
+    A leaf whose AGOP is not usable (not finite, not positive) gets the zero matrix in the
+    batch instead (its step ends the leaf's iterations): one leaf's NaN cannot fail the batch's
+    ``eigh``.
+    """
+    B = G.shape[0]
+    ok = [
+        r.agop
+        and math.isfinite(values[i])
+        and math.isfinite(values[3 * B + i])
+        and values[3 * B + i] > 0
+        for i, r in enumerate(requests)
+    ]
+    if not all(ok):
+        keep = torch.tensor(ok, device=G.device).reshape(B, *([1] * (G.ndim - 1)))
+        G = torch.where(keep, G, 0.0)
+    full = G.ndim == 3 and any(r.agop and not r.diag for r in requests)
+    return batched_roots(G, cfg.eps, cfg.agop_ridge, full)
 
 
 def _stacked_roots(requests: Sequence[StepRequest], dims: Sequence[int]) -> Tensor | None:

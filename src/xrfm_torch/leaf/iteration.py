@@ -25,7 +25,7 @@ from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import validation_loss
 from xrfm_torch.leaf.selection import Candidate, select_kernel
 from xrfm_torch.numerics import deadline
-from xrfm_torch.numerics.agop import agop_from_grads, normalize_agop, sqrt_psd, usable_agop
+from xrfm_torch.numerics.agop import RootedAgop, agop_from_grads, next_root, usable_agop
 from xrfm_torch.numerics.checks import all_finite
 from xrfm_torch.numerics.events import count
 from xrfm_torch.numerics.host import read_scalars
@@ -68,7 +68,7 @@ def warm_budget(n: int, device: torch.device) -> int:
 #: What runs one RFM step, with :func:`rfm_step`'s signature and result ``(candidate, G or None,
 #: whether the workspace holds the step's factor)``: ``rfm_step`` itself, or a lockstep fit's
 #: batching (:class:`xrfm_torch.leaf.lockstep.Lockstep`).
-StepRunner = Callable[..., "tuple[Candidate, Tensor | None, bool]"]
+StepRunner = Callable[..., "tuple[Candidate, Tensor | RootedAgop | None, bool]"]
 
 #: What runs this thread's RFM steps: set in a lockstep's threads (their steps are batched with
 #: the other jobs'); ``None``: :func:`rfm_step`, one by one.
@@ -103,7 +103,7 @@ def rfm_step(
     generator: torch.Generator | None,
     warm: tuple[float, int] | None = None,
     weights: tuple[Tensor | None, Tensor | None] = (None, None),
-) -> tuple[Candidate, Tensor | None, bool]:
+) -> tuple[Candidate, Tensor | RootedAgop | None, bool]:
     """One KRR fit in the M-space of ``sqrt_m`` (+ the AGOP of its predictor, while K is at hand).
 
     Solves ``(K(S X, S X) + c U U^T + reg W^{-1}) alpha = y`` with ``S = sqrt_m`` (``None``:
@@ -270,7 +270,9 @@ def run_iterations(
     factor_diag: bool | None = None  # layout of the step whose factor F holds (None: no such step)
     gave_up = 0  # warm tries in a row that gave up (WARM_GIVE_UPS of them end the tries)
 
-    def step(sqrt_m: Tensor | None, agop: bool, diag: bool) -> tuple[Candidate, Tensor | None]:
+    def step(
+        sqrt_m: Tensor | None, agop: bool, diag: bool
+    ) -> tuple[Candidate, Tensor | RootedAgop | None]:
         nonlocal factor_diag, gave_up
         tried = warm is not None and factor_diag is diag and gave_up < WARM_GIVE_UPS
         cand, G, factored = (STEP_RUNNER.get() or rfm_step)(
@@ -325,7 +327,7 @@ def search_cost(cfg: LeafConfig, iter_seconds: float, errors: Tensor) -> float:
 
 #: One RFM step: ``step(sqrt_m or None, whether to compute the AGOP, diagonal AGOP)`` returns the
 #: solved candidate and its AGOP ``G`` (``None`` when not asked for or degenerate).
-Step = Callable[[Tensor | None, bool, bool], tuple[Candidate, Tensor | None]]
+Step = Callable[[Tensor | None, bool, bool], tuple[Candidate, Tensor | RootedAgop | None]]
 
 
 def iterate(
@@ -353,7 +355,7 @@ def iterate(
         mode = start.ndim == 1
     best: Candidate | None = None
     t_gain = 0  # last iteration that improved the best error by more than tol
-    G: Tensor | None = None
+    G: Tensor | RootedAgop | None = None
     step_seconds = 0.0  # the last step's cost: the next one's estimate under a time limit
     for t in range(tau + 1):
         agop = t < tau
@@ -368,11 +370,10 @@ def iterate(
             break
         elif mode is None:
             cands = [
-                step(sqrt_psd(normalize_agop(Gm, cfg.eps, cfg.agop_ridge)), agop, dg)
-                for dg, Gm in ((True, G.diagonal()), (False, G))
+                step(next_root(G, dg, cfg.eps, cfg.agop_ridge), agop, dg) for dg in (True, False)
             ]
         else:
-            cands = [step(sqrt_psd(normalize_agop(G, cfg.eps, cfg.agop_ridge)), agop, mode)]
+            cands = [step(next_root(G, mode, cfg.eps, cfg.agop_ridge), agop, mode)]
         for c, _ in cands:
             c.t = t
             if math.isfinite(c.err) and (best is None or c.err < best.err):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -87,6 +88,67 @@ def symmetric_eigh(S: Tensor) -> tuple[Tensor, Tensor]:
         log.debug("eigh did not converge in %s; solving in float64", S.dtype)
         evals, evecs = torch.linalg.eigh(S.double())
         return evals.to(S.dtype), evecs.to(S.dtype)
+
+
+def learned_root(G: Tensor, eps: float, ridge: float) -> Tensor:
+    """``sqrt(M)`` of the next RFM step: :func:`sqrt_psd` of :func:`normalize_agop` of ``G``."""
+    return sqrt_psd(normalize_agop(G, eps, ridge))
+
+
+@dataclass(frozen=True)
+class RootedAgop:
+    """An AGOP ``G`` with the next step's roots already made (together with other leaves').
+
+    ``roots[diag]`` is :func:`learned_root` of ``G``'s diagonal (``True``) or of ``G`` itself
+    (``False``); a layout missing from ``roots`` is made on demand (:func:`next_root`).
+    """
+
+    G: Tensor
+    roots: dict[bool, Tensor]
+
+
+def next_root(G: Tensor | RootedAgop, diag: bool, eps: float, ridge: float) -> Tensor:
+    """:func:`learned_root` of ``G`` in the diagonal (``diag``) or full layout.
+
+    ``G``: (d,) (diagonal; only ``diag``), (d, d), or a :class:`RootedAgop` whose root is used.
+    """
+    if isinstance(G, RootedAgop):
+        made = G.roots.get(diag)
+        if made is not None:
+            return made
+        G = G.G
+    return learned_root(G.diagonal() if diag and G.ndim == 2 else G, eps, ridge)
+
+
+def batched_roots(G: Tensor, eps: float, ridge: float, full: bool) -> dict[bool, Tensor]:
+    """:func:`learned_root` of each of ``B`` AGOPs at once, in the layouts they allow.
+
+    Args:
+        G: (B, d) diagonals or (B, d, d) matrices, each finite with a positive largest entry.
+            A matrix padded with zero rows and columns keeps its root in its leading block (the
+            root is a function of the eigenvalues on each invariant subspace).
+        eps: As in :func:`normalize_agop`.
+        ridge: As in :func:`normalize_agop`.
+        full: Whether to make the full roots of (B, d, d) matrices (a batched ``eigh``).
+
+    Returns:
+        ``{True: (B, d) roots of the diagonals}``, with ``False: (B, d, d)`` full roots where
+        ``full`` and ``G`` is (B, d, d), unless the batched ``eigh`` fails (then the leaves make
+        their own, with :func:`symmetric_eigh`'s retry).
+    """
+    d = G.diagonal(dim1=1, dim2=2) if G.ndim == 3 else G
+    m = d / (eps + d.amax(1, keepdim=True))
+    roots = {True: (m if ridge == 0.0 else m + ridge).clamp_min(0).sqrt()}
+    if full and G.ndim == 3:
+        M = G / (eps + G.flatten(1).amax(1))[:, None, None]
+        if ridge != 0.0:
+            M = M + ridge * torch.eye(M.shape[1], dtype=M.dtype, device=M.device)
+        try:
+            evals, evecs = torch.linalg.eigh((M + M.mT) / 2)
+        except torch.linalg.LinAlgError:
+            return roots
+        roots[False] = (evecs * evals.clamp_min(0).sqrt()[:, None, :]) @ evecs.mT
+    return roots
 
 
 def top_eigenvector(G: Tensor) -> Tensor:
