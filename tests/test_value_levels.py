@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from xrfm_torch import LeafConfig, xRFMTree
+from xrfm_torch.inputs import levels
 from xrfm_torch.inputs.categories import ONE_HOT
 from xrfm_torch.inputs.levels import (
     BINS,
@@ -15,6 +16,8 @@ from xrfm_torch.inputs.levels import (
     MIN_GAIN,
     PRIOR_ROWS,
     ValueLevels,
+    _gain,
+    _gains,
     _levels,
     _quantiles,
     level_columns,
@@ -74,6 +77,29 @@ def test_masked_quantiles_match_numpy_on_the_kept_entries():
     for row, keep in zip(got[:3], keeps[:3]):
         np.testing.assert_allclose(row.numpy(), np.quantile(v[keep], probs), rtol=0, atol=1e-12)
     assert torch.isposinf(got[3]).all()  # no edges: every other value shares one bin
+
+
+@pytest.mark.parametrize("block", [None, 2_000])
+def test_gains_of_all_columns_at_once_are_each_columns_gain(monkeypatch, block):
+    # coded, smooth and pure-noise columns, a continuous one and one with two equally frequent
+    # values (the smaller is the spike, as unique + argmax pick it); two target columns
+    if block is not None:  # a column per chunk
+        monkeypatch.setattr(levels, "GAIN_BLOCK", block)
+    rng = np.random.default_rng(11)
+    n = 400
+    coded, y = coded_amounts(n, 0)
+    smooth, _ = coded_amounts(n, 1, smooth=True)
+    noise = np.where(rng.random(n) < 0.7, 0.0, rng.integers(1, 30, n) * 1.5)
+    tie = np.where(np.arange(n) % 2 == 0, 2.0, -1.0)
+    cols = [coded, smooth, noise, rng.normal(size=n), tie]
+    X = torch.tensor(np.stack(cols, 1))
+    Y = torch.tensor(np.stack([y, rng.normal(size=n)], 1))
+    got = _gains(X, Y)
+    assert got.shape == (len(cols),)
+    for j in range(len(cols)):
+        want = _gain(X[:, j], Y)
+        torch.testing.assert_close(got[j], want, rtol=0, atol=1e-12)
+    assert got[0] > MIN_GAIN > got[2]  # the coded column passes, the noise does not
 
 
 def test_levels_count_the_frequent_values_besides_the_spike():

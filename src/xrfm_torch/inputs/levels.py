@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from xrfm_torch.inputs.categories import ONE_HOT, OneHotColumns
@@ -114,20 +115,87 @@ def _gain(x: Tensor, y: Tensor) -> Tensor:
     return torch.where(sst > 0, gain, 0.0)
 
 
+#: Entries of one batch of :func:`_gains`' per-column tables (columns x folds x rows x outputs):
+#: the columns go in chunks of at most this many (2**25 float64 entries: 256 MiB per table).
+GAIN_BLOCK = 2**25
+
+
+def _gains(X: Tensor, y: Tensor) -> Tensor:
+    """:func:`_gain` of each column of ``X`` (n, k) (no NaN), as one (k,) float64 tensor.
+
+    The same computation for all the columns at once (chunked by :data:`GAIN_BLOCK`), so a
+    table's tested columns cost a few dozen operations together, not each (each is a launch
+    on a GPU). Per column, its distinct values come from a sort instead of ``unique`` (whose
+    output size the host must read): a row's value index is the number of value changes
+    before it in sorted order, and the tables are as wide as the rows (a column has at most
+    that many values).
+    """
+    n, k = X.shape
+    y = y.reshape(n, -1).to(torch.float64)
+    chunk = max(1, GAIN_BLOCK // (FOLDS * n * max(y.shape[1], 1)))
+    if k > chunk:
+        return torch.cat([_gains(X[:, i : i + chunk], y) for i in range(0, k, chunk)])
+    c = y.shape[1]
+    x = X.to(torch.float64).T.contiguous()  # (k, n)
+    s, order = x.sort(dim=1)
+    changes = F.pad(s[:, 1:] != s[:, :-1], (1, 0))  # a new value starts (not at the first row)
+    ids = changes.long().cumsum(1)  # (k, n): value index of each sorted row
+    inverse = torch.empty_like(ids).scatter_(1, order, ids)  # (k, n): each row's value index
+    counts = torch.zeros_like(s).scatter_add_(1, ids, torch.ones_like(s))  # (k, n): rows a value
+    values = torch.zeros_like(s).scatter_(1, ids, s)  # (k, n): the values, ascending
+    spike = values.gather(1, counts.argmax(1, keepdim=True))  # (k, 1): the most frequent (smallest)
+    folds = torch.arange(FOLDS, device=x.device)
+    fold = torch.arange(n, device=x.device) % FOLDS
+    w = (fold != folds[:, None]).to(y.dtype)  # (FOLDS, n): fold j's training rows
+    probs = torch.linspace(0, 1, BINS + 1, dtype=x.dtype, device=x.device)[1:-1]
+    n_bins = BINS + 1
+    xk = x[:, None, :]  # (k, 1, n)
+    edges = _quantiles(xk, (w > 0) & (xk != spike[:, :, None]), probs)  # (k, FOLDS, BINS - 1)
+    ranks = torch.searchsorted(edges, xk.expand(k, FOLDS, n).contiguous(), right=True)
+    b = torch.where(xk == spike[:, :, None], 0, 1 + ranks)  # (k, FOLDS, n)
+    mean = (y * w[:, :, None]).sum(1) / w.sum(1, keepdim=True)  # (FOLDS, c)
+    wy = (y * w[:, :, None]).reshape(1, -1, c).expand(k, -1, c)  # (k, FOLDS * n, c)
+    w_flat = w.reshape(1, -1).expand(k, -1)
+
+    def sums(at: Tensor, width: int) -> tuple[Tensor, Tensor]:
+        """Per column, the training rows' counts (k, w) and target sums (k, w, c) by entry."""
+        count = w.new_zeros(k, width).scatter_add_(1, at, w_flat)
+        total = y.new_zeros(k, width, c).scatter_add_(1, at[..., None].expand(-1, -1, c), wy)
+        return count, total
+
+    count, total = sums((b + n_bins * folds[:, None]).reshape(k, -1), FOLDS * n_bins)
+    v_count, v_total = sums((inverse[:, None, :] + n * folds[:, None]).reshape(k, -1), FOLDS * n)
+    # each row held out by its own fold: that fold's entries
+    own = fold * n_bins + b.gather(1, fold.expand(k, 1, n))[:, 0]  # (k, n)
+    own_c = own[..., None].expand(-1, -1, c)
+    bin_count = count.gather(1, own)[..., None]
+    by_bin = torch.where(
+        bin_count > 0, total.gather(1, own_c) / bin_count.clamp_min(1), mean[fold]
+    )  # (k, n, c)
+    own_v = fold * n + inverse
+    by_value = (v_total.gather(1, own_v[..., None].expand(-1, -1, c)) + PRIOR_ROWS * by_bin) / (
+        v_count.gather(1, own_v) + PRIOR_ROWS
+    )[..., None]
+    sst = ((y - y.mean(0)) ** 2).sum()
+    gain = (((y - by_bin) ** 2).sum((1, 2)) - ((y - by_value) ** 2).sum((1, 2))) / sst
+    return torch.where(sst > 0, gain, 0.0)
+
+
 def _quantiles(v: Tensor, keep: Tensor, probs: Tensor) -> Tensor:
     """Quantiles at ``probs`` (q,) of the entries of ``v`` (n,) where ``keep`` (k, n), per row of ``keep``.
 
+    Leading dimensions broadcast: ``v`` (..., 1, n) and ``keep`` (..., k, n) give (..., k, q).
     Linearly interpolated, as numpy and ``torch.quantile`` do; shape (k, q), all ``+inf`` in a
     row that keeps nothing. By a sort (``torch.quantile`` refuses inputs of more than 2**24
     elements) in which the entries not kept come last as ``+inf``, so the positions read are the
     kept entries' (no row selection).
     """
-    s = torch.where(keep, v, torch.inf).sort(dim=1).values
-    last = (keep.sum(1, keepdim=True) - 1).clamp_min(0).to(probs.dtype)
+    s = torch.where(keep, v, torch.inf).sort(dim=-1).values
+    last = (keep.sum(-1, keepdim=True) - 1).clamp_min(0).to(probs.dtype)
     pos = probs * last  # (k, q)
     lo = pos.floor().long()
     hi = pos.ceil().long()
-    s_lo, s_hi = s.gather(1, lo), s.gather(1, hi)
+    s_lo, s_hi = s.gather(-1, lo), s.gather(-1, hi)
     between = s_lo + (s_hi - s_lo) * (pos - lo.to(pos.dtype))
     return torch.where(hi > lo, between, s_lo)  # inf - inf is NaN: nothing kept gives +inf
 
@@ -154,17 +222,16 @@ def level_columns(X: Tensor, y: Tensor, columns: Sequence[int]) -> list[int]:
     candidates = [(c, h) for c, ok, h in zip(cols, spiky, holes) if ok]
     # their levels (other values of LEVEL_ROWS rows or more) read back together
     levels = read_scalars(*(_levels(X[:, c]) for c, _ in candidates))
-    tested, gains = [], []
-    for (c, has_nan), n_levels in zip(candidates, levels):
-        if n_levels < MIN_LEVELS:
-            continue
-        seen = ~torch.isnan(X[:, c]) if has_nan else None  # a complete column: no row selection
-        x = X[:, c] if seen is None else X[seen, c]
-        tested.append(c)
-        gains.append(_gain(x, y if seen is None else y[seen]))
+    tested = [(c, h) for (c, h), n_levels in zip(candidates, levels) if n_levels >= MIN_LEVELS]
+    complete = [c for c, has_nan in tested if not has_nan]
+    gains = dict(zip(complete, _gains(X[:, complete], y).unbind())) if complete else {}
+    for c, has_nan in tested:
+        if has_nan:  # its observed rows only (a row selection: one column at a time)
+            seen = ~torch.isnan(X[:, c])
+            gains[c] = _gain(X[seen, c], y[seen])
     # the gains read back together: one host-device synchronization on a GPU
-    kept = read_scalars(*gains)
-    return [c for c, g in zip(tested, kept) if g >= MIN_GAIN]
+    kept = read_scalars(*(gains[c] for c, _ in tested))
+    return [c for (c, _), g in zip(tested, kept) if g >= MIN_GAIN]
 
 
 def _levels(col: Tensor) -> Tensor:
