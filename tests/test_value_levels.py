@@ -102,17 +102,23 @@ def test_gains_of_all_columns_at_once_are_each_columns_gain(monkeypatch, block):
     assert got[0] > MIN_GAIN > got[2]  # the coded column passes, the noise does not
 
 
-def test_levels_count_the_frequent_values_besides_the_spike():
+@pytest.mark.parametrize("block", [None, 300])
+def test_levels_count_the_frequent_values_besides_the_spike(monkeypatch, block):
+    if block is not None:  # a column per chunk
+        monkeypatch.setattr(levels, "GAIN_BLOCK", block)
     rng = np.random.default_rng(5)
-    for trial in range(20):
-        n = int(rng.integers(50, 400))
-        x = rng.choice(rng.normal(size=int(rng.integers(2, 60))).round(2), size=n)
-        x[rng.random(n) < rng.random()] = 0.0  # a spike of any share
-        x[rng.random(n) < 0.1 * (trial % 2)] = np.nan  # missing cells in every other trial
-        seen = x[~np.isnan(x)]
-        counts = np.sort(np.unique(seen, return_counts=True)[1])[::-1]
-        want = int((counts[1:] >= LEVEL_ROWS).sum())  # counts[0]: the most frequent value
-        assert int(_levels(torch.tensor(x))) == want
+    for trial in range(8):
+        n = int(rng.integers(50, 300))
+        cols, wants = [], []
+        for _ in range(3):  # the columns of one call, each with its own values and spike
+            x = rng.choice(rng.normal(size=int(rng.integers(2, 60))).round(2), size=n)
+            x[rng.random(n) < rng.random()] = 0.0  # a spike of any share
+            x[rng.random(n) < 0.1 * (trial % 2)] = np.nan  # missing cells in every other trial
+            seen = x[~np.isnan(x)]
+            counts = np.sort(np.unique(seen, return_counts=True)[1])[::-1]
+            wants.append(int((counts[1:] >= LEVEL_ROWS).sum()))  # counts[0]: the most frequent
+            cols.append(x)
+        assert _levels(torch.tensor(np.stack(cols, 1))).tolist() == wants
 
 
 def test_level_gain_when_a_fold_sees_only_the_spike():

@@ -220,8 +220,8 @@ def level_columns(X: Tensor, y: Tensor, columns: Sequence[int]) -> list[int]:
     spike = torch.maximum((Xc == lower).sum(0), (Xc == upper).sum(0))
     spiky, holes = torch.stack([spike >= SPIKE_SHARE * observed, torch.isnan(Xc).any(0)]).tolist()
     candidates = [(c, h) for c, ok, h in zip(cols, spiky, holes) if ok]
-    # their levels (other values of LEVEL_ROWS rows or more) read back together
-    levels = read_scalars(*(_levels(X[:, c]) for c, _ in candidates))
+    # their levels (other values of LEVEL_ROWS rows or more), all columns at once, read together
+    levels = _levels(X[:, [c for c, _ in candidates]]).tolist() if candidates else []
     tested = [(c, h) for (c, h), n_levels in zip(candidates, levels) if n_levels >= MIN_LEVELS]
     complete = [c for c, has_nan in tested if not has_nan]
     gains = dict(zip(complete, _gains(X[:, complete], y).unbind())) if complete else {}
@@ -234,20 +234,25 @@ def level_columns(X: Tensor, y: Tensor, columns: Sequence[int]) -> list[int]:
     return [c for (c, _), g in zip(tested, kept) if g >= MIN_GAIN]
 
 
-def _levels(col: Tensor) -> Tensor:
-    """The number of values of ``col`` (n,) besides its most frequent one with LEVEL_ROWS rows.
+def _levels(X: Tensor) -> Tensor:
+    """Per column of ``X`` (n, k), its values besides the most frequent one with LEVEL_ROWS rows.
 
-    A 0-dim long tensor, computed without a read back: each row's value count is its run's
-    length in the sorted column (two binary searches), a run is counted at its first row, and
-    NaN (missing) sorts last as ``+inf`` and is left out. Observed values are finite.
+    A (k,) long tensor (the columns chunked by :data:`GAIN_BLOCK`), computed without a read
+    back: each row's value count is its run's length in the sorted column (two binary
+    searches), a run is counted at its first row, and NaN (missing) sorts last as ``+inf`` and
+    is left out. Observed values are finite.
     """
-    s = torch.where(torch.isnan(col), torch.inf, col).sort().values
+    n, k = X.shape
+    chunk = max(1, GAIN_BLOCK // max(n, 1))
+    if k > chunk:
+        return torch.cat([_levels(X[:, i : i + chunk]) for i in range(0, k, chunk)])
+    s = torch.where(torch.isnan(X), torch.inf, X).T.contiguous().sort(dim=1).values  # (k, n)
     left = torch.searchsorted(s, s)
     count = torch.searchsorted(s, s, right=True) - left
     observed = torch.isfinite(s)
-    first = observed & (left == torch.arange(s.shape[0], device=s.device))
-    frequent = (first & (count >= LEVEL_ROWS)).sum()
-    top = torch.where(observed, count, 0).amax()  # the most frequent value's rows
+    first = observed & (left == torch.arange(n, device=s.device))
+    frequent = (first & (count >= LEVEL_ROWS)).sum(1)
+    top = torch.where(observed, count, 0).amax(1)  # the most frequent value's rows
     return frequent - (top >= LEVEL_ROWS).long()
 
 
