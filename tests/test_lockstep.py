@@ -9,7 +9,14 @@ import torch
 
 from conftest import planted
 from tools.host_reads import HostReads
-from xrfm_torch import GaussianKernel, LaplaceKernel, LeafConfig, LpqLaplaceKernel, xRFMTree
+from xrfm_torch import (
+    GaussianKernel,
+    LaplaceKernel,
+    LeafConfig,
+    LeafRFM,
+    LpqLaplaceKernel,
+    xRFMTree,
+)
 from xrfm_torch.inputs import choice
 from xrfm_torch.leaf import lockstep
 from xrfm_torch.leaf.batch_ops import batch_rows
@@ -288,6 +295,38 @@ def test_a_lockstep_tree_fit_is_the_one_by_one_fit(task):
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=name)
         else:
             assert a == b, name
+
+
+def test_autos_two_first_learned_steps_run_in_one_round():
+    # diag="auto" fits the diagonal and the full M from G_0 at t = 1: in a lockstep both go to
+    # the same round and batch (a lone leaf's other steps run alone); the leaf is the same
+    X, y = planted(300, d=5, seed=4, dtype=D)
+    Xv, yv = planted(100, d=5, seed=5, dtype=D)
+    cfg = LeafConfig(
+        n_iters=3,
+        patience=None,
+        early_stop_multiplier=None,
+        kernel_exponents=None,  # no post-hoc search (its candidates take rounds too)
+        bandwidth_factors=None,
+        reg_factors=None,
+    )
+    one = LeafRFM("laplace", cfg).fit(X, y, Xv, yv, generator=torch.Generator().manual_seed(0))
+    lock, got = Lockstep(), []
+    lock.run(
+        [
+            lambda: got.append(
+                LeafRFM("laplace", cfg).fit(
+                    X, y, Xv, yv, generator=torch.Generator().manual_seed(0)
+                )
+            )
+        ]
+    )
+    (leaf,) = got
+    # t = 0, t = 1 (two steps, one round), t = 2, t = 3: 4 rounds for 5 steps
+    assert lock.rounds == 4 and lock.batched == 2 and lock.alone == 3
+    torch.testing.assert_close(leaf.val_errors_, one.val_errors_, rtol=1e-9, atol=1e-12)
+    assert int(leaf.best_iter_) == int(one.best_iter_)
+    torch.testing.assert_close(leaf.alpha_, one.alpha_, rtol=1e-7, atol=1e-10)
 
 
 def test_the_callers_thread_state_goes_with_the_leaves():

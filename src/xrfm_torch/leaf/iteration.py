@@ -10,6 +10,7 @@ that the module holds what a fitted leaf *is* (buffers, prediction, gradients) a
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -270,12 +271,10 @@ def run_iterations(
     factor_diag: bool | None = None  # layout of the step whose factor F holds (None: no such step)
     gave_up = 0  # warm tries in a row that gave up (WARM_GIVE_UPS of them end the tries)
 
-    def step(
-        sqrt_m: Tensor | None, agop: bool, diag: bool
-    ) -> tuple[Candidate, Tensor | RootedAgop | None]:
-        nonlocal factor_diag, gave_up
-        tried = warm is not None and factor_diag is diag and gave_up < WARM_GIVE_UPS
-        cand, G, factored = (STEP_RUNNER.get() or rfm_step)(
+    def solve(
+        sqrt_m: Tensor | None, agop: bool, diag: bool, warm_now: tuple[float, int] | None
+    ) -> tuple[Candidate, Tensor | RootedAgop | None, bool]:
+        return (STEP_RUNNER.get() or rfm_step)(
             kernel,
             X,
             y,
@@ -287,17 +286,44 @@ def run_iterations(
             agop=agop,
             diag=diag,
             generator=generator,
-            warm=warm if tried else None,
+            warm=warm_now,
             weights=weights,
         )
+
+    def account(sqrt_m: Tensor | None, diag: bool, tried: bool, factored: bool) -> None:
+        nonlocal factor_diag, gave_up
         if tried:
             gave_up = gave_up + 1 if factored else 0
         if factored:
             factor_diag = None if sqrt_m is None else diag
+
+    def step(
+        sqrt_m: Tensor | None, agop: bool, diag: bool
+    ) -> tuple[Candidate, Tensor | RootedAgop | None]:
+        tried = warm is not None and factor_diag is diag and gave_up < WARM_GIVE_UPS
+        cand, G, factored = solve(sqrt_m, agop, diag, warm if tried else None)
+        account(sqrt_m, diag, tried, factored)
         return cand, G
 
+    def together(calls: list[StepCall]) -> list[tuple[Candidate, Tensor | RootedAgop | None]]:
+        """``"auto"``'s diagonal and full ``t = 1`` steps: in a lockstep, in one round.
+
+        Both are made from ``G_0``; asked for from two jobs of the lockstep, they batch together
+        (one round, not two); the factor bookkeeping then runs in the calls' order. No warm
+        tries (t = 0's identity ``M`` leaves no factor to use), and not where a step sets the
+        shared kernel's bandwidth (``adaptive_bandwidth``).
+        """
+        if STEP_RUNNER.get() is None or cfg.adaptive_bandwidth is not None:
+            return [step(*call) for call in calls]
+        from xrfm_torch.leaf.lockstep import in_one_round  # (it imports this module)
+
+        outs = in_one_round([functools.partial(solve, *call, None) for call in calls])
+        for (sqrt_m, _, diag), (_, _, factored) in zip(calls, outs):
+            account(sqrt_m, diag, False, factored)
+        return [(cand, G) for cand, G, _ in outs]
+
     started = time.perf_counter()
-    best, errors, mode = iterate(step, cfg, n, start)
+    best, errors, mode = iterate(step, cfg, n, start, together=together)
     factored = None
     if (cfg.bandwidth_factors or cfg.kernel_exponents or cfg.reg_factors) and not (
         deadline.should_stop(search_cost(cfg, time.perf_counter() - started, errors))
@@ -328,10 +354,18 @@ def search_cost(cfg: LeafConfig, iter_seconds: float, errors: Tensor) -> float:
 #: One RFM step: ``step(sqrt_m or None, whether to compute the AGOP, diagonal AGOP)`` returns the
 #: solved candidate and its AGOP ``G`` (``None`` when not asked for or degenerate).
 Step = Callable[[Tensor | None, bool, bool], tuple[Candidate, Tensor | RootedAgop | None]]
+#: A step's arguments ``(sqrt_m or None, agop, diag)``.
+StepCall = tuple[Tensor | None, bool, bool]
+#: Runs independent steps (their results in the calls' order), e.g. in one lockstep round.
+Together = Callable[[list[StepCall]], list[tuple[Candidate, Tensor | RootedAgop | None]]]
 
 
 def iterate(
-    step: Step, cfg: LeafConfig, n: int, start: Tensor | None = None
+    step: Step,
+    cfg: LeafConfig,
+    n: int,
+    start: Tensor | None = None,
+    together: Together | None = None,
 ) -> tuple[Candidate, Tensor, bool | None]:
     """The RFM loop over ``t = 0 .. tau`` with the leaf's stopping rules, for any solve ``step``.
 
@@ -341,6 +375,7 @@ def iterate(
     (:mod:`xrfm_torch.numerics.deadline`). ``t = 0`` solves with ``start`` (``None``: the
     identity); a given start fixes the layout to its own. Shared by the exact iterations
     (:func:`run_iterations`) and the approximate ones (:mod:`xrfm_torch.leaf.approx_iteration`).
+    ``together`` runs ``"auto"``'s two ``t = 1`` steps (default: one after the other).
 
     Returns:
         ``(best candidate, validation error per iteration (tau + 1,) float64 with NaN where not
@@ -369,9 +404,10 @@ def iterate(
         elif G is None:
             break
         elif mode is None:
-            cands = [
-                step(next_root(G, dg, cfg.eps, cfg.agop_ridge), agop, dg) for dg in (True, False)
+            pair: list[StepCall] = [
+                (next_root(G, dg, cfg.eps, cfg.agop_ridge), agop, dg) for dg in (True, False)
             ]
+            cands = together(pair) if together is not None else [step(*c) for c in pair]
         else:
             cands = [step(next_root(G, mode, cfg.eps, cfg.agop_ridge), agop, mode)]
         for c, _ in cands:

@@ -32,7 +32,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from contextvars import ContextVar
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -54,6 +54,8 @@ from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.events import count
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: What a job waits for: an RFM step or a post-hoc search candidate.
 Request = StepRequest | SolveRequest
@@ -112,6 +114,22 @@ def fit_together(
             return
     for job in jobs:
         job()
+
+
+def in_one_round(calls: Sequence[Callable[[], T]]) -> list[T]:
+    """Each call's result, the calls run as jobs of the active lockstep (:func:`fit_together`).
+
+    Their requests wait in the same rounds, so independent steps of one leaf batch together.
+    """
+    slots: list[list[T]] = [[] for _ in calls]
+    fit_together(
+        [functools.partial(_into, slot, call) for slot, call in zip(slots, calls)], batched=True
+    )
+    return [slot[0] for slot in slots]
+
+
+def _into(slot: list[T], call: Callable[[], T]) -> None:
+    slot.append(call())
 
 
 class CancelledError(RuntimeError):
