@@ -54,7 +54,7 @@ def batched_solve(requests: Sequence[SolveRequest], rows: BatchRows) -> list[Sol
         rows.cache["R"], rows.cache["Rv"], rows.X, rows.Xv, q, bandwidth, lam, rows, requests[0].cfg
     )
     B = len(requests)
-    values = torch.cat([err, unsure.double()]).tolist()  # one read back for the batch
+    values = torch.cat([err, unsure]).tolist()  # one read back (float64: cat promotes the flags)
     results: list[SolveResult] = []
     for i, r in enumerate(requests):
         if values[B + i]:  # the first attempt failed or was useless: the leaf's own solve

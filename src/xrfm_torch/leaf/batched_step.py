@@ -150,13 +150,13 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: BatchRows) -> list[S
         bw = bandwidth[:, None, None]
         G = _agop(R, K, xs, alpha, v, S, rows, kernel, q, bw, cfg.linear_mix, diag)
     none = err.new_zeros(B)
-    values = torch.cat(
+    values = torch.cat(  # float64 (err): cat promotes the others exactly, no conversion of each
         [
             err,
-            bandwidth.double(),
-            none + 1 if usable is None else usable.double(),
-            none if G is None else G.flatten(1).amax(1).double(),
-            unsure.double(),
+            bandwidth,
+            none + 1 if usable is None else usable,
+            none if G is None else G.flatten(1).amax(1),
+            unsure,
         ]
     ).tolist()  # one read back for the batch
     # alone, a leaf makes its own root for the one layout it continues in (fewer operations)
