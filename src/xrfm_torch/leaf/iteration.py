@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -74,6 +75,12 @@ StepRunner = Callable[..., "tuple[Candidate, Tensor | RootedAgop | None, bool]"]
 #: What runs this thread's RFM steps: set in a lockstep's threads (their steps are batched with
 #: the other jobs'); ``None``: :func:`rfm_step`, one by one.
 STEP_RUNNER: ContextVar[StepRunner | None] = ContextVar("xrfm_torch_step_runner", default=None)
+
+#: Set in a lockstep's threads too: runs calls as jobs of the lockstep, their requests in the
+#: same rounds (:func:`xrfm_torch.leaf.lockstep.in_one_round`), results in the calls' order.
+ROUND_RUNNER: ContextVar[Callable[[list[Callable[[], Any]]], list[Any]] | None] = ContextVar(
+    "xrfm_torch_round_runner", default=None
+)
 
 
 def failed_candidate(
@@ -313,10 +320,9 @@ def run_iterations(
         tries (t = 0's identity ``M`` leaves no factor to use), and not where a step sets the
         shared kernel's bandwidth (``adaptive_bandwidth``).
         """
-        if STEP_RUNNER.get() is None or cfg.adaptive_bandwidth is not None:
+        in_one_round = ROUND_RUNNER.get()
+        if in_one_round is None or cfg.adaptive_bandwidth is not None:
             return [step(*call) for call in calls]
-        from xrfm_torch.leaf.lockstep import in_one_round  # (it imports this module)
-
         outs = in_one_round([functools.partial(solve, *call, None) for call in calls])
         for (sqrt_m, _, diag), (_, _, factored) in zip(calls, outs):
             account(sqrt_m, diag, False, factored)

@@ -48,7 +48,7 @@ from xrfm_torch.leaf.batched_step import (
     batch_key,
     batched_rfm_step,
 )
-from xrfm_torch.leaf.iteration import STEP_RUNNER
+from xrfm_torch.leaf.iteration import ROUND_RUNNER, STEP_RUNNER
 from xrfm_torch.leaf.solve_request import SOLVE_RUNNER, SolveRequest, SolveResult
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.events import count
@@ -234,6 +234,7 @@ class Lockstep:
             with self._cond, contextlib.ExitStack() as state:  # runs only holding the lock
                 token = _ACTIVE.set((self, me))
                 runner = STEP_RUNNER.set(functools.partial(self._step, me))
+                rounds = ROUND_RUNNER.set(in_one_round)
                 solver = SOLVE_RUNNER.set(functools.partial(self._solve, me))
                 try:
                     enter_caller_state(state)
@@ -244,6 +245,7 @@ class Lockstep:
                 finally:
                     _ACTIVE.reset(token)
                     STEP_RUNNER.reset(runner)
+                    ROUND_RUNNER.reset(rounds)
                     SOLVE_RUNNER.reset(solver)
                     self._live -= 1
                     if left is not None:
