@@ -16,7 +16,6 @@ from xrfm_torch.inputs.levels import (
     MIN_GAIN,
     PRIOR_ROWS,
     ValueLevels,
-    _gain,
     _gains,
     _levels,
     _quantiles,
@@ -82,7 +81,7 @@ def test_masked_quantiles_match_numpy_on_the_kept_entries():
 @pytest.mark.parametrize("block", [None, 2_000])
 def test_gains_of_all_columns_at_once_are_each_columns_gain(monkeypatch, block):
     # coded, smooth and pure-noise columns, a continuous one and one with two equally frequent
-    # values (the smaller is the spike, as unique + argmax pick it); two target columns
+    # values (the smaller is the spike, as np.unique + argmax pick it)
     if block is not None:  # a column per chunk
         monkeypatch.setattr(levels, "GAIN_BLOCK", block)
     rng = np.random.default_rng(11)
@@ -93,12 +92,13 @@ def test_gains_of_all_columns_at_once_are_each_columns_gain(monkeypatch, block):
     tie = np.where(np.arange(n) % 2 == 0, 2.0, -1.0)
     cols = [coded, smooth, noise, rng.normal(size=n), tie]
     X = torch.tensor(np.stack(cols, 1))
-    Y = torch.tensor(np.stack([y, rng.normal(size=n)], 1))
-    got = _gains(X, Y)
+    got = _gains(X, torch.tensor(y)[:, None])
     assert got.shape == (len(cols),)
-    for j in range(len(cols)):
-        want = _gain(X[:, j], Y)
-        torch.testing.assert_close(got[j], want, rtol=0, atol=1e-12)
+    for j, x in enumerate(cols):
+        assert float(got[j]) == pytest.approx(reference_gain(x, y), rel=1e-9, abs=1e-12)
+    # two one-hot columns of the binary target: each column's gain as with one
+    both = torch.tensor(np.stack([y, 1 - y], 1))
+    torch.testing.assert_close(_gains(X, both), got, rtol=1e-9, atol=1e-12)
     assert got[0] > MIN_GAIN > got[2]  # the coded column passes, the noise does not
 
 

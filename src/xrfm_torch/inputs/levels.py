@@ -66,53 +66,7 @@ def level_gain(x: Tensor, y: Tensor) -> float:
     Returns:
         The gain, a float (0 where ``y`` is constant).
     """
-    return float(_gain(x, y))
-
-
-def _gain(x: Tensor, y: Tensor) -> Tensor:
-    """:func:`level_gain` as a 0-dim float64 tensor (read back by the caller).
-
-    Written with masks instead of row selections, so that it runs without reading anything back
-    to the host: each fold's bin edges are interpolated quantiles of the masked, sorted values
-    (left duplicated where the values repeat: a duplicate edge only adds an empty bin, and a row
-    in no training row's bin is predicted by the fold's mean either way). The folds run side by
-    side, (FOLDS, n) at a time: their sums go to one table of FOLDS blocks (a row's entry in
-    its own fold's block predicts it), so a column costs a few dozen operations, not FOLDS
-    times as many (each is a launch on a GPU).
-    """
-    n = x.shape[0]
-    y = y.reshape(n, -1).to(torch.float64)
-    x = x.to(torch.float64)
-    values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
-    spike = values[counts.argmax().reshape(1)]  # (1,): a 0-dim index would be read back
-    folds = torch.arange(FOLDS, device=x.device)
-    fold = torch.arange(n, device=x.device) % FOLDS
-    w = (fold != folds[:, None]).to(y.dtype)  # (FOLDS, n): fold j's training rows
-    probs = torch.linspace(0, 1, BINS + 1, dtype=x.dtype, device=x.device)[1:-1]
-    n_bins = BINS + 1  # the spike's, and BINS - 1 edges' worth of others
-    edges = _quantiles(x, (w > 0) & (x != spike), probs)  # (FOLDS, BINS - 1)
-    ranks = torch.searchsorted(edges, x.expand(FOLDS, n).contiguous(), right=True)
-    b = torch.where(x == spike, 0, 1 + ranks)  # (FOLDS, n): each row's bin under each fold
-    mean = (y * w[:, :, None]).sum(1) / w.sum(1, keepdim=True)  # (FOLDS, c)
-    wy = (y * w[:, :, None]).reshape(-1, y.shape[1])  # (FOLDS * n, c)
-    # counts by index_add_ (exact: sums of 0/1): a GPU's bincount reads its input's maximum
-    at = (b + n_bins * folds[:, None]).reshape(-1)  # bin entries, block by fold
-    count = w.new_zeros(FOLDS * n_bins).index_add_(0, at, w.reshape(-1))
-    total = y.new_zeros(FOLDS * n_bins, y.shape[1]).index_add_(0, at, wy)
-    n_values = values.numel()
-    at_v = (inverse + n_values * folds[:, None]).reshape(-1)
-    v_count = w.new_zeros(FOLDS * n_values).index_add_(0, at_v, w.reshape(-1))
-    v_total = y.new_zeros(FOLDS * n_values, y.shape[1]).index_add_(0, at_v, wy)
-    # each row held out by its own fold: that fold's block
-    own = fold * n_bins + b.gather(0, fold[None])[0]
-    by_bin = torch.where(
-        count[own, None] > 0, total[own] / count[own, None].clamp_min(1), mean[fold]
-    )
-    own_v = fold * n_values + inverse
-    by_value = (v_total[own_v] + PRIOR_ROWS * by_bin) / (v_count[own_v] + PRIOR_ROWS)[:, None]
-    sst = ((y - y.mean(0)) ** 2).sum()
-    gain = (((y - by_bin) ** 2).sum() - ((y - by_value) ** 2).sum()) / sst
-    return torch.where(sst > 0, gain, 0.0)
+    return float(_gains(x[:, None], y)[0])
 
 
 #: Entries of one batch of :func:`_gains`' per-column tables (columns x folds x rows x outputs):
@@ -121,14 +75,20 @@ GAIN_BLOCK = 2**25
 
 
 def _gains(X: Tensor, y: Tensor) -> Tensor:
-    """:func:`_gain` of each column of ``X`` (n, k) (no NaN), as one (k,) float64 tensor.
+    """:func:`level_gain` of each column of ``X`` (n, k) (no NaN), as one (k,) float64 tensor.
 
-    The same computation for all the columns at once (chunked by :data:`GAIN_BLOCK`), so a
-    table's tested columns cost a few dozen operations together, not each (each is a launch
-    on a GPU). Per column, its distinct values come from a sort instead of ``unique`` (whose
-    output size the host must read): a row's value index is the number of value changes
-    before it in sorted order, and the tables are as wide as the rows (a column has at most
-    that many values).
+    Written with masks instead of row selections, so that it runs without reading anything back
+    to the host: each fold's bin edges are interpolated quantiles of the masked, sorted values
+    (left duplicated where the values repeat: a duplicate edge only adds an empty bin, and a row
+    in no training row's bin is predicted by the fold's mean either way). The folds run side by
+    side, (FOLDS, n) at a time, and so do the columns (chunked by :data:`GAIN_BLOCK`): their
+    sums go to one table of FOLDS blocks per column (a row's entry in its own fold's block
+    predicts it), so a table's tested columns cost a few dozen operations together, not each
+    (each is a launch on a GPU). A column's distinct values come from a sort instead of
+    ``unique`` (whose output size the host must read): a row's value index is the number of
+    value changes before it in sorted order, and the tables are as wide as the rows (a column
+    has at most that many values). Counts by ``scatter_add_`` (exact: sums of 0/1), as a GPU's
+    ``bincount`` reads its input's maximum.
     """
     n, k = X.shape
     y = y.reshape(n, -1).to(torch.float64)
@@ -228,7 +188,7 @@ def level_columns(X: Tensor, y: Tensor, columns: Sequence[int]) -> list[int]:
     for c, has_nan in tested:
         if has_nan:  # its observed rows only (a row selection: one column at a time)
             seen = ~torch.isnan(X[:, c])
-            gains[c] = _gain(X[seen, c], y[seen])
+            gains[c] = _gains(X[seen, c][:, None], y[seen])[0]
     # the gains read back together: one host-device synchronization on a GPU
     kept = read_scalars(*(gains[c] for c, _ in tested))
     return [c for (c, _), g in zip(tested, kept) if g >= MIN_GAIN]
