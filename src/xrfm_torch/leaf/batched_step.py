@@ -159,11 +159,17 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: BatchRows) -> list[S
             unsure,
         ]
     ).tolist()  # one read back for the batch
+    per_leaf = [values[i::B] for i in range(B)]  # (error, bandwidth, finite M, top, retry)
     # alone, a leaf makes its own root for the one layout it continues in (fewer operations)
-    roots = None if G is None or B == 1 else _next_roots(G, requests, values, cfg)
+    roots = None
+    if G is not None and B > 1:
+        wanted = [  # the AGOPs that usable_agop will pass (finite, positive)
+            r.agop and math.isfinite(e) and math.isfinite(top) and top > 0
+            for r, (e, _, _, top, _) in zip(requests, per_leaf)
+        ]
+        roots = _next_roots(G, requests, wanted, cfg)
     results: list[StepResult] = []
-    for i, r in enumerate(requests):
-        e, bandwidth_i, finite_m, top, retry = values[i::B]
+    for i, (r, (e, bandwidth_i, finite_m, top, retry)) in enumerate(zip(requests, per_leaf)):
         if not finite_m:
             results.append(
                 (failed_candidate(r.X, r.y, r.X_val, r.sqrt_m, r.kernel, cfg.reg), None, False)
@@ -198,24 +204,16 @@ def batched_rfm_step(requests: Sequence[StepRequest], rows: BatchRows) -> list[S
 
 
 def _next_roots(
-    G: Tensor, requests: Sequence[StepRequest], values: list[float], cfg: LeafConfig
+    G: Tensor, requests: Sequence[StepRequest], wanted: list[bool], cfg: LeafConfig
 ) -> dict[bool, Tensor]:
     """The next steps' roots of the batch's AGOPs (:func:`~xrfm_torch.numerics.agop.batched_roots`).
 
-    A leaf whose AGOP is not usable (not finite, not positive) gets the zero matrix in the
-    batch instead (its step ends the leaf's iterations): one leaf's NaN cannot fail the batch's
-    ``eigh``.
+    A leaf whose AGOP is not ``wanted`` (not usable: not finite, not positive) gets the zero
+    matrix in the batch instead (its step ends the leaf's iterations): one leaf's NaN cannot
+    fail the batch's ``eigh``.
     """
-    B = G.shape[0]
-    ok = [
-        r.agop
-        and math.isfinite(values[i])
-        and math.isfinite(values[3 * B + i])
-        and values[3 * B + i] > 0
-        for i, r in enumerate(requests)
-    ]
-    if not all(ok):
-        keep = torch.tensor(ok, device=G.device).reshape(B, *([1] * (G.ndim - 1)))
+    if not all(wanted):
+        keep = torch.tensor(wanted, device=G.device).reshape(-1, *([1] * (G.ndim - 1)))
         G = torch.where(keep, G, 0.0)
     full = G.ndim == 3 and any(r.agop and not r.diag for r in requests)
     return batched_roots(G, cfg.eps, cfg.agop_ridge, full)
