@@ -7,6 +7,7 @@ import logging
 import torch
 
 import xrfm_torch.leaf.iteration as iteration
+import xrfm_torch.leaf.step as step
 from conftest import planted
 from xrfm_torch import LeafConfig, LeafRFM
 from xrfm_torch.numerics.solvers import KRRSolveError
@@ -55,7 +56,7 @@ def test_a_failed_factorization_in_a_later_iteration_keeps_the_best_one(
     monkeypatch, generator, caplog
 ):
     clean, Xv = _fit(generator)
-    real = iteration.first_krr_solve
+    real = step.first_krr_solve
     calls = [0]
 
     def failing_first(K, y, reg, **kwargs):
@@ -67,8 +68,8 @@ def test_a_failed_factorization_in_a_later_iteration_keeps_the_best_one(
     def failing(*args, **kwargs):
         raise KRRSolveError("injected")
 
-    monkeypatch.setattr(iteration, "first_krr_solve", failing_first)
-    monkeypatch.setattr(iteration, "solve_krr", failing)
+    monkeypatch.setattr(step, "first_krr_solve", failing_first)
+    monkeypatch.setattr(step, "solve_krr", failing)
     with caplog.at_level(logging.DEBUG, logger="xrfm_torch.leaf.iteration"):
         leaf, _ = _fit(generator)
     assert "iter 2: non-finite validation error; stopping" in caplog.text
@@ -79,7 +80,7 @@ def test_a_failed_factorization_in_a_later_iteration_keeps_the_best_one(
 
 def test_a_degenerate_agop_stops_at_the_plain_kernel_machine(monkeypatch, generator, caplog):
     monkeypatch.setattr(
-        iteration,
+        step,
         "agop_from_grads",
         lambda g, diag, weights=None: torch.full((g.shape[-1],), float("inf")),
     )

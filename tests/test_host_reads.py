@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from xrfm_torch import LeafConfig, LpqLaplaceKernel
-from xrfm_torch.leaf.iteration import rfm_step
+from xrfm_torch.leaf.step import rfm_step
 from xrfm_torch.numerics import host
 from xrfm_torch.numerics.host import read_scalars
 
@@ -62,7 +62,7 @@ def test_one_rfm_step_reads_back_once(monkeypatch, agop):
         batches.append(len(values))
         return real(*values)
 
-    for module in ("xrfm_torch.leaf.iteration", "xrfm_torch.numerics.solvers"):
+    for module in ("xrfm_torch.leaf.step", "xrfm_torch.numerics.solvers"):
         monkeypatch.setattr(f"{module}.read_scalars", counted)
     g = torch.Generator().manual_seed(0)
     X, Xv = torch.randn(150, 4, generator=g), torch.randn(50, 4, generator=g)
@@ -110,8 +110,8 @@ def test_a_step_whose_first_solve_fails_repeats_it_with_the_retries(monkeypatch)
     def failed_first(K, y, reg, **kw):
         return torch.full_like(y, float("nan")), torch.tensor(True)
 
-    monkeypatch.setattr("xrfm_torch.leaf.iteration.read_scalars", counted)
-    monkeypatch.setattr("xrfm_torch.leaf.iteration.first_krr_solve", failed_first)
+    monkeypatch.setattr("xrfm_torch.leaf.step.read_scalars", counted)
+    monkeypatch.setattr("xrfm_torch.leaf.step.first_krr_solve", failed_first)
     again, G_again, _ = step()
     assert batches == [5, 5]  # the failed step's scalars, then the repeated solve's
     assert again.err == plain.err and math.isfinite(again.err)
@@ -173,7 +173,7 @@ def test_a_leaf_whose_first_solves_all_fail_is_the_leaf_fitted_with_the_checks_r
         calls.append(reg)
         return torch.full_like(y, float("nan")), torch.tensor(True)
 
-    monkeypatch.setattr("xrfm_torch.leaf.iteration.first_krr_solve", failed_first)
+    monkeypatch.setattr("xrfm_torch.leaf.step.first_krr_solve", failed_first)
     monkeypatch.setattr("xrfm_torch.leaf.solve_request.first_krr_solve", failed_first)
     again = fit()
     assert len(calls) > 5  # the steps and the search candidates all went the long way

@@ -434,9 +434,9 @@ def test_warm_cg_iterations_give_the_factored_leaf(monkeypatch):
     1600 rows is the smallest leaf that tries CG (5 iterations at 300 rows each); a spy counts the
     warm solves that were accepted, so the test fails if the warm path never runs.
     """
-    import xrfm_torch.leaf.iteration as iteration
+    import xrfm_torch.leaf.step as step
 
-    accepted = spy_accepted(monkeypatch, iteration, "pcg_krr")
+    accepted = spy_accepted(monkeypatch, step, "pcg_krr")
     X, y = planted(2000, d=6, seed=3)
     Xv, yv = planted(400, d=6, seed=4)
     # reg 1e-2: CG converges from t = 3 on (at 1e-3 the first two tries give up, which ends them)
@@ -464,6 +464,7 @@ def test_two_warm_give_ups_in_a_row_end_the_warm_tries(monkeypatch, pattern, exp
     the tries, an alternating pattern (regression's) keeps every one.
     """
     import xrfm_torch.leaf.iteration as iteration
+    import xrfm_torch.leaf.step as step
 
     assert iteration.WARM_GIVE_UPS == 2
     seen: list[str] = []
@@ -471,9 +472,9 @@ def test_two_warm_give_ups_in_a_row_end_the_warm_tries(monkeypatch, pattern, exp
     def stub(K, y, reg, factor, **kwargs):
         ok = pattern[len(seen) % len(pattern)] == "1"
         seen.append("1" if ok else "0")
-        return iteration.solve_krr(K, y, reg, features=kwargs.get("features")) if ok else None
+        return step.solve_krr(K, y, reg, features=kwargs.get("features")) if ok else None
 
-    monkeypatch.setattr(iteration, "pcg_krr", stub)
+    monkeypatch.setattr(step, "pcg_krr", stub)
     X, y = planted(1600, d=6, seed=3)
     Xv, yv = planted(400, d=6, seed=4)
     kw = {"n_iters": 6, "diag": False, "early_stop_multiplier": None, "patience": None}
@@ -485,6 +486,7 @@ def test_two_warm_give_ups_in_a_row_end_the_warm_tries(monkeypatch, pattern, exp
 def test_warm_budget_follows_the_device(monkeypatch):
     """CG budgets: n // 300 steps on the CPU, n // 2000 elsewhere (a GPU), none below 5."""
     import xrfm_torch.leaf.iteration as iteration
+    import xrfm_torch.leaf.step as step
     from xrfm_torch.leaf.iteration import warm_budget
 
     cpu, gpu = torch.device("cpu"), torch.device("meta")  # any device but the CPU
@@ -492,7 +494,7 @@ def test_warm_budget_follows_the_device(monkeypatch):
     assert [warm_budget(n, gpu) for n in (1600, 9999, 10_000, 32_000)] == [0, 0, 5, 16]
     # the leaf reads its budget there: at the device's rate a 1600-row leaf never tries CG
     monkeypatch.setattr(iteration, "PCG_ROWS_PER_ITER", iteration.PCG_ROWS_PER_ITER_DEVICE)
-    accepted = spy_accepted(monkeypatch, iteration, "pcg_krr")
+    accepted = spy_accepted(monkeypatch, step, "pcg_krr")
     X, y = planted(1600, d=6, seed=3)
     Xv, yv = planted(400, d=6, seed=4)
     plain_leaf(pcg_tol=1e-4, n_iters=4, diag=False, early_stop_multiplier=None).fit(X, y, Xv, yv)
@@ -550,7 +552,7 @@ def test_iteration_agop_from_the_gram_matrix_matches_input_grads(p):
     # rfm_step takes the AGOP's gradients from the Gram matrix it solved with; it must equal the
     # AGOP of the kernel's own input gradients with the self-terms excluded
     from xrfm_torch import LpqLaplaceKernel
-    from xrfm_torch.leaf.iteration import rfm_step
+    from xrfm_torch.leaf.step import rfm_step
     from xrfm_torch.numerics.agop import agop_from_grads
 
     X, y = planted(120, d=4, dtype=torch.float64)

@@ -6,7 +6,7 @@ for a leaf of 500 rows as of 5000. A tree's median splits give its leaves (nearl
 counts, so ``B`` leaves' steps can run as one step on (B, n, n) batches: the same operations
 for all of them, and one read back. This probe cuts a table's training rows into ``B`` equal
 leaves (and its validation rows into ``B`` equal parts), takes each leaf's ``t = 0`` step with
-:func:`~xrfm_torch.leaf.iteration.rfm_step` for a learned ``sqrt(M)`` per leaf, then the
+:func:`~xrfm_torch.leaf.step.rfm_step` for a learned ``sqrt(M)`` per leaf, then the
 ``t = 1`` step both ways, and prints the operations dispatched (those that are not views), the
 seconds (median of ``--repeats``, after a warm-up) and how far the batched results are from
 the one-by-one ones::

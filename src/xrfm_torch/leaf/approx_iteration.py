@@ -40,8 +40,9 @@ from xrfm_torch.leaf.approx import (
 )
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import validation_errors
-from xrfm_torch.leaf.iteration import failed_candidate, iterate
+from xrfm_torch.leaf.iteration import iterate
 from xrfm_torch.leaf.selection import Candidate, beats, kernel_grid, search_grid, search_reg
+from xrfm_torch.leaf.step import failed_candidate
 from xrfm_torch.numerics.agop import agop_or_none
 from xrfm_torch.numerics.events import count
 

@@ -9,13 +9,13 @@ the largest leaf ``N``, with one read back for all of them.
 Padding leaves each leaf's system intact: a padded training row has kernel row and column 0, a 1
 on the diagonal, target 0 and no linear features, so its coefficient is 0 and the other rows'
 solution is that of the leaf alone; padded validation rows weigh 0 in the loss and padded
-training rows 0 in the AGOP. The result is :func:`~xrfm_torch.leaf.iteration.rfm_step`'s up to
+training rows 0 in the AGOP. The result is :func:`~xrfm_torch.leaf.step.rfm_step`'s up to
 float rounding (batched kernels sum in other orders).
 
 What is batched: kernels of the ``p = 2`` family with the base class's formulas (Laplace,
 Gaussian), factored afresh (no warm solve), without autograd. Everything else, and a leaf whose
 first solve needs the retries or whose ``sqrt(M)`` is not finite, is solved one by one with
-:func:`~xrfm_torch.leaf.iteration.rfm_step`.
+:func:`~xrfm_torch.leaf.step.rfm_step`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from xrfm_torch.leaf.batch_ops import (
     solve_and_score,
 )
 from xrfm_torch.leaf.config import LeafConfig
-from xrfm_torch.leaf.iteration import failed_candidate, rfm_step
 from xrfm_torch.leaf.selection import Candidate
+from xrfm_torch.leaf.step import failed_candidate, rfm_step
 from xrfm_torch.numerics.agop import RootedAgop, batched_roots, usable_agop
 
 #: What one step gives: the candidate, its AGOP (or ``None``), whether the leaf's workspace now
@@ -53,7 +53,7 @@ StepResult = tuple[Candidate, Tensor | RootedAgop | None, bool]
 
 @dataclass
 class StepRequest:
-    """The arguments of one :func:`~xrfm_torch.leaf.iteration.rfm_step` call."""
+    """The arguments of one :func:`~xrfm_torch.leaf.step.rfm_step` call."""
 
     kernel: Kernel
     X: Tensor
@@ -114,7 +114,7 @@ def batch_bytes(requests: Sequence[LeafRows]) -> int:
 
 
 def batched_rfm_step(requests: Sequence[StepRequest], rows: BatchRows) -> list[StepResult]:
-    """:func:`~xrfm_torch.leaf.iteration.rfm_step` for each request, as one batched step.
+    """:func:`~xrfm_torch.leaf.step.rfm_step` for each request, as one batched step.
 
     Args:
         requests: Steps with equal :func:`batch_key`, in batch order.

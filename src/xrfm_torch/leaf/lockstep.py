@@ -268,7 +268,7 @@ class Lockstep:
         return threads
 
     def _step(self, k: tuple[int, ...], *args: Any, **kwargs: Any) -> StepResult:
-        """Job ``k``'s RFM step (called as :func:`~xrfm_torch.leaf.iteration.rfm_step`)."""
+        """Job ``k``'s RFM step (called as :func:`~xrfm_torch.leaf.step.rfm_step`)."""
         return cast(StepResult, self._submit(k, StepRequest.of_call(*args, **kwargs)))
 
     def _solve(self, k: tuple[int, ...], request: SolveRequest) -> SolveResult:
