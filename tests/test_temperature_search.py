@@ -142,3 +142,48 @@ def test_where_launches_bound_each_leaf_runs_once_on_every_row(fitted, monkeypat
         assert len(calls) > n_leaves and max(calls) < n_val
     for p, q in zip(at, lazy, strict=True):  # the same outputs (other row batches: float32)
         torch.testing.assert_close(p, q, rtol=1e-3, atol=2e-4)
+
+
+@pytest.mark.parametrize("patience", [None, 2])
+def test_where_launches_bound_all_temperatures_are_scored_at_once(fitted, monkeypatch, patience):
+    # the same search from one pass over all temperatures (and one read) as from one each
+    lazy_best, lazy, lazy_out = search(fitted, patience=patience)
+    monkeypatch.setattr(host, "launch_bound", lambda device: True)  # as on a GPU
+    reads = []
+    real = temperature.prediction_errors
+    monkeypatch.setattr(
+        temperature,
+        "prediction_errors",
+        lambda p, *a, **k: reads.append(len(p)) or real(p, *a, **k),
+    )
+    best, errs, out = search(fitted, patience=patience)
+    assert reads == [len(GRID)]  # every entry scored in one call
+    assert best == lazy_best
+    tried = [i for i, e in enumerate(lazy) if not math.isnan(e)]
+    assert [i for i, e in enumerate(errs) if not math.isnan(e)] == tried  # same walk, same stop
+    assert [errs[i] for i in tried] == pytest.approx([lazy[i] for i in tried], rel=1e-5)
+    torch.testing.assert_close(out, lazy_out, rtol=1e-3, atol=2e-4)
+
+
+def test_weights_at_several_temperatures_are_each_temperatures_weights(fitted):
+    trees, xs, _, model = fitted
+    tree, x, cfg = trees[0], xs[0], model.config
+    temps = [t for t in GRID if t > 0]
+    many = tree.weights_at(
+        x, torch.tensor(temps), keep_mass=cfg.keep_mass, max_leaves=cfg.max_soft_leaves
+    )
+    for t, w in zip(temps, many, strict=True):
+        alone = tree.weights(x, t, keep_mass=cfg.keep_mass, max_leaves=cfg.max_soft_leaves)
+        assert torch.equal(w > 0, alone > 0)  # the same leaves kept per row
+        torch.testing.assert_close(w, alone, rtol=1e-5, atol=1e-6)
+    # a chunked pass (a few weights at a time) gives the same outputs
+    at = temperature.RoutedOutputs(
+        trees, xs, keep_mass=cfg.keep_mass, max_leaves=cfg.max_soft_leaves
+    )
+    at.dense = True
+    whole = at.at_once(temps)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(temperature, "DENSE_WEIGHTS", 1)  # one temperature per chunk
+        torch.testing.assert_close(at.at_once(temps), whole)
+    for t, o in zip(temps, whole, strict=True):
+        torch.testing.assert_close(o, at(t), rtol=1e-5, atol=1e-6)

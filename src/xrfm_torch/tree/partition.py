@@ -11,7 +11,14 @@ from torch import Tensor, nn
 
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.numerics.state import ResizableBuffers
-from xrfm_torch.tree.routing import hard_route, is_zero, path_signs, soft_weights
+from xrfm_torch.tree.routing import (
+    hard_route,
+    is_zero,
+    path_signs,
+    soft_log_weights,
+    soft_weights,
+    truncate_weights,
+)
 
 
 class PartitionTree(ResizableBuffers):
@@ -102,6 +109,27 @@ class PartitionTree(ResizableBuffers):
             keep_mass=keep_mass,
             max_leaves=max_leaves,
         )
+
+    def weights_at(
+        self,
+        x: Tensor,
+        temperatures: Tensor,
+        *,
+        keep_mass: float = 1.0,
+        max_leaves: int | None = None,
+    ) -> Tensor:
+        """:meth:`weights` at several positive temperatures (T,) at once, shape (T, n, L).
+
+        One pass for all of them (a temperature search on a GPU: a few launches, not a few per
+        temperature). A tree with one leaf gives each row weight 1.
+        """
+        if self.split_vectors_.shape[0] == 0:
+            return x.new_ones(temperatures.shape[0], x.shape[0], 1)
+        t = temperatures.to(x)[:, None, None]  # (T, 1, 1): z becomes (T, n, J)
+        logp = soft_log_weights(
+            x, self.split_vectors_, self.thresholds_, self.temp_scale_, self.path_sign_, t
+        )
+        return truncate_weights(torch.softmax(logp, dim=-1), keep_mass, max_leaves)
 
     def predict_hard(self, x: Tensor) -> Tensor:
         """Route each row to one leaf; rows are grouped by leaf so each leaf runs once. (n, c)."""

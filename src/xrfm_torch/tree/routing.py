@@ -114,7 +114,7 @@ def soft_log_weights(
         thresholds: Thresholds, shape (J,).
         scales: Per-node temperature factors ``sigma_j > 0``, shape (J,).
         path_sign: Path-sign table, shape (L, J).
-        temperature: Global ``T > 0``.
+        temperature: Global ``T > 0``, or several as a (T, 1, 1) tensor (then (T, n, L)).
     """
     z = (x @ vectors.mT - thresholds) / (temperature * scales)  # (n, J)
     right = (path_sign > 0).to(x.dtype)  # (L, J)
@@ -132,22 +132,23 @@ def truncate_weights(w: Tensor, keep_mass: float = 1.0, max_leaves: int | None =
     The kept set is chosen without gradient; the kept weights stay differentiable.
 
     Args:
-        w: Mixture weights, shape (n, L), rows summing to 1.
+        w: Mixture weights, shape (n, L) (or (..., n, L): rows along the last dimension), rows
+            summing to 1.
         keep_mass: Cumulative weight to keep, in (0, 1]; 1 keeps every leaf with non-zero weight.
         max_leaves: Cap on leaves per row (``None``: no cap).
     """
-    if keep_mass >= 1.0 and (max_leaves is None or max_leaves >= w.shape[1]):
+    if keep_mass >= 1.0 and (max_leaves is None or max_leaves >= w.shape[-1]):
         return w
     with torch.no_grad():
-        sorted_w, order = torch.sort(w, dim=1, descending=True)
-        before = cumsum(sorted_w, 1) - sorted_w  # mass of strictly larger leaves
+        sorted_w, order = torch.sort(w, dim=-1, descending=True)
+        before = cumsum(sorted_w, -1) - sorted_w  # mass of strictly larger leaves
         keep_sorted = before < keep_mass
         if max_leaves is not None:
-            keep_sorted[:, max_leaves:] = False
-        keep_sorted[:, 0] = True
-        keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+            keep_sorted[..., max_leaves:] = False
+        keep_sorted[..., 0] = True
+        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
     kept = w * keep
-    return kept / kept.sum(1, keepdim=True)
+    return kept / kept.sum(-1, keepdim=True)
 
 
 def soft_weights(

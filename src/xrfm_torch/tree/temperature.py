@@ -25,6 +25,10 @@ DEFAULT_TEMPERATURE_GRID: list[float] = [0.0] + [
 #: where launches bound a fit (a GPU): 2^28, a gigabyte of float32 kernel values.
 DENSE_PAIRS = 2**28
 
+#: The most (temperature, validation row, leaf) weights :meth:`RoutedOutputs.at_once` makes at
+#: once: 2^26 (256 MB in float32; its sort takes as much again).
+DENSE_WEIGHTS = 2**26
+
 
 class RoutedOutputs:
     """The averaged ``trees``' outputs (n_val, c) at one temperature after another.
@@ -85,6 +89,34 @@ class RoutedOutputs:
             outs.append((w[:, :, None] * cast(Tensor, self.leaf_preds[k])).sum(1))
         return torch.stack(outs).mean(0)
 
+    @torch.no_grad()
+    def at_once(self, temperatures: Sequence[float]) -> Tensor:
+        """The averaged outputs (T, n_val, c) at positive ``temperatures``, computed together.
+
+        Only where every leaf is evaluated on every row (``dense``): the weights of all the
+        temperatures come from one pass over the splits, in chunks of at most
+        :data:`DENSE_WEIGHTS` weights; the same values as one :meth:`__call__` each, up to
+        rounding.
+        """
+        if not self.dense:
+            raise RuntimeError("at_once needs the dense evaluation (a launch-bound device)")
+        widest = max(int(x.shape[0]) * tree.n_leaves for tree, x in self.pairs)
+        step = max(1, DENSE_WEIGHTS // widest)
+        chunks = []
+        for start in range(0, len(temperatures), step):
+            temps = torch.tensor(temperatures[start : start + step], dtype=torch.float64)
+            outs = []
+            for k, (tree, x) in enumerate(self.pairs):
+                if self.leaf_preds[k] is None:
+                    self.leaf_preds[k] = tree.leaf_predictions(x)
+                w = tree.weights_at(
+                    x, temps.to(x.device), keep_mass=self.keep_mass, max_leaves=self.max_leaves
+                )
+                # sum over leaves: (T, n, L) x (n, L, c) -> (T, n, c)
+                outs.append(torch.einsum("tnl,nlc->tnc", w, cast(Tensor, self.leaf_preds[k])))
+            chunks.append(torch.stack(outs).mean(0))
+        return torch.cat(chunks)
+
 
 def temperature_predictions(
     trees: Sequence[PartitionTree],
@@ -143,10 +175,23 @@ def search_temperature(
     """
     at = RoutedOutputs(trees, xs, keep_mass=keep_mass, max_leaves=max_leaves)
     errors = [float("nan")] * len(grid)
+    order = sorted(range(len(grid)), key=lambda j: (grid[j] > 0, grid[j], j))
+    known: dict[int, tuple[float, Tensor]] = {}  # outputs made ahead, with their errors
+    if at.dense:  # launch-bound: every temperature at once and one read, then the same walk
+        hard = [i for i in order if grid[i] <= 0]
+        soft = [i for i in order if grid[i] > 0]
+        outs = [at(grid[i]) for i in hard]
+        many = at.at_once([grid[i] for i in soft]) if soft else None
+        stacked = torch.stack(outs) if many is None else torch.cat([*[o[None] for o in outs], many])
+        errs = prediction_errors(stacked, y_val, criterion, weights)
+        known = {i: (e, stacked[k]) for k, (i, e) in enumerate(zip(hard + soft, errs))}
     best, best_out, best_positive, since = -1, None, float("inf"), 0
-    for i in sorted(range(len(grid)), key=lambda j: (grid[j] > 0, grid[j], j)):
-        out = at(grid[i])
-        errors[i] = prediction_errors([out], y_val, criterion, weights)[0]
+    for i in order:
+        if i in known:
+            errors[i], out = known[i]
+        else:
+            out = at(grid[i])
+            errors[i] = prediction_errors([out], y_val, criterion, weights)[0]
         if best < 0 or errors[i] < errors[best] or (errors[i] == errors[best] and i < best):
             best, best_out = i, out
         if grid[i] > 0:
@@ -179,16 +224,19 @@ def search_rows(n_val: int, max_rows: int | None) -> Tensor | None:
 
 
 def prediction_errors(
-    preds: Sequence[Tensor],
+    preds: Sequence[Tensor] | Tensor,
     y_val: Tensor,
     criterion: Criterion = "mse",
     weights: Tensor | None = None,
 ) -> list[float]:
     """The validation criterion's value of each prediction (n_val, c) against ``y_val``.
 
-    ``weights`` (n_val,): the rows' sample weights (the weighted mean loss).
+    ``preds``: the predictions, or all of them stacked (P, n_val, c). ``weights`` (n_val,): the
+    rows' sample weights (the weighted mean loss).
     """
     y_val = as_float_targets(y_val, "y_val", n_rows=preds[0].shape[0], dtype=preds[0].dtype)
+    if criterion == "mse" and weights is None and isinstance(preds, Tensor):
+        return ((preds - y_val) ** 2).mean((1, 2)).tolist()  # one pass, one read
     if criterion == "mse" and weights is None:  # all entries at once (same value, one pass)
         values = [((pred - y_val) ** 2).mean() for pred in preds]
     else:
