@@ -7,6 +7,7 @@ import torch
 
 from conftest import planted
 from xrfm_torch import AGOPSplit, CARTSplit, LaplaceKernel, PCASplit, RandomSplit
+from xrfm_torch.numerics.events import counting
 from xrfm_torch.tree.splits import balanced_split
 
 
@@ -46,6 +47,21 @@ def test_pca_split_is_top_principal_component():
     g = torch.Generator().manual_seed(1)
     X = torch.randn(500, 3, generator=g) * torch.tensor([0.5, 3.0, 1.0])
     split = PCASplit()(X, torch.zeros(500, 1), None, None, kernel=LaplaceKernel(), generator=g)
+    assert abs(float(split.direction[1])) > 0.99
+
+
+def test_a_split_model_that_predicts_its_mean_cuts_along_the_principal_direction():
+    # targets with no signal: the split model loses to its mean, whose AGOP is 0; the cut then
+    # follows the inputs' widest direction (column 1), not eigh's arbitrary last axis
+    g = torch.Generator().manual_seed(3)
+    scale = torch.tensor([1.0, 3.0, 0.5, 1.0, 1.0])
+    X, Xv = torch.randn(3000, 5, generator=g) * scale, torch.randn(800, 5, generator=g) * scale
+    y, yv = torch.randn(3000, 1, generator=g), torch.randn(800, 1, generator=g)
+    with counting() as events:
+        split = AGOPSplit()(X, y, Xv, yv, kernel=LaplaceKernel(), generator=g)
+    assert events["splits by principal component (the split model predicts its mean)"] == 1
+    pca = PCASplit()(X, y, None, None, kernel=LaplaceKernel(), generator=None)
+    torch.testing.assert_close(split.direction, pca.direction)
     assert abs(float(split.direction[1])) > 0.99
 
 

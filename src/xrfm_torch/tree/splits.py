@@ -167,6 +167,10 @@ def sse_cut(
 class AGOPSplit:
     """Top eigenvector of the AGOP of a small LeafRFM fitted on a row subsample (the xRFM default).
 
+    Where the split model falls back to its training mean (the node's targets show no signal its
+    validation rows confirm) the AGOP is 0 and gives no direction: the node is cut along its
+    inputs' principal direction (:class:`PCASplit`) instead.
+
     Args:
         n_iters: ``tau`` of the split model (AGOP updates; the fits at ``t = 0..tau`` compete on
             the node's validation rows).
@@ -229,7 +233,16 @@ class AGOPSplit:
             val_sample_weight=w_val,
             generator=generator,
         )
-        v = top_eigenvector(model.agop(diag=False))  # at the (weighted) model's support rows
+        if model.is_constant:
+            # its training mean predicted the node's validation rows better: the AGOP is 0 and
+            # its "top eigenvector" an arbitrary axis (the last column, from eigh); with no
+            # supervised direction to follow, the inputs' own principal direction
+            count("splits by principal component (the split model predicts its mean)")
+            v = PCASplit()(
+                X, y, None, None, kernel=kernel, generator=None, weights=weights
+            ).direction
+        else:
+            v = top_eigenvector(model.agop(diag=False))  # at the (weighted) model's support rows
         if self.threshold == "median":
             return Split(v)
         cut = sse_cut((X @ v.to(X.dtype))[:, None], y, self.min_child_fraction, w)
