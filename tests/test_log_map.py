@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from xrfm_torch import LeafConfig, xRFMTree
-from xrfm_torch.inputs.input_map import LOG_SPAN, PROBED_MAPS, InputMap, log_columns, signed_log
+from xrfm_torch.inputs.input_map import (
+    INPUT_MAPS,
+    LOG_SPAN,
+    PROBED_MAPS,
+    InputMap,
+    log_columns,
+    signed_log,
+)
 
 
 def seeded(seed: int = 0) -> torch.Generator:
@@ -86,6 +93,26 @@ def test_quantile_log_is_the_log_map_beside_the_raw_columns_normal_scores() -> N
     torch.testing.assert_close(imap.owners("quantile+log"), imap.owners("quantile+raw"))
     # "auto" never probes the log maps (a user chooses them)
     assert PROBED_MAPS == ("identity", "quantile", "quantile+raw")
+
+
+def test_all_maps_at_once_are_each_map_on_its_own() -> None:
+    # encode_many makes the parts the maps share once: the same values, bit for bit, with a
+    # log column, a category column, a value-level column and missing cells
+    g = seeded(4)
+    X = zero_inflated(2000, 4)
+    X[:, 3] = torch.randint(0, 4, (2000,), generator=g).double()  # category codes
+    codes = torch.randint(1, 31, (2000,), generator=g).double()  # zero-inflated codes: levels
+    X[:, 2] = torch.where(torch.rand(2000, generator=g) < 0.5, 0.0, codes)
+    X[torch.rand(2000, generator=g) < 0.1, 4] = torch.nan
+    y = torch.sin(3.0 * X[:, 2])[:, None]
+    imap = InputMap().fit(X, categorical=[3], y=y)
+    assert imap.log_columns == [0] and imap.missing_columns == [4]
+    assert imap.levels.columns_.tolist() == [2]
+    x = torch.cat([X[:500], X[:1]])  # other rows than the training block
+    many = imap.encode_many(x, [*INPUT_MAPS, "identity"])
+    assert list(many) == list(INPUT_MAPS)  # each map once, in the given order
+    for name in INPUT_MAPS:
+        assert torch.equal(many[name], imap.encode(x, name)), name
 
 
 def test_a_tree_on_the_log_map_learns_what_only_the_log_scale_shows() -> None:

@@ -92,9 +92,15 @@ def choose_maps(
     return [spec] if isinstance(spec, str) else list(spec)  # type: ignore[list-item]
 
 
-def encode_fit_data(imap: InputMap, data: FitData, name: InputMapName) -> FitData:
-    """``data`` with training and validation inputs mapped by ``name``."""
-    return replace(data, X=imap.encode(data.X, name), X_val=imap.encode(data.X_val, name))
+def encode_fit_data(
+    imap: InputMap, data: FitData, names: Sequence[InputMapName]
+) -> dict[InputMapName, FitData]:
+    """``data`` with training and validation inputs mapped by each of ``names``.
+
+    The parts the maps share are computed once (:meth:`InputMap.encode_many`).
+    """
+    X, X_val = imap.encode_many(data.X, names), imap.encode_many(data.X_val, names)
+    return {name: replace(data, X=X[name], X_val=X_val[name]) for name in X}
 
 
 def probe_input_maps(
@@ -143,6 +149,8 @@ def probe_input_maps(
     w_val = data.val_weights(vrows)
     preds: dict[InputMapName, Tensor] = {}
     config = probe_config(leaf)
+    # every map's inputs at once: the maps share their parts (standardized columns, ranks, ...)
+    mapped, mapped_val = imap.encode_many(X, PROBED_MAPS), imap.encode_many(X_val, PROBED_MAPS)
     stopped: list[bool] = []
 
     def probe(name: InputMapName) -> Callable[[], None]:
@@ -152,7 +160,7 @@ def probe_input_maps(
                     count("input-map probes cut short at the time limit")
                     stopped.append(True)
                 return
-            Xm, Xm_val = imap.encode(X, name), imap.encode(X_val, name)
+            Xm, Xm_val = mapped[name], mapped_val[name]
             leaf = LeafRFM(kernel, config)
             g_map = torch.Generator().manual_seed(seed)  # every map's leaf: the same draws
             leaf.fit(

@@ -6,7 +6,7 @@ category blocks, and missing-value indicators.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -240,42 +240,77 @@ class InputMap(ResizableBuffers):
         self.check_missing(x)
         return self.encode_with(x, name, self.layout())
 
-    def encode_with(self, x: Tensor, name: InputMapName, layout: MapLayout) -> Tensor:
+    def encode_many(self, x: Tensor, names: Sequence[InputMapName]) -> dict[InputMapName, Tensor]:
+        """:meth:`encode` of ``x`` with each of ``names``, the parts they share computed once.
+
+        The same values as one :meth:`encode` each (the same operations on the same inputs): the
+        standardized columns, rank scores, category and level blocks and missing indicators are
+        made once and joined per map. On a GPU, fewer launches for the maps a fit probes.
+        """
+        self.check_missing(x)
+        layout = self.layout()
+        shared: dict[str, Tensor] = {}
+        return {name: self.encode_with(x, name, layout, shared) for name in dict.fromkeys(names)}
+
+    def encode_with(
+        self,
+        x: Tensor,
+        name: InputMapName,
+        layout: MapLayout,
+        shared: dict[str, Tensor] | None = None,
+    ) -> Tensor:
         """:meth:`encode` without the NaN check, with the structure given by ``layout``.
 
         The same tensor operations for any values of ``x`` (no branch on the data), which is what
         ``torch.export`` needs; a NaN in an unexpected numeric column becomes the column's mean.
+        ``shared``: parts made for other maps of the same ``x`` (:meth:`encode_many`), reused
+        and added to.
         """
+        memo = {} if shared is None else shared
+
+        def part(key: str, make: Callable[[], Tensor]) -> Tensor:
+            if key not in memo:
+                memo[key] = make()
+            return memo[key]
+
         cols = layout.numeric_index
-        xn = x[:, cols]
-        nan = torch.isnan(xn)
+        xn = part("numeric", lambda: x[:, cols])
+        nan = part("nan", lambda: torch.isnan(xn))
 
         def standardized(values: Tensor, stats: Standardize) -> Tensor:
             s = (values - stats.center_[cols]) / stats.scale_[cols]
             return torch.where(nan, torch.zeros_like(s), s)
 
+        def raw() -> Tensor:
+            return part("raw", lambda: standardized(xn, self.standardize))
+
         parts: list[Tensor] = []
-        if name != "quantile":  # the raw part, linear or (qualifying columns) on a log scale
-            logged = name in LOG_MAPS.values()
-            raw = self._signed_log(xn, cols) if logged else xn
-            parts.append(standardized(raw, self.log_standardize if logged else self.standardize))
-        if name.startswith("quantile"):  # rank scores: a log does not change them
-            s = parts[0] if name == "quantile+raw" else standardized(xn, self.standardize)
-            parts.append(self.quantile.scores(s, layout.n_rows))
+        if name in LOG_MAPS.values():  # the raw part on a log scale (qualifying columns)
+            parts.append(
+                part("log", lambda: standardized(self._signed_log(xn, cols), self.log_standardize))
+            )
+        elif name != "quantile":
+            parts.append(raw())
+        if name.startswith("quantile"):  # rank scores (of the linear part: a log changes no rank)
+            parts.append(part("ranks", lambda: self.quantile.scores(raw(), layout.n_rows)))
         if layout.categorical:
-            parts.append(self.categories.blocks(x, layout.categorical, layout.widths))
+            parts.append(
+                part(
+                    "categories",
+                    lambda: self.categories.blocks(x, layout.categorical, layout.widths),
+                )
+            )
         if layout.levels:
-            parts.append(self.levels.blocks(x, layout.levels, layout.level_widths))
+            parts.append(
+                part("levels", lambda: self.levels.blocks(x, layout.levels, layout.level_widths))
+            )
         if layout.indicators:
-            parts.append(nan[:, layout.indicators].to(x.dtype))
+            parts.append(part("missing", lambda: nan[:, layout.indicators].to(x.dtype)))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def forward(self, x: Tensor) -> list[Tensor]:
         """``x`` (n, d) as each tree sees it (each distinct map computed once)."""
-        mapped: dict[InputMapName, Tensor] = {}
-        for name in self.names:
-            if name not in mapped:
-                mapped[name] = self.encode(x, name)
+        mapped = self.encode_many(x, self.names)
         return [mapped[name] for name in self.names]
 
     def owners(self, name: InputMapName) -> Tensor:

@@ -94,7 +94,11 @@ class ExportableTree(nn.Module):
             raise ValueError(f"expected input of shape (n, {self.n_features}), got {x.shape}")
         x = as_real_dtype(x, self.model.input_map.dtype, "x")
         imap = self.model.input_map
-        mapped = {name: imap.encode_with(x, name, self.layout) for name in dict.fromkeys(self.maps)}
+        shared: dict[str, Tensor] = {}  # the parts the maps share, made once
+        mapped = {
+            name: imap.encode_with(x, name, self.layout, shared)
+            for name in dict.fromkeys(self.maps)
+        }
         trees = self.model.partition_trees()
         outs = [self._tree(tree, mapped[name]) for tree, name in zip(trees, self.maps)]
         out = outs[0] if len(outs) == 1 else torch.stack(outs).mean(0)

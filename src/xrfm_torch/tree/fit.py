@@ -140,12 +140,14 @@ def fit_trees(
     per_map: dict[int, GrownTrees] = {}
     ends: dict[int, Tensor] = {}  # each map's generator state after its trees
 
+    by_map = encode_fit_data(imap, data, maps)  # what each map's trees see
+
     def map_trees(i: int, name: InputMapName) -> None:
         """Map ``i``'s trees, from the generator state the call started with."""
         g = torch.Generator()
         g.set_state(start)
         mine = GrownTrees([], [], [], [], [], distributed=cfg.distributed)
-        mapped = encode_fit_data(imap, data, name)  # what this map's trees see
+        mapped = by_map[name]
         tree_plan = plan  # the map's later trees follow its first tree (FitPlan.following)
         # the trees before (in lockstep, where the maps run together: i * n_trees)
         done = i * n_trees if batched else sum(len(m.trees) for m in per_map.values())
@@ -258,7 +260,7 @@ def refit_trees(
     Returns:
         Per tree, ``{leaf index: new fitted leaf}`` (the caller puts them into the trees).
     """
-    by_map = {name: encode_fit_data(imap, data, name) for name in set(maps)}
+    by_map = encode_fit_data(imap, data, maps)
     start = generator.get_state()
     out: list[dict[int, LeafRFM]] = []
     for t, (tree, name) in enumerate(zip(trees, maps)):
