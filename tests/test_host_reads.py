@@ -180,3 +180,37 @@ def test_a_leaf_whose_first_solves_all_fail_is_the_leaf_fitted_with_the_checks_r
     a, b = plain.state_dict(), again.state_dict()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, equal_nan=True, msg=key)
+
+
+def test_a_leaf_checks_its_rows_values_once_and_its_final_solve_not_again(monkeypatch):
+    # the fit's four arguments are checked with one read, the extra rows with one more, and the
+    # final solve on all of them (no factor to continue here) checks nothing again
+    from conftest import plain_leaf, planted
+    from xrfm_torch.numerics import checks
+
+    joint, single = [], []
+    real_joint, real_single = checks.check_all_finite, checks.check_finite
+    monkeypatch.setattr(
+        checks, "check_finite", lambda *a, **k: single.append(a[1]) or real_single(*a, **k)
+    )
+    for module in ("xrfm_torch.leaf.data", "xrfm_torch.leaf.model"):
+        monkeypatch.setattr(
+            f"{module}.check_all_finite",
+            lambda items: joint.append([name for _, name, _ in items]) or real_joint(items),
+        )
+    X, y = planted(300, d=4, seed=1)
+    Xv, yv = planted(100, d=4, seed=2)
+    leaf = plain_leaf(n_iters=1).fit(X[:250], y[:250], Xv, yv, extra=(X[250:], y[250:]))
+    assert joint == [["X", "y", "X_val", "y_val"], ["extra X", "extra y"]]
+    assert single == []
+    assert leaf.support_.shape[0] == 300  # the extra rows joined the final solve
+    # a bad extra row is still named
+    bad = y[250:].clone()
+    bad[3] = float("nan")
+    with pytest.raises(
+        ValueError, match=r"extra y contains 1 non-finite value\(s\), first at index \(3, 0\)"
+    ):
+        plain_leaf(n_iters=1).fit(X[:250], y[:250], Xv, yv, extra=(X[250:], bad))
+    # the public refit checks its rows itself
+    with pytest.raises(ValueError, match="y contains 1 non-finite"):
+        leaf.refit(X[250:], bad)

@@ -250,7 +250,7 @@ def extend_solve(
             F, K_ss, K_sb, K_bb, y_all, float(leaf.reg_), features=U, factor_out=out, weights=w_all
         )
     if alpha is None:
-        leaf.refit(X_all, y_all, w_all)
+        leaf.refit(X_all, y_all, w_all, check_input=False)  # the fit's rows, checked there
         return
     leaf.alpha_ = alpha.contiguous()
     leaf.support_ = X_all.detach().clone()

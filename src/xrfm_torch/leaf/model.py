@@ -21,7 +21,7 @@ from xrfm_torch.leaf.kinds import KINDS, SOLVES, KernelSolve, LeafKind, extend_s
 from xrfm_torch.leaf.selection import Candidate
 from xrfm_torch.leaf.state import upgrade_leaf_state
 from xrfm_torch.numerics.agop import agop_from_grads
-from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets
+from xrfm_torch.numerics.checks import as_float_matrix, as_float_targets, check_all_finite
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.numerics.state import ResizableBuffers
 
@@ -301,12 +301,15 @@ class LeafRFM(ResizableBuffers):
         if self.keep_factor and factored is not None:
             self.gp.keep(factored[1], X.shape[0])
         if extra is not None and extra[0].shape[0] > 0:
-            X_b = as_float_matrix(extra[0], "extra X", n_features=X.shape[1]).to(X)
-            y_b = as_float_targets(extra[1], "extra y", n_rows=X_b.shape[0], dtype=X.dtype)
+            X_b = as_float_matrix(extra[0], "extra X", n_features=X.shape[1], finite=False).to(X)
+            y_b = as_float_targets(
+                extra[1], "extra y", n_rows=X_b.shape[0], dtype=X.dtype, finite=False
+            )
+            check_all_finite([(X_b, "extra X", False), (y_b, "extra y", False)])  # one read
             X_b, y_b, w_b = weighted_rows(X_b, y_b, extra_weight, "extra_weight")
             extend_solve(self, X, y, X_b, y_b, factored, w, w_b)
         elif final_solve and X.shape[0] < X_all.shape[0]:
-            self.refit(X_all, y_all, w_all)
+            self.refit(X_all, y_all, w_all, check_input=False)  # rows checked above
         return self
 
     def _store(self, X: Tensor, best: Candidate) -> None:
@@ -348,7 +351,14 @@ class LeafRFM(ResizableBuffers):
             self.fourier_w_, self.fourier_b_ = w.to(centres.device), b.to(centres.device)
 
     @torch.no_grad()
-    def refit(self, X: Tensor, y: Tensor, sample_weight: Tensor | None = None) -> LeafRFM:
+    def refit(
+        self,
+        X: Tensor,
+        y: Tensor,
+        sample_weight: Tensor | None = None,
+        *,
+        check_input: bool = True,
+    ) -> LeafRFM:
         """Re-solve ``alpha`` on new rows with the selected ``M`` and bandwidth (one KRR solve).
 
         Used to add validation rows that were borrowed from training back into the fit.
@@ -357,11 +367,20 @@ class LeafRFM(ResizableBuffers):
             X: Inputs, shape (n, d).
             y: Targets, shape (n,) or (n, c).
             sample_weight: Row weights (n,) (as in :meth:`fit`; rows of weight 0 are dropped).
+            check_input: ``False`` skips checking the values (finite ``X`` and ``y``, valid
+                weights, none 0) of rows the caller has checked already: a leaf's own final
+                solve, a tree's (each a read back, a wait on a GPU). Shapes are checked either
+                way; ``y`` must then be (n, c) in ``X``'s dtype.
         """
         self._check_fitted()
-        X = as_float_matrix(X, "X", n_features=self.support_.shape[1])
-        y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
-        X, y, w = weighted_rows(X, y, sample_weight, "sample_weight")
+        if check_input:
+            X = as_float_matrix(X, "X", n_features=self.support_.shape[1])
+            y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
+            X, y, w = weighted_rows(X, y, sample_weight, "sample_weight")
+        else:
+            X = as_float_matrix(X, "X", n_features=self.support_.shape[1], finite=False)
+            y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype, finite=False)
+            w = sample_weight
         if w is not None and self.keep_factor:
             raise ValueError("sample weights and a kept posterior factor cannot be combined")
         n_fit, (n, d) = self.support_.shape[0], X.shape

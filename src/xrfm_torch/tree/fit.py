@@ -87,10 +87,13 @@ class GrownTrees:
 
 
 def _refit_job(data: FitData, idx: Tensor | None) -> LeafJob | None:
-    """The final solve of one leaf on ``data``'s rows ``idx`` (``None``: nothing to do)."""
+    """The final solve of one leaf on ``data``'s rows ``idx`` (``None``: nothing to do).
+
+    The rows' values were checked by the leaf fits that trained or validated on them.
+    """
     if idx is None:
         return None
-    return lambda leaf: leaf.refit(data.X[idx], data.y[idx], data.weights(idx))
+    return lambda leaf: leaf.refit(data.X[idx], data.y[idx], data.weights(idx), check_input=False)
 
 
 def fit_trees(
