@@ -6,6 +6,7 @@ a read is free) so that a change that adds one per solve shows up without a GPU.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -214,3 +215,26 @@ def test_a_leaf_checks_its_rows_values_once_and_its_final_solve_not_again(monkey
     # the public refit checks its rows itself
     with pytest.raises(ValueError, match="y contains 1 non-finite"):
         leaf.refit(X[250:], bad)
+
+
+def test_quiet_logging_reads_nothing_for_its_messages(caplog):
+    # a debug or info message's figures are reads (waits on a GPU): with those levels off, a
+    # tree fit (input-map probe, several leaves) makes none of them
+    from conftest import planted
+    from tools.host_reads import counting
+    from xrfm_torch import xRFMTree
+
+    X, y = planted(800, d=4, seed=5)
+    Xv, yv = planted(200, d=4, seed=6)
+
+    def reads(level: int) -> tuple[int, int]:
+        with caplog.at_level(level, logger="xrfm_torch"), counting() as mode:
+            tree = xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=1))
+            tree.fit(X, y, Xv, yv, generator=torch.Generator().manual_seed(0))
+        return mode.kinds["read"], tree.n_leaves
+
+    loud, n_leaves = reads(logging.DEBUG)
+    quiet, _ = reads(logging.WARNING)
+    assert n_leaves >= 4
+    # each leaf's line read its iteration and bandwidth; the probe's line each map set's error
+    assert quiet + 2 * n_leaves <= loud

@@ -183,14 +183,15 @@ def fit_leaves(
             done[0] += 1
             if progress is not None:
                 progress(tree_index, done[0], len(plans))
-            log.debug(
-                "leaf %d: %d train / %d val rows, t*=%d, bandwidth %.4g",
-                k,
-                tr.shape[0],
-                Xv.shape[0],
-                int(leaf.best_iter_),
-                leaf.bandwidth,
-            )
+            if log.isEnabledFor(logging.DEBUG):  # (its values are reads: waits on a GPU)
+                log.debug(
+                    "leaf %d: %d train / %d val rows, t*=%d, bandwidth %.4g",
+                    k,
+                    tr.shape[0],
+                    Xv.shape[0],
+                    int(leaf.best_iter_),
+                    leaf.bandwidth,
+                )
 
         return run
 
