@@ -369,18 +369,15 @@ class LeafRFM(ResizableBuffers):
             sample_weight: Row weights (n,) (as in :meth:`fit`; rows of weight 0 are dropped).
             check_input: ``False`` skips checking the values (finite ``X`` and ``y``, valid
                 weights, none 0) of rows the caller has checked already: a leaf's own final
-                solve, a tree's (each a read back, a wait on a GPU). Shapes are checked either
-                way; ``y`` must then be (n, c) in ``X``'s dtype.
+                solve, a tree's (each a read back, a wait on a GPU). Shapes and dtypes are
+                checked either way; ``sample_weight`` is then used as given.
         """
         self._check_fitted()
+        X = as_float_matrix(X, "X", n_features=self.support_.shape[1], finite=check_input)
+        y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype, finite=check_input)
+        w = sample_weight
         if check_input:
-            X = as_float_matrix(X, "X", n_features=self.support_.shape[1])
-            y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype)
             X, y, w = weighted_rows(X, y, sample_weight, "sample_weight")
-        else:
-            X = as_float_matrix(X, "X", n_features=self.support_.shape[1], finite=False)
-            y = as_float_targets(y, "y", n_rows=X.shape[0], dtype=X.dtype, finite=False)
-            w = sample_weight
         if w is not None and self.keep_factor:
             raise ValueError("sample weights and a kept posterior factor cannot be combined")
         n_fit, (n, d) = self.support_.shape[0], X.shape

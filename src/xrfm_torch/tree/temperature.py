@@ -180,9 +180,10 @@ def search_temperature(
     if at.dense:  # launch-bound: every temperature at once and one read, then the same walk
         hard = [i for i in order if grid[i] <= 0]
         soft = [i for i in order if grid[i] > 0]
-        outs = [at(grid[i]) for i in hard]
-        many = at.at_once([grid[i] for i in soft]) if soft else None
-        stacked = torch.stack(outs) if many is None else torch.cat([*[o[None] for o in outs], many])
+        parts = [at(grid[i])[None] for i in hard]
+        if soft:
+            parts.append(at.at_once([grid[i] for i in soft]))
+        stacked = torch.cat(parts)  # (len(grid), n_val, c), in the walk's order
         errs = prediction_errors(stacked, y_val, criterion, weights)
         known = {i: (e, stacked[k]) for k, (i, e) in enumerate(zip(hard + soft, errs))}
     best, best_out, best_positive, since = -1, None, float("inf"), 0
