@@ -238,3 +238,100 @@ def test_quiet_logging_reads_nothing_for_its_messages(caplog):
     assert n_leaves >= 4
     # each leaf's line read its iteration and bandwidth; the probe's line each map set's error
     assert quiet + 2 * n_leaves <= loud
+
+
+def test_split_by_masks_is_boolean_indexing_with_one_read():
+    from tools.host_reads import counting
+
+    g = torch.Generator().manual_seed(3)
+    index = [torch.randperm(n, generator=g) + 7 for n in (0, 1, 40, 40, 300)]
+    masks = [torch.rand(i.shape[0], generator=g) < p for i, p in zip(index, (0.5, 1, 0, 1, 0.3))]
+    with counting() as mode:
+        split = host.split_by_masks(index, masks)
+    assert dict(mode.kinds) == {"read": 1}  # the sizes of all of them at once
+    for i, m, (kept, rest) in zip(index, masks, split):
+        assert torch.equal(kept, i[m]) and torch.equal(rest, i[~m])
+    # given sizes, nothing is read
+    sizes = [int(m.sum()) for m in masks]
+    with counting() as mode:
+        again = host.split_by_masks(index, masks, sizes)
+    assert not mode.kinds
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(split, again))
+
+
+def test_overlap_rows_are_set_apart_with_one_routing_and_one_read(monkeypatch):
+    # a tree with overlap: each leaf's own rows (those routed to it) are told from its overlap
+    # rows by one routing of all rows and one read of the sizes, not a routing and a read per
+    # leaf (the same rows either way: a row's routing does not depend on the rows beside it)
+    from conftest import planted
+    from tools.host_reads import counting
+    from xrfm_torch import xRFMTree
+    from xrfm_torch.tree import leaf_fits, routing
+
+    X, y = planted(900, d=4, seed=5)
+    Xv, yv = planted(200, d=4, seed=6)
+    routes: list[int] = []
+    real_route = routing.hard_route
+
+    def route(x, *a):
+        routes.append(x.shape[0])
+        return real_route(x, *a)
+
+    monkeypatch.setattr(leaf_fits, "hard_route", route)
+
+    def fit() -> xRFMTree:
+        tree = xRFMTree(max_leaf_size=200, overlap_fraction=0.2, leaf=LeafConfig(n_iters=1))
+        return tree.fit(X, y, Xv, yv, generator=torch.Generator().manual_seed(0))
+
+    with counting() as mode:
+        tree = fit()
+    assert tree.n_leaves >= 4 and routes == [900]  # all training rows, once
+    assert not [s for s in mode.sites if "leaf_fits" in s and "boolean" in s]
+    # each leaf's final solve has its own rows and the overlap rows; its iterations only its own
+    (partition,), (xt,) = tree.partition_trees(), tree.input_map(X)
+    own = partition.route(xt)
+    for k, leaf in enumerate(partition.leaf_list()):
+        assert leaf.support_.shape[0] > int((own == k).sum())
+
+
+def test_a_tree_checks_its_mapped_rows_once_and_its_leaves_check_none(monkeypatch):
+    # the leaves' rows are the tree's mapped rows: checked once for all leaves (and the probe's
+    # leaves), and a non-finite value a map made is named by its map
+    from conftest import planted
+    from xrfm_torch import LeafRFM, xRFMTree
+    from xrfm_torch.inputs.input_map import InputMap
+
+    X, y = planted(800, d=4, seed=5)
+    Xv, yv = planted(200, d=4, seed=6)
+    checked: list[bool] = []
+    real_fit = LeafRFM.fit
+
+    def fit(self, *a, check_input=True, **k):
+        checked.append(check_input)
+        return real_fit(self, *a, check_input=check_input, **k)
+
+    monkeypatch.setattr(LeafRFM, "fit", fit)
+    tree = xRFMTree(max_leaf_size=200, input_transform="auto", leaf=LeafConfig(n_iters=1))
+    tree.fit(X, y, Xv, yv, generator=torch.Generator().manual_seed(0))
+    n_leaves, n_splits = tree.n_leaves, tree.n_leaves - 1
+    assert n_leaves >= 4
+    # the split models check their own rows (a split rule is public); probes and leaves do not
+    assert checked.count(True) == n_splits * len(tree.partition_trees())
+    assert checked.count(False) >= n_leaves + 3  # three probe leaves
+
+    real_encode = InputMap.encode_many
+
+    def encode(self, x, names):
+        out = real_encode(self, x, names)
+        if x.shape[0] == X.shape[0]:
+            out["identity"][7, 2] = float("inf")
+        return out
+
+    monkeypatch.setattr(InputMap, "encode_many", encode)
+    with pytest.raises(
+        ValueError,
+        match=r"X mapped by 'identity' contains 1 non-finite value\(s\), first at index \(7, 2\)",
+    ):
+        xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=1)).fit(
+            X, y, Xv, yv, generator=torch.Generator().manual_seed(0)
+        )

@@ -24,6 +24,30 @@ def test_hard_ids():
     assert hard_route(X, V, B, C).tolist() == [0, 0, 1, 1, 2]
 
 
+def test_the_launch_bound_route_walks_every_row_to_the_same_leaf(monkeypatch):
+    # on a GPU every level takes every row (no count of the rows left): same leaves, also in an
+    # unbalanced tree whose leaves sit at depths 1 to 3, and one read (the child table) in all
+    from tools.host_reads import counting
+    from xrfm_torch.numerics import host
+    from xrfm_torch.tree import routing
+
+    g = torch.Generator().manual_seed(0)
+    vectors = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    thresholds = torch.randn(3, generator=g, dtype=torch.float64) * 0.3
+    children = torch.tensor([[-1, 1], [2, -4], [-2, -3]])  # node 1 and 2 below the root's right
+    x = torch.randn(500, 4, generator=g, dtype=torch.float64)
+    sparse = hard_route(x, vectors, thresholds, children)
+    assert set(sparse.tolist()) == {0, 1, 2, 3}
+    assert routing.tree_depth(children) == 3 and routing.tree_depth(C) == 2
+    assert routing.tree_depth(children[:0]) == 0
+    monkeypatch.setattr(host, "launch_bound", lambda device: True)  # as on a GPU
+    with counting() as mode:
+        dense = hard_route(x, vectors, thresholds, children)
+    assert torch.equal(dense, sparse)
+    assert dict(mode.kinds) == {"read": 1}
+    assert hard_route(X, V, B, C).tolist() == [0, 0, 1, 1, 2]
+
+
 def test_soft_weights_match_formula():
     T = 0.7
     w = soft_weights(X, V, B, S, P, C, T)

@@ -36,6 +36,7 @@ from xrfm_torch.leaf.data import FitData
 from xrfm_torch.leaf.lockstep import fit_together
 from xrfm_torch.leaf.selection import paired_win
 from xrfm_torch.numerics import deadline
+from xrfm_torch.numerics.checks import check_all_finite
 from xrfm_torch.numerics.events import count
 
 log = logging.getLogger(__name__)
@@ -97,10 +98,31 @@ def encode_fit_data(
 ) -> dict[InputMapName, FitData]:
     """``data`` with training and validation inputs mapped by each of ``names``.
 
-    The parts the maps share are computed once (:meth:`InputMap.encode_many`).
+    The parts the maps share are computed once (:meth:`InputMap.encode_many`), and the values
+    are checked once for every leaf fitted on them (:func:`check_mapped`).
     """
     X, X_val = imap.encode_many(data.X, names), imap.encode_many(data.X_val, names)
+    check_mapped(X, X_val, data.y, data.y_val)
     return {name: replace(data, X=X[name], X_val=X_val[name]) for name in X}
+
+
+def check_mapped(
+    X: dict[InputMapName, Tensor], X_val: dict[InputMapName, Tensor], y: Tensor, y_val: Tensor
+) -> None:
+    """Check every map's inputs and the coded targets that leaves will be fitted on, at once.
+
+    The leaves then skip their own checks (``LeafRFM.fit(check_input=False)``): one read for a
+    tree's data instead of one per leaf (a wait each on a GPU). An input map turns missing cells
+    into finite values, so a non-finite value here is named by its map.
+    """
+    check_all_finite(
+        [
+            *((x, f"X mapped by {name!r}", False) for name, x in X.items()),
+            *((x, f"X_val mapped by {name!r}", False) for name, x in X_val.items()),
+            (y, "coded y", False),
+            (y_val, "coded y_val", False),
+        ]
+    )
 
 
 def probe_input_maps(
@@ -151,6 +173,7 @@ def probe_input_maps(
     config = probe_config(leaf)
     # every map's inputs at once: the maps share their parts (standardized columns, ranks, ...)
     mapped, mapped_val = imap.encode_many(X, PROBED_MAPS), imap.encode_many(X_val, PROBED_MAPS)
+    check_mapped(mapped, mapped_val, y, y_val)
     stopped: list[bool] = []
 
     def probe(name: InputMapName) -> Callable[[], None]:
@@ -171,6 +194,7 @@ def probe_input_maps(
                 sample_weight=w,
                 val_sample_weight=w_val,
                 generator=g_map,
+                check_input=False,  # (checked above)
             )
             with torch.no_grad():
                 preds[name] = leaf(Xm_val)

@@ -89,6 +89,7 @@ def fit_data(
     val_sample_weight: Any | None = None,
     relative_weights: bool = False,
     target_precision: bool = False,
+    check_values: bool = True,
 ) -> FitData:
     """Validate ``fit`` arguments; without validation data, hold out a seeded ``val_fraction``.
 
@@ -97,6 +98,7 @@ def fit_data(
     scale of the targets does not cost their float32 digits).
 
     ``allow_nan`` lets missing cells (NaN) of ``X`` and ``X_val`` through; targets must be finite.
+    ``check_values=False`` leaves out those checks of values (rows the caller checked already).
     Weights (:func:`~xrfm_torch.numerics.checks.as_weights`) must be finite and non-negative,
     not all zero; rows of weight 0 are dropped (they would have no influence), before the
     hold-out is drawn, so a zero weight is the row left out. ``relative_weights`` divides each
@@ -118,6 +120,8 @@ def fit_data(
         raise ValueError(f"need at least {min_rows} training rows{what}, got {X.shape[0]}")
     if (X_val is None) != (y_val is None):
         raise ValueError("X_val and y_val must be given together")
+    if not check_values:  # (the caller checked them: shapes and dtypes are checked either way)
+        checks = []
     if X_val is None or y_val is None:
         check_all_finite(checks)
         if val_sample_weight is not None:
@@ -133,7 +137,8 @@ def fit_data(
     y_val = as_float_targets(y_val, "y_val", n_rows=X_val.shape[0], dtype=y.dtype, finite=False)
     if y_val.shape[1] != y.shape[1]:
         raise ValueError(f"y_val has {y_val.shape[1]} outputs but y has {y.shape[1]}")
-    check_all_finite([*checks, (X_val, "X_val", allow_nan), (y_val, "y_val", False)])
+    if check_values:
+        check_all_finite([*checks, (X_val, "X_val", allow_nan), (y_val, "y_val", False)])
     n_val = X_val.shape[0]
     X_val, y_val, w_val = weighted_rows(
         X_val, y_val, val_sample_weight, "val_sample_weight", relative_weights

@@ -183,6 +183,7 @@ class LeafRFM(ResizableBuffers):
         extra: tuple[Tensor, Tensor] | None = None,
         extra_weight: Tensor | None = None,
         start_sqrt_m: Tensor | None = None,
+        check_input: bool = True,
     ) -> LeafRFM:
         """Run the RFM iterations and keep the iteration with the lowest validation MSE.
 
@@ -216,6 +217,10 @@ class LeafRFM(ResizableBuffers):
             start_sqrt_m: ``sqrt(M)`` of ``t = 0``, (d,) or (d, d), also fixing the layout
                 (``None``: the identity); a later bag starts from the first bag's leaves. The
                 exact iterations use it (``approx_iters`` start from the identity).
+            check_input: ``False`` skips checking the rows' values (finite inputs and targets,
+                the extra rows' too) that the caller checked already: a tree checks each input
+                map's rows once for all its leaves (each check is a read, a wait on a GPU).
+                Shapes, dtypes and weights are checked either way.
 
         Returns:
             ``self``.
@@ -232,6 +237,7 @@ class LeafRFM(ResizableBuffers):
             min_rows=1,
             sample_weight=sample_weight,
             val_sample_weight=val_sample_weight,
+            check_values=check_input,
         )
         if data.w is not None and self.keep_factor:
             raise ValueError(
@@ -305,7 +311,8 @@ class LeafRFM(ResizableBuffers):
             y_b = as_float_targets(
                 extra[1], "extra y", n_rows=X_b.shape[0], dtype=X.dtype, finite=False
             )
-            check_all_finite([(X_b, "extra X", False), (y_b, "extra y", False)])  # one read
+            if check_input:
+                check_all_finite([(X_b, "extra X", False), (y_b, "extra y", False)])  # one read
             X_b, y_b, w_b = weighted_rows(X_b, y_b, extra_weight, "extra_weight")
             extend_solve(self, X, y, X_b, y_b, factored, w, w_b)
         elif final_solve and X.shape[0] < X_all.shape[0]:

@@ -68,3 +68,22 @@ def launch_bound(device: torch.device) -> bool:
     once) even where they do more arithmetic. On the CPU arithmetic is the cost.
     """
     return device.type != "cpu"
+
+
+def split_by_masks(
+    index: list[Tensor], masks: list[Tensor], counts: list[int] | None = None
+) -> list[tuple[Tensor, Tensor]]:
+    """``(i[m], i[~m])`` for each index tensor ``i`` (k,) and boolean mask ``m`` (k,).
+
+    Boolean indexing reads the number of selected entries back to the host: over many masks on a
+    GPU, one wait each. Here the counts come back in one read (or are given as ``counts``), and
+    each split is a stable sort of its mask: the same entries in the same order as boolean
+    indexing.
+    """
+    if counts is None:
+        counts = [int(c) for c in read_scalars(*(m.sum() for m in masks))] if masks else []
+    out = []
+    for i, m, k in zip(index, masks, counts, strict=True):
+        order = torch.sort((~m).to(torch.uint8), stable=True).indices  # selected entries first
+        out.append((i[order[:k]], i[order[k:]]))
+    return out

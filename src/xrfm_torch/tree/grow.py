@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import Kernel
+from xrfm_torch.numerics.host import split_by_masks
 from xrfm_torch.tree.splits import Split, SplitRule, balanced_split
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,10 @@ class TreeLayout:
         return int(self.thresholds.shape[0])
 
 
-def _iqr(x: Tensor) -> float:
+def _iqr(x: Tensor) -> Tensor:
+    """``max(IQR(x), 1e-6)`` in ``x``'s dtype, 0-dim (on the device: read once per tree)."""
     q = torch.quantile(x.float(), torch.tensor([0.25, 0.75], device=x.device))
-    return max(float(q[1] - q[0]), 1e-6)
+    return (q[1] - q[0]).to(x.dtype).clamp_min(1e-6)
 
 
 def _cut(proj: Tensor, split: Split, weights: Tensor | None) -> tuple[Tensor, Tensor, float]:
@@ -131,7 +133,7 @@ def grow_tree(
         )
     vectors: list[Tensor] = []
     thresholds: list[float] = []
-    scales: list[float] = []
+    scales: list[Tensor] = []
     children: list[list[int]] = []
     layout = TreeLayout(
         X.new_empty(0, X.shape[1]),
@@ -170,8 +172,9 @@ def grow_tree(
         log.debug(
             "node %d: n=%d -> %d | %d (threshold %.4g)", node, len(idx), len(left), len(right), thr
         )
-        children[node][0] = grow(idx[left], vidx[vproj <= thr])
-        children[node][1] = grow(idx[right], vidx[vproj > thr])
+        ((vleft, vright),) = split_by_masks([vidx], [vproj <= thr])  # (one read, not two)
+        children[node][0] = grow(idx[left], vleft)
+        children[node][1] = grow(idx[right], vright)
         return node
 
     grow(torch.arange(X.shape[0], device=X.device), torch.arange(X_val.shape[0], device=X.device))
@@ -179,6 +182,6 @@ def grow_tree(
     if thresholds:
         layout.vectors = torch.stack(vectors)
         layout.thresholds = torch.tensor(thresholds, dtype=X.dtype, device=X.device)
-        layout.scales = torch.tensor(scales, dtype=X.dtype, device=X.device)
+        layout.scales = torch.stack(scales)
         layout.children = torch.tensor(children, dtype=torch.long, device=X.device)
     return layout

@@ -19,6 +19,7 @@ from xrfm_torch.leaf.approx import approx_width
 from xrfm_torch.leaf.data import FitData
 from xrfm_torch.leaf.lockstep import fit_together
 from xrfm_torch.numerics import deadline
+from xrfm_torch.numerics.host import split_by_masks
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.config import TreeConfig
 from xrfm_torch.tree.grow import Progress, TreeLayout
@@ -81,7 +82,8 @@ def fit_leaves(
     """Fit one LeafRFM per leaf of ``layout`` on the rows routed to it.
 
     ``data``: the (mapped) training and validation rows and their weights, if any (every leaf
-    row keeps its weight: training, validation, borrowed and final-solve rows alike).
+    row keeps its weight: training, validation, borrowed and final-solve rows alike), their
+    values checked (:func:`~xrfm_torch.inputs.choice.encode_fit_data`): the leaves check none.
     Validation rows per leaf: with ``data.holdout`` (bool mask over ``X``: no user validation
     data), the leaf's held-out rows; otherwise the routed ``X_val`` rows. After a split, a leaf short of
     validation rows borrows training rows (:func:`borrow_validation_rows`).
@@ -106,20 +108,29 @@ def fit_leaves(
     X, y, holdout, w = data.X, data.y, data.holdout, data.w
     # (train, X_val, y_val, final rows, validation weights)
     plans: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]] = []
-    for index, (rows, va) in enumerate(zip(layout.leaf_train, layout.leaf_val)):
-        if holdout is not None:
-            tr, held = rows[~holdout[rows]], rows[holdout[rows]]
-            Xv, yv, wv = X[held], y[held], data.weights(held)
-        else:
-            tr = rows
-            Xv, yv, wv = data.X_val[va], data.y_val[va], data.val_weights(va)
-        extra = tr[:0]
-        if layout.overlap:
-            own = hard_route(X[tr], layout.vectors, layout.thresholds, layout.children) == index
+    leaf_rows = layout.leaf_train
+    if holdout is not None:  # (each split's size is read once for all leaves: split_by_masks)
+        train_held = split_by_masks(leaf_rows, [~holdout[rows] for rows in leaf_rows])
+    else:
+        train_held = [(rows, rows[:0]) for rows in leaf_rows]
+    trains = [tr for tr, _ in train_held]
+    extras = [tr[:0] for tr in trains]
+    if layout.overlap:
+        # one routing of all rows; a leaf's own rows are the ones routed to it
+        routed = hard_route(X, layout.vectors, layout.thresholds, layout.children)
+        by_route = split_by_masks(trains, [routed[tr] == k for k, tr in enumerate(trains)])
+        for k, (mine, other) in enumerate(by_route):
             # a child's own rows are at least half of it (overlap_fraction <= 0.4); fewer means
             # ties at a threshold (e.g. duplicated rows), where routing and the rank cut disagree
-            if 2 * int(own.sum()) >= tr.shape[0]:
-                tr, extra = tr[own], tr[~own]
+            if 2 * mine.shape[0] >= trains[k].shape[0]:
+                trains[k], extras[k] = mine, other
+    for rows, va, (_, held), tr, extra in zip(
+        leaf_rows, layout.leaf_val, train_held, trains, extras
+    ):
+        if holdout is not None:
+            Xv, yv, wv = X[held], y[held], data.weights(held)
+        else:
+            Xv, yv, wv = data.X_val[va], data.y_val[va], data.val_weights(va)
         if layout.n_splits > 0:
             tr, borrowed = borrow_validation_rows(
                 tr,
@@ -154,7 +165,13 @@ def fit_leaves(
             m0 = None if start is None else start(X[tr])
             if Xv.shape[0] == 0:
                 leaf.fit(
-                    X[tr], y[tr], sample_weight=wt, generator=g, final_solve=False, start_sqrt_m=m0
+                    X[tr],
+                    y[tr],
+                    sample_weight=wt,
+                    generator=g,
+                    final_solve=False,
+                    start_sqrt_m=m0,
+                    check_input=False,
                 )
             else:
                 final_rows: dict[str, Any] = {"final_solve": False}
@@ -164,7 +181,10 @@ def fit_leaves(
                     # is at hand
                     joins = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
                     joins[tr] = False
-                    more = final[joins[final]]
+                    # (tr is part of final: the rest is final's other rows, in their order)
+                    ((more, _),) = split_by_masks(
+                        [final], [joins[final]], [final.shape[0] - tr.shape[0]]
+                    )
                     final_rows = {
                         "extra": (X[more], y[more]),
                         "extra_weight": None if w is None else w[more],
@@ -178,6 +198,7 @@ def fit_leaves(
                     val_sample_weight=wv,
                     generator=g,
                     start_sqrt_m=m0,
+                    check_input=False,
                     **final_rows,
                 )
             done[0] += 1

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from xrfm_torch.numerics import host
 from xrfm_torch.numerics.deterministic import cumsum
 
 
@@ -36,7 +37,11 @@ def is_zero(temperature: Tensor | float) -> bool:
 def hard_route(x: Tensor, vectors: Tensor, thresholds: Tensor, children: Tensor) -> Tensor:
     """Leaf index of each row: go left iff ``x . v_j <= b_j``.
 
-    Vectorized over rows; one pass per tree level.
+    Vectorized over rows; one pass per tree level. On the CPU each pass takes the rows still
+    inside the tree (fewer in an unbalanced tree); on a launch-bound device
+    (:func:`~xrfm_torch.numerics.host.launch_bound`) every pass takes every row, rows already
+    at a leaf staying there, so no pass waits for the device to count the rows left (one read of
+    the child table instead of one per level). Each row's projection is the same either way.
 
     Args:
         x: Inputs, shape (n, d).
@@ -51,6 +56,12 @@ def hard_route(x: Tensor, vectors: Tensor, thresholds: Tensor, children: Tensor)
     if vectors.shape[0] == 0:
         return torch.zeros(n, dtype=torch.long, device=x.device)
     node = torch.zeros(n, dtype=torch.long, device=x.device)
+    if host.launch_bound(x.device):
+        for _ in range(tree_depth(children)):
+            at = node.clamp(min=0)
+            go_right = ((x * vectors[at]).sum(-1) > thresholds[at]).long()
+            node = torch.where(node >= 0, children[at, go_right], node)
+        return -node - 1
     for _ in range(vectors.shape[0]):
         active = (node >= 0).nonzero().squeeze(1)
         if active.numel() == 0:
@@ -60,6 +71,17 @@ def hard_route(x: Tensor, vectors: Tensor, thresholds: Tensor, children: Tensor)
         go_right = (proj > thresholds[nd]).long()
         node[active] = children[nd, go_right]
     return -node - 1
+
+
+def tree_depth(children: Tensor) -> int:
+    """Longest root-to-leaf path of a child table (J, 2) (0 for a single leaf; one read)."""
+    table = children.tolist()
+    depth, stack = 0, [(0, 1)] if table else []
+    while stack:
+        node, level = stack.pop()
+        depth = max(depth, level)
+        stack.extend((child, level + 1) for child in table[node] if child >= 0)
+    return depth
 
 
 def hard_weights(x: Tensor, vectors: Tensor, thresholds: Tensor, path_sign: Tensor) -> Tensor:
