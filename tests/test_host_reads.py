@@ -335,3 +335,55 @@ def test_a_tree_checks_its_mapped_rows_once_and_its_leaves_check_none(monkeypatc
         xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=1)).fit(
             X, y, Xv, yv, generator=torch.Generator().manual_seed(0)
         )
+
+
+def test_growing_a_tree_reads_no_thresholds_scales_or_validation_counts(monkeypatch):
+    # a node's threshold and temperature scale stay on the device until the tree is grown, and
+    # its validation rows are split with one read (was: a read each, two per node)
+    from tools.host_reads import counting
+    from xrfm_torch import LaplaceKernel
+    from xrfm_torch.tree.grow import grow_tree
+    from xrfm_torch.tree.splits import PCASplit
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(800, 3, generator=g, dtype=torch.float64)
+    Xv = torch.randn(200, 3, generator=g, dtype=torch.float64)
+    with counting() as mode:
+        layout = grow_tree(
+            X,
+            X[:, :1],
+            Xv,
+            Xv[:, :1],
+            max_leaf_size=100,
+            split_rule=PCASplit(),
+            kernel=LaplaceKernel(),
+            generator=g,
+        )
+    reads = sum(n for site, n in mode.sites.items() if "grow.py" in site or "splits.py" in site)
+    assert layout.n_splits == 7 and reads == 7  # the validation split of each node
+    # each threshold splits its node's rows at the median: routing reproduces the leaves
+    from xrfm_torch.tree.routing import hard_route
+
+    ids = hard_route(X, layout.vectors, layout.thresholds, layout.children)
+    for k, rows in enumerate(layout.leaf_train):
+        assert torch.equal(rows.sort().values, (ids == k).nonzero().squeeze(1))
+
+
+def test_the_post_hoc_search_estimates_its_cost_only_under_a_time_limit(monkeypatch):
+    from conftest import planted
+    from xrfm_torch import LeafRFM
+    from xrfm_torch.leaf import iteration
+    from xrfm_torch.numerics import deadline
+
+    X, y = planted(300, d=4, seed=1)
+    estimates: list[float] = []
+    real = iteration.search_cost
+    monkeypatch.setattr(
+        iteration, "search_cost", lambda *a: estimates.append(real(*a)) or estimates[-1]
+    )
+    config = LeafConfig(n_iters=2, bandwidth_factors=(0.5, 1.0))
+    LeafRFM(LpqLaplaceKernel(), config).fit(X, y, generator=torch.Generator().manual_seed(0))
+    assert estimates == []  # (it reads the iterations' errors: a wait on a GPU)
+    with deadline.within(1000.0):
+        LeafRFM(LpqLaplaceKernel(), config).fit(X, y, generator=torch.Generator().manual_seed(0))
+    assert len(estimates) == 1 and 0 < estimates[0] < 1000

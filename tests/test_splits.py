@@ -18,6 +18,9 @@ def test_balanced_split_sizes_and_threshold(n):
     assert len(left) == math.ceil(n / 2) and len(right) == n // 2
     assert set(left.tolist()) | set(right.tolist()) == set(range(n))
     assert proj[left].max() <= thr < proj[right].min()
+    # the midpoint of the two middle projections in float64, as when they were read back
+    middle = sorted(proj.tolist())[math.ceil(n / 2) - 1 : math.ceil(n / 2) + 1]
+    assert thr.dtype == torch.float64 and thr.item() == 0.5 * (middle[0] + middle[1])
 
 
 def test_balanced_split_of_duplicates_is_deterministic():

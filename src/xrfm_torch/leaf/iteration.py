@@ -185,8 +185,9 @@ def run_iterations(
     started = time.perf_counter()
     best, errors, mode = iterate(step, cfg, n, start, together=together)
     factored = None
+    timed = math.isfinite(deadline.time_left())  # (the cost's estimate reads the errors)
     if (cfg.bandwidth_factors or cfg.kernel_exponents or cfg.reg_factors) and not (
-        deadline.should_stop(search_cost(cfg, time.perf_counter() - started, errors))
+        timed and deadline.should_stop(search_cost(cfg, time.perf_counter() - started, errors))
     ):
         best, holds = select_kernel(
             kernel,

@@ -59,14 +59,18 @@ def _iqr(x: Tensor) -> Tensor:
     return (q[1] - q[0]).to(x.dtype).clamp_min(1e-6)
 
 
-def _cut(proj: Tensor, split: Split, weights: Tensor | None) -> tuple[Tensor, Tensor, float]:
-    """Apply a split's threshold, falling back to the (weighted) median cut if a side is empty."""
+def _cut(proj: Tensor, split: Split, weights: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Apply a split's threshold, falling back to the (weighted) median cut if a side is empty.
+
+    The threshold comes back as a 0-dim float64 tensor (no read per node on a GPU).
+    """
     if split.threshold is not None:
         go_left = proj <= split.threshold
         n_left = int(go_left.sum())
         if 0 < n_left < proj.shape[0]:
             idx = torch.arange(proj.shape[0], device=proj.device)
-            return idx[go_left], idx[~go_left], float(split.threshold)
+            thr = torch.tensor(float(split.threshold), dtype=torch.float64, device=proj.device)
+            return idx[go_left], idx[~go_left], thr
     return balanced_split(proj, weights)
 
 
@@ -132,7 +136,7 @@ def grow_tree(
             "split a weighted fit; add weights=(row weights, validation row weights) to it"
         )
     vectors: list[Tensor] = []
-    thresholds: list[float] = []
+    thresholds: list[Tensor] = []
     scales: list[Tensor] = []
     children: list[list[int]] = []
     layout = TreeLayout(
@@ -181,7 +185,7 @@ def grow_tree(
     layout.overlap = overlap_fraction > 0 and bool(thresholds)
     if thresholds:
         layout.vectors = torch.stack(vectors)
-        layout.thresholds = torch.tensor(thresholds, dtype=X.dtype, device=X.device)
+        layout.thresholds = torch.stack(thresholds).to(X.dtype)
         layout.scales = torch.stack(scales)
         layout.children = torch.tensor(children, dtype=torch.long, device=X.device)
     return layout

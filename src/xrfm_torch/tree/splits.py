@@ -22,7 +22,6 @@ from xrfm_torch.numerics.agop import top_eigenvector
 from xrfm_torch.numerics.checks import check_fraction, check_positive
 from xrfm_torch.numerics.deterministic import cumsum
 from xrfm_torch.numerics.events import count
-from xrfm_torch.numerics.host import read_scalars
 
 #: Where a split direction is cut: the rank-balanced median, or the least-squares point.
 Threshold = Literal["median", "sse"]
@@ -76,7 +75,7 @@ def _subsample(
 MIN_WEIGHTED_SIDE = 0.25
 
 
-def balanced_split(proj: Tensor, weights: Tensor | None = None) -> tuple[Tensor, Tensor, float]:
+def balanced_split(proj: Tensor, weights: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Rank-balanced median cut of projections (weighted median with ``weights``).
 
     Rows are ordered by ``(proj, row index)`` (a stable sort), so ties are broken deterministically
@@ -90,8 +89,10 @@ def balanced_split(proj: Tensor, weights: Tensor | None = None) -> tuple[Tensor,
         weights: Optional row weights (n,).
 
     Returns:
-        ``(left_idx, right_idx, threshold)``; the threshold is the midpoint of the two middle
-        projections, so routing ``proj <= threshold`` reproduces the cut except at exact ties.
+        ``(left_idx, right_idx, threshold)``; the threshold (0-dim, float64, on ``proj``'s
+        device: a tree reads its thresholds once, not one per node) is the midpoint of the two
+        middle projections, so routing ``proj <= threshold`` reproduces the cut except at exact
+        ties.
     """
     n = proj.shape[0]
     order = torch.sort(proj, stable=True).indices
@@ -102,11 +103,11 @@ def balanced_split(proj: Tensor, weights: Tensor | None = None) -> tuple[Tensor,
         low = max(1, math.ceil(MIN_WEIGHTED_SIDE * n))
         k = min(max(half, low), n - low) if n - low >= low else k
     left, right = order[:k], order[k:]
-    if n > 1:  # the two middle projections read back together
-        below, above = read_scalars(proj[order[k - 1]], proj[order[k]])
-        threshold = 0.5 * (below + above)
+    if n > 1:  # in float64: the midpoint of the two as read-back Python floats, not read back
+        middle = proj[order[k - 1 : k + 1]].double()  # (indexing by a 0-dim tensor would read)
+        threshold = 0.5 * (middle[0] + middle[1])
     else:
-        threshold = float(proj[0])
+        threshold = proj[0].double()
     return left, right, threshold
 
 
