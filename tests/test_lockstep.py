@@ -487,3 +487,25 @@ def test_jobs_that_would_exceed_the_memory_limit_run_one_by_one_in_the_callers_t
     assert names == [threading.current_thread().name] * 2
     fit_together([job, job], batched=True, held_bytes=10, limit=BATCH_BYTES + 10)
     assert sorted(names[2:]) == ["xrfm-lockstep-0", "xrfm-lockstep-1"]  # within the limit
+
+
+def test_the_batched_steps_probe_reports_agreement_and_fewer_operations(capsys):
+    # tools.batched_steps (the device check's second command): the batched step agrees with
+    # the steps one by one and dispatches fewer operations, on the packaged table
+    from pathlib import Path
+
+    import xrfm_torch
+    from tools import batched_steps
+
+    files = Path(xrfm_torch.__file__).parent / "data" / "files"
+    args = ["--table", "cpu_act", "--data-dir", str(files), "--leaves", "3", "--rows", "80"]
+    batched_steps.main([*args, "--repeats", "1"])
+    out = capsys.readouterr().out
+    ops = {
+        line.split("|")[1].strip(): int(line.split("|")[2])
+        for line in out.splitlines()
+        if line.startswith("| one by one") or line.startswith("| batched")
+    }
+    assert ops["batched"] < ops["one by one"] / 2
+    diffs = [float(v.rstrip(",")) for v in out.split("diff ")[1].split() if v[0].isdigit()]
+    assert len(diffs) == 3 and max(diffs) < 1e-2

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -35,7 +35,7 @@ from xrfm_torch.kernels import LaplaceKernel
 from xrfm_torch.leaf.batch_ops import batch_rows
 from xrfm_torch.leaf.batched_step import StepRequest, batched_rfm_step
 from xrfm_torch.leaf.config import LeafConfig
-from xrfm_torch.numerics.agop import normalize_agop, sqrt_psd
+from xrfm_torch.numerics.agop import RootedAgop, normalize_agop, sqrt_psd
 from xrfm_torch.numerics.solvers import krr_workspace
 
 
@@ -54,7 +54,14 @@ def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float
     return statistics.median(runs)
 
 
-def main() -> None:
+def agops(results: Sequence[tuple[object, Tensor | RootedAgop | None, object]]) -> Tensor:
+    """The steps' AGOPs, (B, d, d) (a batched step's come with their next roots)."""
+    return torch.stack(
+        [g.G if isinstance(g, RootedAgop) else g for _, g, _ in results if g is not None]
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--table", default="reg_num/house_16H")
     ap.add_argument("--data-dir", type=Path, default=DATASETS)
@@ -62,7 +69,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=0, help="rows per leaf (0: all training rows)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=3)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     from xrfm_torch.data import prepare, read_csv
 
     device = torch.device(a.device)
@@ -102,7 +109,7 @@ def main() -> None:
 
     # t = 0 for each leaf: its AGOP gives the sqrt(M) that both ways use at t = 1
     S = [
-        sqrt_psd(normalize_agop(request(b, None).run()[1], cfg.eps, cfg.agop_ridge))
+        sqrt_psd(normalize_agop(agops([request(b, None).run()])[0], cfg.eps, cfg.agop_ridge))
         for b in range(B)
     ]
     reqs = [request(b, S[b]) for b in range(B)]
@@ -113,8 +120,7 @@ def main() -> None:
     err = torch.tensor([c.err for c, _, _ in both], dtype=torch.float64)
     seq_alpha = torch.stack([c.alpha for c, _, _ in one])
     alpha = torch.stack([c.alpha for c, _, _ in both])
-    seq_G = torch.stack([g for _, g, _ in one if g is not None])
-    G = torch.stack([g for _, g, _ in both if g is not None])
+    seq_G, G = agops(one), agops(both)
 
     def rel(a_: Tensor, b_: Tensor) -> float:
         return float((a_.cpu().double() - b_.cpu().double()).norm() / b_.cpu().double().norm())
