@@ -95,6 +95,7 @@ def hand_built_tree():
 
 def test_tree_hard_and_soft_predictions():
     tree = hand_built_tree()
+    assert tree.depth == 2 == int((tree.path_sign_ != 0).sum(1).max())  # the longest path
     hard = tree(X)
     per_leaf = torch.stack([leaf(X) for leaf in tree.leaves], 1)  # (n, L, 1)
     ids = torch.tensor([0, 0, 1, 1, 2])

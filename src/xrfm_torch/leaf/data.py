@@ -112,7 +112,8 @@ def fit_data(
     y = as_float_targets(
         y, "y", n_rows=X.shape[0], dtype=torch.float64 if wide else X.dtype, finite=False
     )
-    checks = [(X, "X", allow_nan), (y, "y", False)]
+    # (check_values=False: the caller checked them; shapes and dtypes are checked either way)
+    checks = [(X, "X", allow_nan), (y, "y", False)] if check_values else []
     n_given = X.shape[0]
     X, y, w = weighted_rows(X, y, sample_weight, "sample_weight", relative_weights)
     if X.shape[0] < min_rows:
@@ -120,8 +121,6 @@ def fit_data(
         raise ValueError(f"need at least {min_rows} training rows{what}, got {X.shape[0]}")
     if (X_val is None) != (y_val is None):
         raise ValueError("X_val and y_val must be given together")
-    if not check_values:  # (the caller checked them: shapes and dtypes are checked either way)
-        checks = []
     if X_val is None or y_val is None:
         check_all_finite(checks)
         if val_sample_weight is not None:

@@ -185,9 +185,10 @@ def run_iterations(
     started = time.perf_counter()
     best, errors, mode = iterate(step, cfg, n, start, together=together)
     factored = None
-    timed = math.isfinite(deadline.time_left())  # (the cost's estimate reads the errors)
+    seconds = time.perf_counter() - started
     if (cfg.bandwidth_factors or cfg.kernel_exponents or cfg.reg_factors) and not (
-        timed and deadline.should_stop(search_cost(cfg, time.perf_counter() - started, errors))
+        # (the cost's estimate reads the errors: only under a deadline)
+        deadline.should_stop(lambda: search_cost(cfg, seconds, errors))
     ):
         best, holds = select_kernel(
             kernel,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -70,14 +70,20 @@ def time_left() -> float:
     return math.inf if d is None else d.at - time.perf_counter()
 
 
-def should_stop(next_cost: float = 0.0) -> bool:
+def should_stop(next_cost: float | Callable[[], float] = 0.0) -> bool:
     """Whether work of about ``next_cost`` seconds would end past the deadline.
+
+    ``next_cost`` may be a function, called only under a deadline (an estimate that reads
+    device values, a wait on a GPU, costs nothing without one).
 
     Raises:
         TimeLimitError: It would, and the deadline aborts.
     """
     d = _DEADLINE.get()
-    if d is None or time.perf_counter() + next_cost <= d.at:
+    if d is None:
+        return False
+    cost = next_cost() if callable(next_cost) else next_cost
+    if time.perf_counter() + cost <= d.at:
         return False
     if d.abort:
         raise TimeLimitError(f"the time limit was reached ({time.perf_counter() - d.at:+.2f} s)")

@@ -54,7 +54,7 @@ class TreeLayout:
 
 
 def _iqr(x: Tensor) -> Tensor:
-    """``max(IQR(x), 1e-6)`` in ``x``'s dtype, 0-dim (on the device: read once per tree)."""
+    """``max(IQR(x), 1e-6)`` in ``x``'s dtype, 0-dim (kept on the device: no read per node)."""
     q = torch.quantile(x.float(), torch.tensor([0.25, 0.75], device=x.device))
     return (q[1] - q[0]).to(x.dtype).clamp_min(1e-6)
 

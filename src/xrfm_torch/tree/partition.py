@@ -17,6 +17,7 @@ from xrfm_torch.tree.routing import (
     path_signs,
     soft_log_weights,
     soft_weights,
+    tree_depth,
     truncate_weights,
 )
 
@@ -81,9 +82,7 @@ class PartitionTree(ResizableBuffers):
     @property
     def depth(self) -> int:
         """Longest root-to-leaf path (0 for a single leaf)."""
-        if self.path_sign_.numel() == 0:
-            return 0
-        return int((self.path_sign_ != 0).sum(1).max())
+        return tree_depth(self.children_)
 
     def route(self, x: Tensor) -> Tensor:
         """Hard leaf ids, shape (n,)."""

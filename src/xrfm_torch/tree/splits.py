@@ -90,7 +90,7 @@ def balanced_split(proj: Tensor, weights: Tensor | None = None) -> tuple[Tensor,
 
     Returns:
         ``(left_idx, right_idx, threshold)``; the threshold (0-dim, float64, on ``proj``'s
-        device: a tree reads its thresholds once, not one per node) is the midpoint of the two
+        device: not read back per node) is the midpoint of the two
         middle projections, so routing ``proj <= threshold`` reproduces the cut except at exact
         ties.
     """
@@ -103,7 +103,7 @@ def balanced_split(proj: Tensor, weights: Tensor | None = None) -> tuple[Tensor,
         low = max(1, math.ceil(MIN_WEIGHTED_SIDE * n))
         k = min(max(half, low), n - low) if n - low >= low else k
     left, right = order[:k], order[k:]
-    if n > 1:  # in float64: the midpoint of the two as read-back Python floats, not read back
+    if n > 1:  # float64: the same number as the two read back as Python floats and averaged
         middle = proj[order[k - 1 : k + 1]].double()  # (indexing by a 0-dim tensor would read)
         threshold = 0.5 * (middle[0] + middle[1])
     else:
