@@ -67,8 +67,9 @@ INFO: dict[str, Any] = {}
 
 
 def is_regression(name: str) -> bool:
-    """Whether table ``name`` (``folder/table``) is a regression task: ames and ``reg_num/*``."""
-    return name in REGRESSION or name.startswith("reg_num/")
+    """Whether table ``name`` (``folder/table``) is a regression task: ames, ``reg_num/*`` and
+    the evaluation base's ``base_reg/*`` (``bench.base``)."""
+    return name in REGRESSION or name.startswith(("reg_num/", "base_reg/"))
 
 
 def clipped(p: np.ndarray) -> np.ndarray:

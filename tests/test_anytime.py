@@ -40,7 +40,7 @@ from xrfm_torch.models.ladder import (
 )
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.events import counting
-from xrfm_torch.tree.honest import HonestOutputs
+from xrfm_torch.tree.honest import HonestOutputs, mean_loss, row_losses
 
 
 # ---- the deadline ------------------------------------------------------------------------------
@@ -266,6 +266,29 @@ def test_a_blended_bagged_target_mixes_its_kernels_bags():
     if int(model.chosen_) == 4:
         torch.testing.assert_close(model.predict_proba(X[:20]), blend.predict_proba(X[:20]))
     torch.testing.assert_close(model.predict_proba(X).sum(1), torch.ones(240))
+
+
+def test_bagged_candidates_are_compared_on_all_their_out_of_fold_rows():
+    # the fallback tree scores only its validation rows; the bags must not be narrowed to them
+    X, y = planted(300, d=4, seed=5)
+    labels = (y > y.median()).long()
+    tree = xRFMTree(task="classification", max_leaf_size=300, leaf=LeafConfig(n_iters=1))
+    model = Anytime(BaggedTree(tree, n_bags=3), time_limit=600.0, quick_leaf_size=60)
+    model.fit(X, labels, generator=torch.Generator().manual_seed(0))
+    trials = model.summary()["trials"]
+    assert trials[0]["candidate"].startswith("quick tree")
+    kept = model.models()[0]
+    assert isinstance(kept, BaggedTree) and int(model.chosen_) >= 1
+    honest = kept.honest_outputs()
+    assert honest.rows is not None and honest.rows.numel() == 300  # every row is out of fold
+    own = mean_loss(row_losses(honest.outputs.double(), honest.targets, "classification"), None)
+    assert float(model.trials_[int(model.chosen_), 0]) == pytest.approx(float(own), rel=1e-12)
+    # the fallback's loss is its own, on its validation rows
+    fallback = model._candidate(0).fit(X, labels, generator=torch.Generator().manual_seed(0))
+    f = fallback.honest_outputs()
+    assert f.rows is not None and f.rows.numel() < 100
+    own_f = mean_loss(row_losses(f.outputs.double(), f.targets, "classification"), None)
+    assert float(model.trials_[0, 0]) == pytest.approx(float(own_f), rel=1e-9)
 
 
 def test_a_bagged_target_out_of_time_keeps_its_fallback_tree():

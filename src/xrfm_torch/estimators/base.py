@@ -36,6 +36,7 @@ from xrfm_torch.models.factory import (  # noqa: F401 (AUTO_*: re-exported)
 from xrfm_torch.models.ladder import check_time_limit
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.progress import FitBar, on_iteration
+from xrfm_torch.numerics.threads import check_threads
 from xrfm_torch.tree.config import DEFAULTS
 from xrfm_torch.tree.targets import Task
 
@@ -274,6 +275,8 @@ class _XRFMEstimator(BaseEstimator):
             else self._weights(eval_sample_weight, len(val[1]), "eval_sample_weight")
         )
         sample_weight, w_val = self._class_weighted(y, sample_weight, val, w_val)
+        if torch.device(self.device).type == "cpu":
+            check_threads()  # a busy machine: say which threads to set (numerics.threads)
         self.model_ = self._new_tree(y if val is None else np.concatenate([y, val[1]]))
         bar = self._progress()
         try:

@@ -25,6 +25,7 @@ from xrfm_torch.models.factory import (
 )
 from xrfm_torch.models.ladder import check_time_limit
 from xrfm_torch.numerics.progress import IterationHook, on_iteration
+from xrfm_torch.numerics.threads import check_threads
 from xrfm_torch.tree.grow import Progress
 
 log = logging.getLogger(__name__)
@@ -222,6 +223,8 @@ class XRFMLitModule(pl.LightningModule):
 
     def on_fit_start(self) -> None:
         self._limit_to_max_time()
+        if self.device.type == "cpu":
+            check_threads()  # a busy machine: say which threads to set (numerics.threads)
         if self.trainer.world_size > 1:
             # every rank reads the whole table (the datamodule's own loaders, not Lightning's
             # sharded ones), grows the same tree top and fits its share of the leaves

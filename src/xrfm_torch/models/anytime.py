@@ -15,7 +15,9 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
 Each candidate is fitted on the same rows from the same generator state, so their honest outputs
 (validation rows of a single tree, out-of-fold rows of the bags) cover common rows, on which
 their losses are compared (log-loss or mean squared error, :mod:`xrfm_torch.tree.honest`); the
-model kept is the candidate of lowest loss (ties: the cheaper). A candidate starts only when its
+model kept is the candidate of lowest loss (ties: the cheaper). A bagged target's fallback tree is
+left out of that comparison (it is kept only when no bagged candidate finished), so the bags are
+compared on all their out-of-fold rows. A candidate starts only when its
 cost, estimated from the ones before (:func:`~xrfm_torch.models.ladder.estimate`), fits in the
 time left; it runs under an aborting deadline (:mod:`xrfm_torch.numerics.deadline`) and is
 dropped if the limit comes first. The first candidate runs under a degrading deadline instead
@@ -252,15 +254,24 @@ class Anytime(Ensemble):
         return self
 
     def _choose(self, rungs: list[Rung], fitted: dict[int, Model]) -> dict[int, float]:
-        """Keep the fitted candidate of lowest honest loss on common rows; each one's loss."""
+        """Keep the fitted candidate of lowest honest loss on common rows; each one's loss.
+
+        The target's kind comes first: a fallback (a single tree of a bagged target) is kept only
+        when nothing else finished. So the candidates that can be kept are compared on the rows
+        *they* share (the bags' out-of-fold rows), not narrowed to a fallback's validation rows
+        (about a tenth of them); a fallback's loss is its own, on its own rows.
+        """
         order = sorted(fitted)
-        parts = common_rows([fitted[i].honest_outputs() for i in order])
-        losses = {
-            i: float(mean_loss(row_losses(p.outputs.double(), p.targets, self.task), p.weights))
-            for i, p in zip(order, parts)
-        }
-        # the target's kind first: a fallback is kept only when nothing else finished
         pool = [i for i in order if not rungs[i].fallback] or order
+        losses: dict[int, float] = {}
+        for group in (pool, [i for i in order if i not in pool]):
+            if not group:
+                continue
+            parts = common_rows([fitted[i].honest_outputs() for i in group])
+            for i, p in zip(group, parts):
+                rows = row_losses(p.outputs.double(), p.targets, self.task)
+                losses[i] = float(mean_loss(rows, p.weights))
+        losses = dict(sorted(losses.items()))
         best = min(pool, key=lambda i: (losses[i], i))
         self.members = nn.ModuleList([fitted[best]])
         self.chosen_ = torch.tensor(best)

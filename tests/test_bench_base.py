@@ -1,0 +1,119 @@
+"""The evaluation base's bookkeeping: its tables, the fixed design/confirm split, the cache and
+the report's counts (the fits themselves are the benchmark's business: ``python -m bench.base``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from bench import base, base_report, base_tables
+
+
+def test_the_base_has_80_new_tables_of_both_tasks_and_unique_names():
+    tabs = base_tables.tables()
+    names = [t.name for t in tabs]
+    assert len(names) == len(set(names))
+    new = [t for t in tabs if not t.dev]
+    assert len(new) >= 80
+    reg = sum(t.task == "regression" for t in new)
+    assert 0.35 <= reg / len(new) <= 0.65  # about half regression, half classification
+    assert {t.task for t in tabs} == {"regression", "classification"}
+    for t in new:  # a new table is made from a package, named by its folder's task
+        assert t.load is not None
+        assert t.name.split("/")[0] == ("base_reg" if t.task == "regression" else "base_clf")
+
+
+def test_the_split_is_the_parity_of_the_names_hash_and_dev_tables_only_design():
+    tabs = base_tables.tables()
+    for t in tabs:
+        if t.dev:
+            assert t.half == "design"
+        else:
+            parity = hashlib.sha256(t.name.encode()).digest()[0] % 2
+            assert t.half == ("design", "confirm")[parity]
+    # the rule depends on the name alone: a table added later moves no other
+    assert base_tables.half("base_reg/quakes") == base_tables.half("base_reg/quakes")
+    halves = {(t.half, t.task) for t in tabs if not t.dev}
+    assert halves == {(h, k) for h in base_tables.HALVES for k in ("regression", "classification")}
+
+
+def test_rows_beyond_the_cap_are_drawn_with_seed_0_in_their_order():
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"a": np.arange(50), "target": np.arange(50) % 3})
+    capped = base_tables.cap_rows(df, cap=20)
+    assert len(capped) == 20 and capped["a"].is_monotonic_increasing
+    expected = np.sort(np.random.default_rng(0).choice(50, 20, replace=False))
+    assert capped["a"].tolist() == expected.tolist()
+    assert base_tables.cap_rows(df, cap=50) is df
+
+
+def test_a_made_table_is_written_once_and_small_new_tables_are_refused(tmp_path):
+    pd = pytest.importorskip("pandas")
+    calls = []
+
+    def load():
+        calls.append(1)
+        return pd.DataFrame({"x": np.arange(600.0), "target": np.arange(600.0)})
+
+    t = base_tables.Table("base_reg/made", "regression", "test", load)
+    path = base_tables.materialize(t, tmp_path, tmp_path)
+    assert path == tmp_path / "tables" / "base_reg" / "made.csv.gz"
+    assert base_tables.materialize(t, tmp_path, tmp_path) == path and calls == [1]
+    assert pd.read_csv(path)["target"].sum() == np.arange(600.0).sum()
+    small = base_tables.Table("base_reg/small", "regression", "test", lambda: load()[:100])
+    with pytest.raises(ValueError, match="base_reg/small has 100 rows"):
+        base_tables.materialize(small, tmp_path, tmp_path)
+
+
+def test_the_cache_key_and_a_cut_line(tmp_path):
+    path = tmp_path / "results.jsonl"
+    rows = [
+        {"table": "t", "seed": 0, "model": "catboost", "rmse": 1.0},
+        {"table": "t", "seed": 0, "model": "ours", "tag": "default", "rmse": 1.0},
+        {"table": "t", "seed": 0, "model": "ours", "tag": "a", "budget_x": 3.0, "rmse": 1.0},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"table": "t", "se')
+    read = base.read_results(path)
+    assert read == rows  # the line a killed run cut short is skipped
+    keys = {base.key(r) for r in read}
+    assert len(keys) == 3
+    assert base.key({**rows[0], "tag": "x"}) == base.key(rows[0])  # GBDTs: one per table, seed
+
+
+def _row(table, seed, model, value, half="confirm", task="regression", **kw):
+    return {"table": table, "seed": seed, "model": model, "rmse": value, "fit_s": 2.0,
+            "predict_s_per_1000": 1.0, "half": half, "task": task, "rows": 600, **kw}  # fmt: skip
+
+
+def test_the_report_counts_like_for_like_and_names_moves_beyond_noise():
+    rows = []
+    for seed in (0, 1, 2):
+        for t, ours, cat in (("a", 1.0, 1.1), ("b", 1.2, 1.1), ("c", 1.0, 1.0)):
+            rows += [_row(t, seed, "catboost", cat), _row(t, seed, "lightgbm", 1.05),
+                     _row(t, seed, "xgboost", 1.3), _row(t, seed, "ours", ours, tag="default")]  # fmt: skip
+        # the change: table a 10 % worse on every seed, table b within 0.5 %, c missing a seed
+        rows += [_row("a", seed, "ours", 1.1, tag="new"), _row("b", seed, "ours", 1.2 * (1 + 0.005 * (seed - 1)), tag="new")]  # fmt: skip
+    rows.append(_row("c", 0, "ours", 0.5, tag="new"))
+    lines = base_report.summary(rows)
+    line = next(ln for ln in lines if ln.startswith("| confirm | regression"))
+    # a and c at or below CatBoost; against the best GBDT (LightGBM 1.05) a and c
+    assert "| 3 | 2/3 | 2/3 | 1.00x |" in line
+    change = base_report.changes(rows, "new")
+    confirm = next(ln for ln in change if ln.startswith("- confirm"))
+    assert "worse: base" not in confirm and "worse: a +10.0 %" in confirm
+    assert "better: c -50.0 %" in confirm  # one seed: beyond MIN_MOVE
+    assert "b " not in confirm.split("worse:")[1]
+
+
+def test_budget_use_compares_with_the_default_where_the_budget_covers_it():
+    rows = [_row("a", 0, "catboost", 1.0), _row("a", 0, "ours", 1.0, tag="default")]
+    rows += [_row("a", 0, "ours", 1.004, tag="default", budget_x=3.0, time_limit=6.0),
+             {**_row("a", 0, "ours", 1.2, tag="default", budget_x=1.0, time_limit=1.0), "fit_s": 0.5}]  # fmt: skip
+    idx = base_report.index(rows)
+    meta = {"a": ("confirm", "regression")}
+    out = base_report.budget_use(idx, meta, "default", [1.0, 3.0])
+    assert "at or below the default (+0.5 %) on 0/0" in out[0] and "used 0.50 (1 pairs)" in out[0]
+    assert "on 1/1 (table, seed) pairs" in out[1]
