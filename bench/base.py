@@ -56,10 +56,12 @@ def read_results(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def run_child(path: Path, seed: int, model: str, options: dict | None, timeout: float) -> dict:
+def run_child(
+    path: Path, seed: int, model: str, options: dict | None, timeout: float, threads: int = 2
+) -> dict:
     """``bench.peers --one`` in a fresh process: its scores, or ``{"error": ...}``."""
     args = [sys.executable, "-m", "bench.peers", "--one", str(path), str(seed), model]
-    args += ["--threads", "2"]
+    args += ["--threads", str(threads)]
     if options:
         args += ["--options", json.dumps(options)]
     try:
@@ -98,6 +100,7 @@ def main() -> None:
     ap.add_argument("--budgets", nargs="*", type=float, default=[])
     ap.add_argument("--no-default", action="store_true", help="with --budgets: no limit-free fit")
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of ours (GBDTs: 2)")
     ap.add_argument("--list", action="store_true", help="describe the tables and stop")
     ap.add_argument("--report", action="store_true", help="write the report and stop")
     a = ap.parse_args()
@@ -140,7 +143,10 @@ def main() -> None:
             # runnable tasks when the fit starts: a fit timed beside other work is flagged
             row["load_1m"] = round(os.getloadavg()[0], 2)
             opts = {**options, **({"time_limit": extra["time_limit"]} if "time_limit" in extra else {})}  # fmt: skip
-            row.update(run_child(sizes[t.name], seed, model, opts or None, a.timeout))
+            threads = a.threads if model == "ours" else 2
+            if threads != 2:
+                row["threads"] = threads
+            row.update(run_child(sizes[t.name], seed, model, opts or None, a.timeout, threads))
             fh.write(json.dumps(row) + "\n")
             fh.flush()
             done.add(key(row))
