@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from xrfm_torch import LeafConfig, xRFMTree
-from xrfm_torch.inputs.categories import ONE_HOT, CategoryColumns
+from xrfm_torch.inputs.categories import MAX_LEVELS, ONE_HOT, CategoryColumns
 
 
 def seeded(seed: int = 0) -> torch.Generator:
@@ -38,6 +38,33 @@ def test_many_levels_cost_a_bounded_block():
     out = cats(codes)
     assert torch.equal(out[:2000].argmax(1), torch.zeros(2000, dtype=torch.long))  # 7 ranks first
     assert torch.allclose(out.sum(1), torch.full((5000,), ONE_HOT))  # every seen level lights one
+
+
+def test_the_default_bound_keeps_each_of_an_identifiers_levels():
+    g = seeded(3)
+    codes = torch.randint(0, 200, (4000, 1), generator=g).float()
+    assert CategoryColumns().fit(codes, [0]).width == 200  # one indicator per level
+    many = torch.randint(0, 400, (8000, 1), generator=g).float()
+    assert CategoryColumns().fit(many, [0]).width == MAX_LEVELS == 256  # 255 levels + "other"
+
+
+def test_an_estimator_learns_each_level_of_an_identifier_column():
+    # a panel: 40 units, each with its own level; the value is the unit's effect plus a trend.
+    # A bound of 16 indicators pools 25 units into "other" and cannot tell them apart.
+    pd = pytest.importorskip("pandas")
+    from xrfm_torch import XRFMRegressor
+
+    rng = np.random.default_rng(0)
+    units, n = 40, 1000
+    effect = rng.normal(0, 1, units)
+    unit = rng.integers(0, units, n)
+    t = rng.uniform(0, 1, n)
+    y = effect[unit] + 0.5 * t + 0.05 * rng.normal(size=n)
+    df = pd.DataFrame({"unit": [f"u{u}" for u in unit], "t": t})
+    tr, te = slice(0, 800), slice(800, n)
+    model = XRFMRegressor(random_state=0).fit(df[tr], y[tr])
+    rmse = float(np.sqrt(np.mean((model.predict(df[te]) - y[te]) ** 2)))
+    assert rmse < 0.25 * float(np.std(y[te]))  # 16 indicators: about 0.85 of the spread
 
 
 def test_a_tree_learns_a_categorical_effect_and_folds_its_importance():

@@ -94,7 +94,7 @@ class _XRFMEstimator(BaseEstimator):
         categorical_features: ``"auto"`` (a DataFrame's text, category and bool columns; the
             text columns of an object array), a list of column indices or names, or ``None``.
             Their levels are learned in ``fit`` (:class:`~xrfm_torch.data.tabular.TableEncoder`);
-            the trees see each as a one-hot block of at most 16 columns; a level ``fit`` never
+            the trees see each as a one-hot block of at most 256 columns; a level ``fit`` never
             saw, like a missing cell, lights none.
         value_levels: Give numeric columns whose values act as codes for the target (mostly one
             value, otherwise repeated amounts whose outcome differs amount by amount, such as

@@ -1,10 +1,11 @@
 """Category columns: integer codes in, a bounded one-hot block out.
 
 A categorical column holds codes ``0 .. L-1`` (the scikit-learn estimators and the data loaders
-turn text into them; NaN is a missing cell). Each column becomes at most ``max_levels`` indicator
-columns: one per level when it has at most ``max_levels`` levels in the training rows, otherwise
-one per level for the ``max_levels - 1`` most frequent ones and one shared "other" column, so a
-column with hundreds of levels costs ``max_levels`` columns, not hundreds. The indicators are
+turn text into them; NaN is a missing cell). Each column becomes at most ``max_levels``
+(:data:`MAX_LEVELS`) indicator columns: one per level when it has at most ``max_levels`` levels in
+the training rows, otherwise one per level for the ``max_levels - 1`` most frequent ones and one
+shared "other" column, so a column with thousands of levels costs ``max_levels`` columns, not
+thousands. The indicators are
 ``1 / sqrt(2)``: two rows of different levels are at distance 1, the distance of one standard
 deviation of a standardized numeric column. A missing cell, a level the training rows never had, or
 the code -1 (a level the table encoder never saw, :mod:`xrfm_torch.data.tabular`) gets no
@@ -24,6 +25,9 @@ from xrfm_torch.numerics.state import ResizableBuffers
 
 #: The value of an indicator: two different levels are at distance 1.
 ONE_HOT = 1.0 / math.sqrt(2.0)
+#: Most indicator columns per categorical column. Identifier columns (a pig, a firm, a state of a
+#: panel) carry the target through their levels, and a kernel sees a pooled level as no level.
+MAX_LEVELS = 256
 
 
 class OneHotColumns(ResizableBuffers):
@@ -84,7 +88,7 @@ class CategoryColumns(OneHotColumns):
 
     slots_: Tensor
 
-    def __init__(self, max_levels: int = 16) -> None:
+    def __init__(self, max_levels: int = MAX_LEVELS) -> None:
         super().__init__(max_levels)
         self.register_buffer("slots_", torch.zeros(0, 0, dtype=torch.long))
 

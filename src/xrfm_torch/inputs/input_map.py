@@ -13,7 +13,7 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-from xrfm_torch.inputs.categories import CategoryColumns
+from xrfm_torch.inputs.categories import MAX_LEVELS, CategoryColumns
 from xrfm_torch.inputs.levels import ValueLevels, level_columns
 from xrfm_torch.inputs.transforms import QuantileNormal, Standardize
 from xrfm_torch.numerics.state import ResizableBuffers
@@ -100,7 +100,8 @@ class InputMap(ResizableBuffers):
 
     Args:
         n_quantiles: Knots per feature of the quantile scores.
-        max_levels: Most indicator columns per categorical column.
+        max_levels: Most indicator columns per categorical column (the value levels of numeric
+            columns keep their own bound).
         missing_values: ``"seen"`` or ``"any"`` (see above).
     """
 
@@ -112,7 +113,10 @@ class InputMap(ResizableBuffers):
     log_scale_: Tensor
 
     def __init__(
-        self, n_quantiles: int = 1000, max_levels: int = 16, missing_values: MissingValues = "seen"
+        self,
+        n_quantiles: int = 1000,
+        max_levels: int = MAX_LEVELS,
+        missing_values: MissingValues = "seen",
     ) -> None:
         super().__init__()
         if missing_values not in ("seen", "any"):
@@ -121,7 +125,7 @@ class InputMap(ResizableBuffers):
         self.standardize = Standardize()
         self.quantile = QuantileNormal(n_quantiles)
         self.categories = CategoryColumns(max_levels)
-        self.levels = ValueLevels(max_levels)
+        self.levels = ValueLevels()
         self.log_standardize = Standardize()  # statistics of the "log" map's columns
         self.register_buffer("maps_", torch.zeros(0, dtype=torch.long))
         self.register_buffer("missing_", torch.zeros(0, dtype=torch.bool))

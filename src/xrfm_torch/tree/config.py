@@ -99,7 +99,7 @@ class TreeConfig:
         set_leaf_fraction: With several maps, their trees' leaves hold at most this share of
             ``max_leaf_size`` rows (a leaf costs ``O(L^3)``: at 0.5 a pair costs half a fit).
         categorical_features: Columns holding category codes ``0 .. L-1`` (NaN: missing); the
-            trees see each as a one-hot block of at most 16 columns
+            trees see each as a one-hot block of at most 256 columns
             (:class:`~xrfm_torch.inputs.categories.CategoryColumns`). Missing cells (NaN) of
             numeric columns are handled where the training rows had some
             (:class:`~xrfm_torch.inputs.input_map.InputMap`).
