@@ -140,15 +140,15 @@ def budget_use(idx: dict, meta: dict, tag: str, budgets: list[float]) -> list[st
     return out
 
 
-def changes(rows: list[dict[str, Any]], tag: str) -> list[str]:
-    """Markdown lines: per half, the tables where ``tag`` moved the loss against ``default``."""
+def changes(rows: list[dict[str, Any]], tag: str, base: str = "default") -> list[str]:
+    """Markdown lines: per half, the tables where ``tag`` moved the loss against ``base``."""
     idx = index(rows)
     meta = {r["table"]: (r["half"], r["task"]) for r in rows}
-    lines = [f"`{tag}` against `default` (relative test loss; moves beyond seed noise):", ""]
+    lines = [f"`{tag}` against `{base}` (relative test loss; moves beyond seed noise):", ""]
     for half in ("design", "confirm"):
         rel, better, worse = [], [], []
         for t in sorted(t for t, m in meta.items() if m[0] == half):
-            got = paired(idx, t, [("ours", "default", None), ("ours", tag, None)])
+            got = paired(idx, t, [("ours", base, None), ("ours", tag, None)])
             if got is None:
                 continue
             m, beyond = moved(*got)

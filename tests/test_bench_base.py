@@ -106,6 +106,8 @@ def test_the_report_counts_like_for_like_and_names_moves_beyond_noise():
     assert "worse: base" not in confirm and "worse: a +10.0 %" in confirm
     assert "better: c -50.0 %" in confirm  # one seed: beyond MIN_MOVE
     assert "b " not in confirm.split("worse:")[1]
+    flipped = base_report.changes(rows, "default", base="new")  # the same pairs, the other way
+    assert "better: a -9.1 %" in next(ln for ln in flipped if ln.startswith("- confirm"))
 
 
 def test_budget_use_compares_with_the_default_where_the_budget_covers_it():
