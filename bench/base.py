@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.base_tables import HALVES, Table, describe, materialize, tables
+from bench.budget import GBDTS
 from bench.common import DATASETS, ROOT
 
-GBDTS = ("catboost", "lightgbm", "xgboost")
 #: A fit still running after this many seconds is recorded as an error.
 TIMEOUT_S = 1800.0
 
@@ -130,7 +130,7 @@ def main() -> None:
 
     rows_of = {t.name: len(pd.read_csv(sizes[t.name], usecols=["target"])) for t in chosen}
     chosen.sort(key=lambda t: (rows_of[t.name], t.name))
-    done = {key(r) for r in read_results(results) if "error" not in r}
+    done = {key(r): r for r in read_results(results) if "error" not in r}
     with results.open("a") as fh:
 
         def run(t: Table, seed: int, model: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -139,7 +139,7 @@ def main() -> None:
             if model != "ours":
                 row.pop("tag", None)
             if key(row) in done:
-                return next(r for r in read_results(results) if key(r) == key(row))
+                return done[key(row)]
             # runnable tasks when the fit starts: a fit timed beside other work is flagged
             row["load_1m"] = round(os.getloadavg()[0], 2)
             opts = {**options, **({"time_limit": extra["time_limit"]} if "time_limit" in extra else {})}  # fmt: skip
@@ -149,7 +149,8 @@ def main() -> None:
             row.update(run_child(sizes[t.name], seed, model, opts or None, a.timeout, threads))
             fh.write(json.dumps(row) + "\n")
             fh.flush()
-            done.add(key(row))
+            if "error" not in row:
+                done[key(row)] = row
             print(json.dumps(row), flush=True)
             return row
 

@@ -18,14 +18,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-GBDTS = ("catboost", "lightgbm", "xgboost")
+from bench.budget import GBDTS
+from bench.budget import score as loss
+
 #: A relative change of the loss smaller than this is never called a move.
 MIN_MOVE = 0.01
-
-
-def loss(row: dict[str, Any]) -> float:
-    """The row's test loss: log-loss or RMSE (lower is better)."""
-    return float(row["logloss"] if "logloss" in row else row["rmse"])
 
 
 def index(rows: list[dict[str, Any]]) -> dict[tuple, dict[int, dict[str, Any]]]:

@@ -275,8 +275,7 @@ class _XRFMEstimator(BaseEstimator):
             else self._weights(eval_sample_weight, len(val[1]), "eval_sample_weight")
         )
         sample_weight, w_val = self._class_weighted(y, sample_weight, val, w_val)
-        if torch.device(self.device).type == "cpu":
-            check_threads()  # a busy machine: say which threads to set (numerics.threads)
+        check_threads(self.device)  # a busy CPU: say which threads to set (numerics.threads)
         self.model_ = self._new_tree(y if val is None else np.concatenate([y, val[1]]))
         bar = self._progress()
         try:

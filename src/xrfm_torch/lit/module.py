@@ -223,8 +223,7 @@ class XRFMLitModule(pl.LightningModule):
 
     def on_fit_start(self) -> None:
         self._limit_to_max_time()
-        if self.device.type == "cpu":
-            check_threads()  # a busy machine: say which threads to set (numerics.threads)
+        check_threads(self.device)  # a busy CPU: say which threads to set (numerics.threads)
         if self.trainer.world_size > 1:
             # every rank reads the whole table (the datamodule's own loaders, not Lightning's
             # sharded ones), grows the same tree top and fits its share of the leaves

@@ -65,10 +65,13 @@ def suggested_threads(threads: int, cores: int, others: int) -> int | None:
     return max(1, min(threads - 1, cores - others))
 
 
-def check_threads(samples: int = 5, interval: float = 0.002) -> int | None:
+def check_threads(
+    device: torch.device | str = "cpu", samples: int = 5, interval: float = 0.002
+) -> int | None:
     """Warn (once per process) when torch's threads oversubscribe the cores left free now.
 
     Args:
+        device: The fit's device; only a CPU fit runs on torch's threads (else nothing is read).
         samples: Reads of the runnable tasks, ``interval`` seconds apart; the fewest counts (a
             task that runs for a moment, such as a shell command, is no busy core).
         interval: Seconds between reads.
@@ -77,6 +80,8 @@ def check_threads(samples: int = 5, interval: float = 0.002) -> int | None:
         The suggested thread count when the machine is oversubscribed, else ``None``.
     """
     global _warned
+    if torch.device(device).type != "cpu":
+        return None
     reads = []
     for i in range(samples):
         if i:
