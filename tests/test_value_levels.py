@@ -152,10 +152,10 @@ def test_only_zero_inflated_columns_whose_values_act_as_codes_are_chosen():
     gain_codes = level_gain(X[:, 1], torch.tensor(y)[:, None])
     gain_smooth = level_gain(X[:, 2], torch.tensor(y_smooth)[:, None])
     assert gain_codes > 5 * MIN_GAIN and gain_smooth < MIN_GAIN
-    assert level_columns(X, torch.tensor(y)[:, None], [0, 1, 2]) == [1]
-    assert level_columns(X, torch.tensor(y_smooth)[:, None], [0, 1, 2]) == []
+    assert level_columns(X, torch.tensor(y)[:, None], [0, 1, 2]) == ([1], [])
+    assert level_columns(X, torch.tensor(y_smooth)[:, None], [0, 1, 2]) == ([], [])
     X[::7, 1] = float("nan")  # missing cells are left out of the test
-    assert level_columns(X, torch.tensor(y)[:, None], [1]) == [1]
+    assert level_columns(X, torch.tensor(y)[:, None], [1]) == ([1], [])
 
 
 def test_value_levels_one_hot_the_frequent_values_and_pool_the_rest():
@@ -231,4 +231,4 @@ def test_the_spike_cut_finds_a_half_share_value_at_either_median():
     X = torch.tensor(x)[:, None]
     assert float(X.nanmedian()) != 9999.0  # the lower median misses the spike
     assert level_gain(X[:, 0], y) >= MIN_GAIN
-    assert level_columns(X, y, [0]) == [0]
+    assert level_columns(X, y, [0]) == ([0], [])

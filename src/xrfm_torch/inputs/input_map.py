@@ -87,7 +87,8 @@ class InputMap(ResizableBuffers):
       above it (see :func:`log_columns`) on a log scale before it is standardized.
     - ``c``: the categorical columns' one-hot blocks (:class:`CategoryColumns`).
     - ``v``: for the numeric columns whose values act as codes for the target (zero-inflated
-      amounts such as adult's capital-loss; :func:`~xrfm_torch.inputs.levels.level_columns`,
+      amounts such as adult's capital-loss, identifiers written as numbers;
+      :func:`~xrfm_torch.inputs.levels.level_columns`,
       fitted only when :meth:`fit` gets the targets), a one-hot block of their most frequent
       values (:class:`~xrfm_torch.inputs.levels.ValueLevels`), beside their place in ``s``.
     - ``m``: a 0/1 indicator for each numeric column that had missing cells (NaN) in the training
@@ -184,11 +185,11 @@ class InputMap(ResizableBuffers):
         numeric[self.categories.columns_] = False
         self.numeric_ = numeric.nonzero().flatten()
         self.missing_ = torch.isnan(X).any(0) & numeric
-        chosen: list[int] = []
+        chosen: tuple[list[int], list[int]] = ([], [])
         if y is not None:
             rows = slice(None) if y_rows is None else y_rows
             chosen = level_columns(X[rows], y[rows], self.numeric_.tolist())
-        self.levels.fit(X, chosen)
+        self.levels.fit(X, *chosen)
         self.log_, self.log_offset_, self.log_scale_ = log_columns(X, numeric)
         self.log_standardize.fit(self._signed_log(X, slice(None)))
         if knots and self.numeric_.numel() > 0:  # imputed rows: a missing cell at the mean

@@ -9,16 +9,18 @@ beyond a smooth function of it (:func:`level_gain`), the trees also see a one-ho
 column's most frequent values (:class:`ValueLevels`), beside the number, as the category columns
 get theirs (:mod:`xrfm_torch.inputs.categories`, same indicator value and "other" slot).
 
-Only zero-inflated columns are tested (at least :data:`SPIKE_SHARE` of the observed values at one
-value, and at least :data:`MIN_LEVELS` other values held by :data:`LEVEL_ROWS` rows each): on a
-continuous column with rich structure (a longitude) per-value means also beat coarse bins, but
-its 15 most frequent values hold a few percent of the rows and their block would say nothing
-(docs/design.md, value levels).
+Two kinds of column are tested. Zero-inflated ones (at least :data:`SPIKE_SHARE` of the observed
+values at one value, and at least :data:`MIN_LEVELS` other values held by :data:`LEVEL_ROWS` rows
+each) against value bins: on a continuous column with rich structure (a longitude) per-value
+means also beat coarse bins, but its 15 most frequent values hold a few percent of the rows and
+their block would say nothing. Columns of :data:`MIN_CODES` to :data:`MAX_CODES` values without a
+spike (identifiers, subject or plot numbers, years) against their neighbouring values
+(:func:`code_gain`); they keep a block of all their values (docs/design.md, value levels).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +47,17 @@ BINS = 16
 PRIOR_ROWS = 10.0
 #: Folds of the out-of-fold comparison (row ``i`` is in fold ``i mod FOLDS``).
 FOLDS = 5
+#: A column without a spike is tested as codes when it has at least this many distinct values ...
+MIN_CODES = 5
+#: ... at most this many (its block then holds every value) ...
+MAX_CODES = 255
+#: ... and at least this many observed rows per value on average.
+CODE_ROWS = 5
+#: A code column's values explain at least this share of the target variance out of fold, and
+#: its values' neighbours at most a quarter of that (:func:`code_gain`).
+MIN_CODE_R2 = 0.1
+#: Indicators of a zero-inflated column's block ("other" included); a code column's holds all.
+SPIKE_WIDTH = 16
 
 
 @torch.no_grad()
@@ -97,12 +110,7 @@ def _gains(X: Tensor, y: Tensor) -> Tensor:
         return torch.cat([_gains(X[:, i : i + chunk], y) for i in range(0, k, chunk)])
     c = y.shape[1]
     x = X.to(torch.float64).T.contiguous()  # (k, n)
-    s, order = x.sort(dim=1)
-    changes = F.pad(s[:, 1:] != s[:, :-1], (1, 0))  # a new value starts (not at the first row)
-    ids = changes.long().cumsum(1)  # (k, n): value index of each sorted row
-    inverse = torch.empty_like(ids).scatter_(1, order, ids)  # (k, n): each row's value index
-    counts = torch.zeros_like(s).scatter_add_(1, ids, torch.ones_like(s))  # (k, n): rows a value
-    values = torch.zeros_like(s).scatter_(1, ids, s)  # (k, n): the values, ascending
+    inverse, counts, values = _value_index(x)
     spike = values.gather(1, counts.argmax(1, keepdim=True))  # (k, 1): the most frequent (smallest)
     folds = torch.arange(FOLDS, device=x.device)
     fold = torch.arange(n, device=x.device) % FOLDS
@@ -114,17 +122,10 @@ def _gains(X: Tensor, y: Tensor) -> Tensor:
     ranks = torch.searchsorted(edges, xk.expand(k, FOLDS, n).contiguous(), right=True)
     b = torch.where(xk == spike[:, :, None], 0, 1 + ranks)  # (k, FOLDS, n)
     mean = (y * w[:, :, None]).sum(1) / w.sum(1, keepdim=True)  # (FOLDS, c)
-    wy = (y * w[:, :, None]).reshape(1, -1, c).expand(k, -1, c)  # (k, FOLDS * n, c)
-    w_flat = w.reshape(1, -1).expand(k, -1)
 
-    def sums(at: Tensor, width: int) -> tuple[Tensor, Tensor]:
-        """Per column, the training rows' counts (k, w) and target sums (k, w, c) by entry."""
-        count = w.new_zeros(k, width).scatter_add_(1, at, w_flat)
-        total = y.new_zeros(k, width, c).scatter_add_(1, at[..., None].expand(-1, -1, c), wy)
-        return count, total
-
-    count, total = sums((b + n_bins * folds[:, None]).reshape(k, -1), FOLDS * n_bins)
-    v_count, v_total = sums((inverse[:, None, :] + n * folds[:, None]).reshape(k, -1), FOLDS * n)
+    count, total = _fold_sums((b + n_bins * folds[:, None]).reshape(k, -1), FOLDS * n_bins, w, y)
+    v_at = (inverse[:, None, :] + n * folds[:, None]).reshape(k, -1)
+    v_count, v_total = _fold_sums(v_at, FOLDS * n, w, y)
     # each row held out by its own fold: that fold's entries
     own = fold * n_bins + b.gather(1, fold.expand(k, 1, n))[:, 0]  # (k, n)
     own_c = own[..., None].expand(-1, -1, c)
@@ -139,6 +140,106 @@ def _gains(X: Tensor, y: Tensor) -> Tensor:
     sst = ((y - y.mean(0)) ** 2).sum()
     gain = (((y - by_bin) ** 2).sum((1, 2)) - ((y - by_value) ** 2).sum((1, 2))) / sst
     return torch.where(sst > 0, gain, 0.0)
+
+
+def _value_index(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per row of ``x`` (k, n): each entry's value index, each value's count and the values.
+
+    Value ``j`` is the ``j``-th smallest distinct value of its row (a sort, not ``unique``,
+    whose output size the host must read); ``counts`` and ``values`` are (k, n), zero past the
+    row's last value.
+    """
+    s, order = x.sort(dim=1)
+    changes = F.pad(s[:, 1:] != s[:, :-1], (1, 0))  # a new value starts (not at the first row)
+    ids = changes.long().cumsum(1)  # (k, n): value index of each sorted row
+    inverse = torch.empty_like(ids).scatter_(1, order, ids)  # (k, n): each row's value index
+    counts = torch.zeros_like(s).scatter_add_(1, ids, torch.ones_like(s))  # (k, n): rows a value
+    values = torch.zeros_like(s).scatter_(1, ids, s)  # (k, n): the values, ascending
+    return inverse, counts, values
+
+
+def _fold_sums(at: Tensor, width: int, w: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Per column, the training rows' counts (k, width) and target sums (k, width, c) by entry.
+
+    ``at`` (k, FOLDS * n): each (fold, row)'s entry; ``w`` (FOLDS, n): the folds' training rows
+    (0/1); ``y`` (n, c). Counts by ``scatter_add_`` (exact: sums of 0/1), as a GPU's
+    ``bincount`` reads its input's maximum.
+    """
+    k, c = at.shape[0], y.shape[1]
+    wy = (y * w[:, :, None]).reshape(1, -1, c).expand(k, -1, c)
+    count = w.new_zeros(k, width).scatter_add_(1, at, w.reshape(1, -1).expand(k, -1))
+    total = y.new_zeros(k, width, c).scatter_add_(1, at[..., None].expand(-1, -1, c), wy)
+    return count, total
+
+
+@torch.no_grad()
+def code_gain(x: Tensor, y: Tensor) -> float:
+    r"""Share of the variance of ``y`` that per-value means explain beyond neighbouring values'.
+
+    For a column without a spike (an identifier, a year, a panel or a subject number), the smooth
+    alternative to its values' own means is the mean of the rows at the two adjacent values
+    (the next smaller and the next larger value of the column): where the target moves smoothly
+    with the value they agree, and where each value is a code of its own (neighbouring numbers
+    are unrelated units) they do not. Out of fold as :func:`level_gain`: for each of
+    :data:`FOLDS` folds the other folds' rows give each value's mean shrunk towards its
+    neighbours' mean ``m_nb = (sum_nb + P m) / (n_nb + P)`` (itself shrunk to the fold's mean
+    ``m``), ``(sum_v + P m_nb) / (n_v + P)`` (``P`` = :data:`PRIOR_ROWS`). With ``R2_v`` and
+    ``R2_nb`` the two predictions' out-of-fold R^2, the gain is ``R2_v - R2_nb`` where the
+    column acts as codes (``R2_v >= MIN_CODE_R2`` and ``R2_nb <= R2_v / 4``: the neighbours
+    explain little of what the values do) and 0 elsewhere.
+
+    Args:
+        x: Observed values of one column, shape (n,) (no NaN).
+        y: Targets, shape (n, c).
+
+    Returns:
+        The gain, a float (0 where ``y`` is constant).
+    """
+    return float(_code_gains(x[:, None], y)[0])
+
+
+def _code_gains(X: Tensor, y: Tensor) -> Tensor:
+    """:func:`code_gain` of each column of ``X`` (n, k) (no NaN), as one (k,) float64 tensor."""
+    r2 = _code_fits(X, y)
+    values, nb = r2.unbind(1)
+    coded = (values >= MIN_CODE_R2) & (nb <= values / 4)
+    return torch.where(coded, values - nb, 0.0)
+
+
+def _code_fits(X: Tensor, y: Tensor) -> Tensor:
+    """Out-of-fold R^2 of the values' and the neighbours' means per column of ``X``, (k, 2).
+
+    Columns and folds side by side, as :func:`_gains`.
+    """
+    n, k = X.shape
+    y = y.reshape(n, -1).to(torch.float64)
+    chunk = max(1, GAIN_BLOCK // (FOLDS * n * max(y.shape[1], 1)))
+    if k > chunk:
+        return torch.cat([_code_fits(X[:, i : i + chunk], y) for i in range(0, k, chunk)])
+    c = y.shape[1]
+    inverse, _, _ = _value_index(X.to(torch.float64).T.contiguous())  # (k, n)
+    folds = torch.arange(FOLDS, device=X.device)
+    fold = torch.arange(n, device=X.device) % FOLDS
+    w = (fold != folds[:, None]).to(y.dtype)  # (FOLDS, n)
+    mean = (y * w[:, :, None]).sum(1) / w.sum(1, keepdim=True)  # (FOLDS, c)
+    # one more slot at each end of a fold's block, always empty: the outer values' neighbours
+    width = n + 2
+    at_v = (inverse[:, None, :] + 1 + width * folds[:, None]).reshape(k, -1)
+    count, total = _fold_sums(at_v, FOLDS * width, w, y)
+    own = fold * width + 1 + inverse  # (k, n): each held-out row's value in its fold's block
+
+    def at(i: Tensor) -> tuple[Tensor, Tensor]:
+        return count.gather(1, i)[..., None], total.gather(1, i[..., None].expand(-1, -1, c))
+
+    (n_lo, s_lo), (n_hi, s_hi), (n_v, s_v) = at(own - 1), at(own + 1), at(own)
+    by_nb = (s_lo + s_hi + PRIOR_ROWS * mean[fold]) / (n_lo + n_hi + PRIOR_ROWS)
+    by_value = (s_v + PRIOR_ROWS * by_nb) / (n_v + PRIOR_ROWS)
+    sst = ((y - y.mean(0)) ** 2).sum()
+    r2 = (
+        1
+        - torch.stack([((y - by_value) ** 2).sum((1, 2)), ((y - by_nb) ** 2).sum((1, 2))], 1) / sst
+    )
+    return torch.where(sst > 0, r2, 0.0)
 
 
 def _quantiles(v: Tensor, keep: Tensor, probs: Tensor) -> Tensor:
@@ -161,37 +262,67 @@ def _quantiles(v: Tensor, keep: Tensor, probs: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def level_columns(X: Tensor, y: Tensor, columns: Sequence[int]) -> list[int]:
+def level_columns(X: Tensor, y: Tensor, columns: Sequence[int]) -> tuple[list[int], list[int]]:
     """The columns among ``columns`` of ``X`` (n, d) whose values act as codes for ``y`` (n, c).
 
-    A column qualifies when it is zero-inflated with repeated other values (module docstring)
-    and its :func:`level_gain` on the rows where it is observed is at least :data:`MIN_GAIN`.
+    Two kinds, each tested on the rows where the column is observed: a zero-inflated column with
+    repeated other values (module docstring) whose :func:`level_gain` is at least
+    :data:`MIN_GAIN`, and a column without a spike of :data:`MIN_CODES` to :data:`MAX_CODES`
+    values, :data:`CODE_ROWS` rows each on average (an identifier, a year, a subject number),
+    whose :func:`code_gain` is at least :data:`MIN_GAIN`.
+
+    Returns:
+        ``(spiky, codes)``: the chosen columns of each kind, ascending.
     """
     cols = [int(c) for c in columns]
     if not cols:
-        return []
+        return [], []
     # the spike over all columns at once: a value held by half the observed rows sits at the
     # lower or the upper median (its run of sorted positions covers one of the two), so the
     # larger of their counts is at least half exactly when some value's is (an all-NaN column:
     # none), and only those columns are sorted
     Xc = X[:, cols]
-    observed = (~torch.isnan(Xc)).sum(0).clamp_min(1)
+    observed = (~torch.isnan(Xc)).sum(0)
     lower, upper = nanmedian(Xc, 0), -nanmedian(-Xc, 0)
     spike = torch.maximum((Xc == lower).sum(0), (Xc == upper).sum(0))
-    spiky, holes = torch.stack([spike >= SPIKE_SHARE * observed, torch.isnan(Xc).any(0)]).tolist()
-    candidates = [(c, h) for c, ok, h in zip(cols, spiky, holes) if ok]
+    distinct = _distinct(Xc)
+    coded = (distinct >= MIN_CODES) & (distinct <= MAX_CODES) & (observed >= CODE_ROWS * distinct)
+    spiky = spike >= SPIKE_SHARE * observed.clamp_min(1)
+    flags = torch.stack([spiky, coded & ~spiky, torch.isnan(Xc).any(0)]).tolist()
+    candidates = [(c, h) for c, ok, _, h in zip(cols, *flags) if ok]
     # their levels (other values of LEVEL_ROWS rows or more), all columns at once, read together
     levels = _levels(X[:, [c for c, _ in candidates]]).tolist() if candidates else []
     tested = [(c, h) for (c, h), n_levels in zip(candidates, levels) if n_levels >= MIN_LEVELS]
+    codes = [(c, h) for c, _, ok, h in zip(cols, *flags) if ok]
+    gains = _tested_gains(X, y, tested, _gains)
+    gains.update(_tested_gains(X, y, codes, _code_gains))
+    # the gains read back together: one host-device synchronization on a GPU
+    order = [c for c, _ in tested + codes]
+    kept = dict(zip(order, read_scalars(*(gains[c] for c in order))))
+    return (
+        [c for c, _ in tested if kept[c] >= MIN_GAIN],
+        [c for c, _ in codes if kept[c] >= MIN_GAIN],
+    )
+
+
+def _tested_gains(
+    X: Tensor, y: Tensor, tested: list[tuple[int, bool]], gains: Callable[[Tensor, Tensor], Tensor]
+) -> dict[int, Tensor]:
+    """``gains`` of each ``(column, has_missing)`` of ``tested`` on its observed rows."""
     complete = [c for c, has_nan in tested if not has_nan]
-    gains = dict(zip(complete, _gains(X[:, complete], y).unbind())) if complete else {}
+    out = dict(zip(complete, gains(X[:, complete], y).unbind())) if complete else {}
     for c, has_nan in tested:
         if has_nan:  # its observed rows only (a row selection: one column at a time)
             seen = ~torch.isnan(X[:, c])
-            gains[c] = _gains(X[seen, c][:, None], y[seen])[0]
-    # the gains read back together: one host-device synchronization on a GPU
-    kept = read_scalars(*(gains[c] for c, _ in tested))
-    return [c for (c, _), g in zip(tested, kept) if g >= MIN_GAIN]
+            out[c] = gains(X[seen, c][:, None], y[seen])[0]
+    return out
+
+
+def _distinct(X: Tensor) -> Tensor:
+    """Distinct observed values of each column of ``X`` (n, k), a (k,) long tensor (NaN: none)."""
+    s = torch.where(torch.isnan(X), torch.inf, X).sort(dim=0).values
+    starts = torch.cat([torch.isfinite(s[:1]), (s[1:] != s[:-1]) & torch.isfinite(s[1:])])
+    return starts.sum(0)
 
 
 def _levels(X: Tensor) -> Tensor:
@@ -219,37 +350,48 @@ def _levels(X: Tensor) -> Tensor:
 class ValueLevels(OneHotColumns):
     """One-hot blocks of the most frequent values of chosen numeric columns.
 
-    Each column gets one indicator per kept value (its ``max_levels - 1`` most frequent training
-    values, ties to the smaller value) and an "other" indicator for any other observed value; a
-    missing cell lights none. Indicators are :data:`~xrfm_torch.inputs.categories.ONE_HOT`.
+    Each column gets one indicator per kept value (ties to the smaller value) and an "other"
+    indicator for any other observed value; a missing cell lights none. A zero-inflated column
+    keeps its ``SPIKE_WIDTH - 1`` most frequent values, a code column (``codes`` of :meth:`fit`)
+    its ``max_levels - 1`` most frequent (all, within :data:`MAX_CODES`). Indicators are
+    :data:`~xrfm_torch.inputs.categories.ONE_HOT`.
 
     Args:
-        max_levels: Indicator columns per column, "other" included (>= 2).
+        max_levels: Most indicator columns per column, "other" included (>= 2).
 
     Buffers:
-        ``columns_`` (k,) the columns' indices; ``values_`` (k, max_levels - 1) the kept values
-        (NaN padding); ``widths_`` (k,) the indicators of each column (kept values + 1).
+        ``columns_`` (k,) the columns' indices; ``values_`` (k, w) the kept values (NaN padding;
+        ``w`` at least ``SPIKE_WIDTH - 1``); ``widths_`` (k,) the indicators of each column (kept
+        values + 1).
     """
 
     values_: Tensor
 
-    def __init__(self, max_levels: int = 16) -> None:
+    def __init__(self, max_levels: int = MAX_CODES + 1) -> None:
         super().__init__(max_levels)
-        self.register_buffer("values_", torch.zeros(0, self.max_levels - 1))
+        self.register_buffer("values_", torch.zeros(0, self._narrow))
+
+    @property
+    def _narrow(self) -> int:
+        return min(SPIKE_WIDTH, self.max_levels) - 1
 
     @torch.no_grad()
-    def fit(self, X: Tensor, columns: Sequence[int]) -> ValueLevels:
-        """Keep the most frequent training values of ``X``'s (n, d) ``columns``."""
-        cols = sorted({int(c) for c in columns})
-        keep = self.max_levels - 1
-        table = torch.full((len(cols), keep), torch.nan, dtype=X.dtype, device=X.device)
-        widths = []
-        for i, c in enumerate(cols):
+    def fit(self, X: Tensor, columns: Sequence[int], codes: Sequence[int] = ()) -> ValueLevels:
+        """Keep the most frequent training values of ``X``'s (n, d) ``columns`` and ``codes``."""
+        wide = {int(c) for c in codes}
+        cols = sorted({int(c) for c in columns} | wide)
+        kept, widths = [], []
+        for c in cols:
             x = X[:, c][~torch.isnan(X[:, c])]
             values, counts = torch.unique(x, return_counts=True)  # ascending values
+            keep = self.max_levels - 1 if c in wide else self._narrow
             order = torch.argsort(-counts, stable=True)[:keep]  # frequent first, ties: smaller
-            table[i, : order.numel()] = values[order]
+            kept.append(values[order])
             widths.append(int(order.numel()) + 1)
+        width = max([self._narrow, *(w - 1 for w in widths)])
+        table = torch.full((len(cols), width), torch.nan, dtype=X.dtype, device=X.device)
+        for i, v in enumerate(kept):
+            table[i, : v.numel()] = v
         self.columns_ = torch.tensor(cols, dtype=torch.long, device=X.device)
         self.values_ = table
         self.widths_ = torch.tensor(widths, dtype=torch.long, device=X.device)
