@@ -10,7 +10,11 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
    its rows cubed, so small leaves are the cheapest lever; docs/design.md, "A time budget");
 2. the target's tree (or bags) once per kernel;
 3. with two kernels, their mix (:meth:`KernelBlend.mix <xrfm_torch.models.blend.KernelBlend.mix>`,
-   no further fit): the target itself.
+   no further fit): the target itself;
+4. with one kernel, the time the target left goes on spares: the same tree (or bags) with the
+   other kernel of :data:`~xrfm_torch.models.ladder.SPARE_KERNELS`, then its mix with the target.
+   Kept only where its honest loss is below the target's, so a budget that covers the target's
+   fit gives the target or a model of lower honest loss.
 
 Each candidate is fitted on the same rows from the same generator state, so their honest outputs
 (validation rows of a single tree, out-of-fold rows of the bags) cover common rows, on which
@@ -45,6 +49,7 @@ from xrfm_torch.models.ladder import (
     check_time_limit,
     common_rows,
     estimate,
+    kernel_names,
     ladder,
     quick_tree,
     target_parts,
@@ -112,10 +117,14 @@ class Anytime(Ensemble):
     def _candidate(self, index: int) -> Model:
         """Rung ``index`` as an unfitted model (a mix: an empty ``KernelBlend``)."""
         t = target_parts(self.prototype)
-        rung = self.rungs()[index]
+        rungs = self.rungs()
+        rung = rungs[index]
+        names = kernel_names(t.tree, t.kernels)
         if rung.mixes:
-            return compose(t.tree, rung.bags, t.kernels, t.bag, t.blend)
-        one = t.tree if t.kernels is None else t.tree.with_kernel(t.kernels[rung.kernel])
+            mixed = [names[rungs[j].kernel] for j in rung.mixes]
+            return compose(t.tree, rung.bags, mixed, t.bag, t.blend)
+        own = t.kernels is None and rung.kernel == 0  # the target's tree as it is
+        one = t.tree if own else t.tree.with_kernel(names[rung.kernel])
         if not rung.quick:
             return compose(one, rung.bags, bag=t.bag)
         # quick bags keep the quick tree's size (leaves, split sample): small, and measured so
@@ -141,16 +150,22 @@ class Anytime(Ensemble):
         self.prototype.distributed = value
 
     def summary(self) -> dict[str, Any]:
-        """The choice as plain data: every rung's loss and seconds, and the chosen model's summary."""
+        """The choice as plain data: every rung's loss and seconds, and the chosen model's summary.
+
+        ``unused_share``: the share of ``time_limit`` the fit left unused (``None`` for a loaded
+        model, whose fit time is not saved).
+        """
         self._check_fitted()
         rungs = self.rungs()
         trials = [
             {"candidate": r.name, "honest_loss": _num(loss), "seconds": _num(sec)}
             for r, (loss, sec) in zip(rungs, self.trials_.tolist())
         ]
+        spent = self.fit_seconds_
         return {
             "time_limit": self.time_limit,
-            "fit_seconds": self.fit_seconds_,
+            "fit_seconds": spent,
+            "unused_share": None if spent is None else max(0.0, 1 - spent / self.time_limit),
             "chosen": rungs[int(self.chosen_)].name,
             "trials": trials,
             "n_leaves": self.n_leaves,

@@ -32,6 +32,9 @@ BAG_COST = 0.9
 #: The first full tree's cost as a multiple of the quick tree's, before either was timed on the
 #: table (leaves of up to 5x the rows, two trees per map for classification).
 TREE_COST = 3.0
+#: The kernels a single-kernel target's ladder goes on with once the target is fitted and time
+#: is left: the same tree (or bags) with each other kernel, then their mix with the target.
+SPARE_KERNELS = ("laplace", "gaussian")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class Rung:
         mixes: For a mix, the indices of the rungs it blends; else empty.
         fallback: Not of the target's kind (the quick single tree of a bagged target): kept
             only when no candidate of the target's kind finished.
+        spare: After the target: another kernel, or its mix with the target, fitted only with
+            the time the target left.
     """
 
     name: str
@@ -54,6 +59,7 @@ class Rung:
     quick: bool = False
     mixes: tuple[int, ...] = ()
     fallback: bool = False
+    spare: bool = False
 
 
 class Target(NamedTuple):
@@ -115,7 +121,7 @@ def quick_tree(tree: xRFMTree, leaf_size: int) -> xRFMTree:
 
 
 def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: int) -> list[Rung]:
-    """The candidates of an anytime fit, cheapest first, ending at the target model.
+    """The candidates of an anytime fit, cheapest first: up to the target model, then spares.
 
     The candidates are of the target's kind (single trees, or ``n_bags`` cross-fitted bags), so
     their honest losses are alike; a bagged target starts with one quick single tree as a
@@ -124,20 +130,37 @@ def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: i
     far below its bags' out-of-fold loss on the same rows (breast_cancer: 0.003 against
     0.03-0.05, test 0.31 against 0.12), so a comparison across kinds would pick the overfitted
     one. The quick rungs are left out where they would be the target's tree itself; the mix
-    where there is one kernel.
+    where there is one kernel. A target of one kernel is followed by the :data:`SPARE_KERNELS`
+    it lacks and their mix with it (``Rung.kernel`` indexes :func:`kernel_names`).
     """
-    names = kernels or [kernel_name(tree)]
+    names = kernel_names(tree, kernels)
+    own = len(kernels or [None])
     what = "tree" if n_bags == 1 else "bags"
     rungs: list[Rung] = []
     if n_bags > 1:
         rungs.append(Rung(f"quick tree {names[0]}", 0, 1, quick=True, fallback=True))
     if tree.config.max_leaf_size > quick_leaf or (tree.config.n_trees or 1) > 1:
         rungs.append(Rung(f"quick {what} {names[0]}", 0, n_bags, quick=True))
-    rungs.extend(Rung(f"{what} {k}", i, n_bags) for i, k in enumerate(names))
-    if len(names) > 1:
-        mixed = tuple(range(len(rungs) - len(names), len(rungs)))
-        rungs.append(Rung(f"mix {what}", -1, n_bags, mixes=mixed))
+    first = len(rungs)
+    rungs.extend(Rung(f"{what} {k}", i, n_bags) for i, k in enumerate(names[:own]))
+    if own > 1:
+        rungs.append(Rung(f"mix {what}", -1, n_bags, mixes=tuple(range(first, len(rungs)))))
+    elif len(names) > 1:
+        rungs.extend(
+            Rung(f"{what} {k}", i, n_bags, spare=True) for i, k in enumerate(names) if i > 0
+        )
+        rungs.append(
+            Rung(f"mix {what}", -1, n_bags, mixes=tuple(range(first, len(rungs))), spare=True)
+        )
     return rungs
+
+
+def kernel_names(tree: xRFMTree, kernels: list[str] | None) -> list[str]:
+    """The kernels of a ladder's rungs: the target's, then for a single kernel the spare ones."""
+    if kernels:
+        return list(kernels)
+    own = kernel_name(tree)
+    return [own, *(k for k in SPARE_KERNELS if k != own)]
 
 
 def check_time_limit(time_limit: Any) -> float | None:
