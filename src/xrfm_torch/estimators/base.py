@@ -98,7 +98,8 @@ class _XRFMEstimator(BaseEstimator):
             saw, like a missing cell, lights none.
         value_levels: Give numeric columns whose values act as codes for the target (mostly one
             value, otherwise repeated amounts whose outcome differs amount by amount, such as
-            capital gains) a one-hot block of their most frequent values beside the number
+            capital gains; or identifiers written as numbers, such as subject or store numbers)
+            a one-hot block of their values beside the number
             (:func:`~xrfm_torch.inputs.levels.level_columns`; docs/design.md).
         time_limit: Seconds the fit may take, or ``None`` (no limit: the model above). With a
             limit the fit is anytime (:class:`~xrfm_torch.models.anytime.Anytime`): it fits a

@@ -103,10 +103,11 @@ class TreeConfig:
             (:class:`~xrfm_torch.inputs.categories.CategoryColumns`). Missing cells (NaN) of
             numeric columns are handled where the training rows had some
             (:class:`~xrfm_torch.inputs.input_map.InputMap`).
-        value_levels: Give the numeric columns whose values act as codes for the target (a
-            spike at one value and repeated other amounts, where per-value means of the
-            training targets beat smooth bins of the values out of fold) a one-hot block of
-            their most frequent values beside the number
+        value_levels: Give the numeric columns whose values act as codes for the target a
+            one-hot block of their values beside the number: a spike at one value and repeated
+            other amounts where per-value means of the training targets beat smooth bins of the
+            values out of fold, or 5-255 values (identifiers written as numbers) whose
+            neighbouring values explain little of what their own do
             (:func:`~xrfm_torch.inputs.levels.level_columns`). ``False``: never.
         large_fit_rows: A fit on more training rows than this is a large fit: every leaf whose
             ``LeafConfig`` sets no ``iter_rows`` learns ``M``, t*, the exponent and the ridge on a
