@@ -20,6 +20,7 @@ spike (identifiers, subject or plot numbers, years) against their neighbouring v
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -87,6 +88,43 @@ def level_gain(x: Tensor, y: Tensor) -> float:
 GAIN_BLOCK = 2**25
 
 
+def _by_column_chunks(
+    one: Callable[[Tensor, Tensor], Tensor],
+) -> Callable[[Tensor, Tensor], Tensor]:
+    """``one`` of the columns of ``X`` (n, k), run on chunks of columns when they are many.
+
+    The wrapped function gets ``y`` as (n, c) float64 and at most ``GAIN_BLOCK // (FOLDS n c)``
+    columns at a time (its per-column tables have FOLDS x n x c entries); the results, one
+    leading entry per column, are concatenated.
+    """
+
+    @functools.wraps(one)
+    def run(X: Tensor, y: Tensor) -> Tensor:
+        n, k = X.shape
+        y = y.reshape(n, -1).to(torch.float64)
+        chunk = max(1, GAIN_BLOCK // (FOLDS * n * max(y.shape[1], 1)))
+        if k > chunk:
+            return torch.cat([one(X[:, i : i + chunk], y) for i in range(0, k, chunk)])
+        return one(X, y)
+
+    return run
+
+
+def _folds(n: int, y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The out-of-fold split of ``n`` rows: ``(folds, fold, w, mean)``.
+
+    ``folds`` (FOLDS,) the fold numbers; ``fold`` (n,) each row's (row ``i`` in fold
+    ``i mod FOLDS``); ``w`` (FOLDS, n) 0/1, fold ``j``'s training rows; ``mean`` (FOLDS, c) the
+    mean of ``y`` (n, c) over each fold's training rows.
+    """
+    folds = torch.arange(FOLDS, device=y.device)
+    fold = torch.arange(n, device=y.device) % FOLDS
+    w = (fold != folds[:, None]).to(y.dtype)
+    mean = (y * w[:, :, None]).sum(1) / w.sum(1, keepdim=True)
+    return folds, fold, w, mean
+
+
+@_by_column_chunks
 def _gains(X: Tensor, y: Tensor) -> Tensor:
     """:func:`level_gain` of each column of ``X`` (n, k) (no NaN), as one (k,) float64 tensor.
 
@@ -104,24 +142,17 @@ def _gains(X: Tensor, y: Tensor) -> Tensor:
     ``bincount`` reads its input's maximum.
     """
     n, k = X.shape
-    y = y.reshape(n, -1).to(torch.float64)
-    chunk = max(1, GAIN_BLOCK // (FOLDS * n * max(y.shape[1], 1)))
-    if k > chunk:
-        return torch.cat([_gains(X[:, i : i + chunk], y) for i in range(0, k, chunk)])
     c = y.shape[1]
     x = X.to(torch.float64).T.contiguous()  # (k, n)
     inverse, counts, values = _value_index(x)
     spike = values.gather(1, counts.argmax(1, keepdim=True))  # (k, 1): the most frequent (smallest)
-    folds = torch.arange(FOLDS, device=x.device)
-    fold = torch.arange(n, device=x.device) % FOLDS
-    w = (fold != folds[:, None]).to(y.dtype)  # (FOLDS, n): fold j's training rows
+    folds, fold, w, mean = _folds(n, y)
     probs = torch.linspace(0, 1, BINS + 1, dtype=x.dtype, device=x.device)[1:-1]
     n_bins = BINS + 1
     xk = x[:, None, :]  # (k, 1, n)
     edges = _quantiles(xk, (w > 0) & (xk != spike[:, :, None]), probs)  # (k, FOLDS, BINS - 1)
     ranks = torch.searchsorted(edges, xk.expand(k, FOLDS, n).contiguous(), right=True)
     b = torch.where(xk == spike[:, :, None], 0, 1 + ranks)  # (k, FOLDS, n)
-    mean = (y * w[:, :, None]).sum(1) / w.sum(1, keepdim=True)  # (FOLDS, c)
 
     count, total = _fold_sums((b + n_bins * folds[:, None]).reshape(k, -1), FOLDS * n_bins, w, y)
     v_at = (inverse[:, None, :] + n * folds[:, None]).reshape(k, -1)
@@ -206,22 +237,16 @@ def _code_gains(X: Tensor, y: Tensor) -> Tensor:
     return torch.where(coded, values - nb, 0.0)
 
 
+@_by_column_chunks
 def _code_fits(X: Tensor, y: Tensor) -> Tensor:
     """Out-of-fold R^2 of the values' and the neighbours' means per column of ``X``, (k, 2).
 
     Columns and folds side by side, as :func:`_gains`.
     """
     n, k = X.shape
-    y = y.reshape(n, -1).to(torch.float64)
-    chunk = max(1, GAIN_BLOCK // (FOLDS * n * max(y.shape[1], 1)))
-    if k > chunk:
-        return torch.cat([_code_fits(X[:, i : i + chunk], y) for i in range(0, k, chunk)])
     c = y.shape[1]
     inverse, _, _ = _value_index(X.to(torch.float64).T.contiguous())  # (k, n)
-    folds = torch.arange(FOLDS, device=X.device)
-    fold = torch.arange(n, device=X.device) % FOLDS
-    w = (fold != folds[:, None]).to(y.dtype)  # (FOLDS, n)
-    mean = (y * w[:, :, None]).sum(1) / w.sum(1, keepdim=True)  # (FOLDS, c)
+    folds, fold, w, mean = _folds(n, y)
     # one more slot at each end of a fold's block, always empty: the outer values' neighbours
     width = n + 2
     at_v = (inverse[:, None, :] + 1 + width * folds[:, None]).reshape(k, -1)
@@ -280,7 +305,7 @@ def level_columns(X: Tensor, y: Tensor, columns: Sequence[int]) -> tuple[list[in
     # the spike over all columns at once: a value held by half the observed rows sits at the
     # lower or the upper median (its run of sorted positions covers one of the two), so the
     # larger of their counts is at least half exactly when some value's is (an all-NaN column:
-    # none), and only those columns are sorted
+    # none); one sort of all columns counts their distinct values (the code candidates)
     Xc = X[:, cols]
     observed = (~torch.isnan(Xc)).sum(0)
     lower, upper = nanmedian(Xc, 0), -nanmedian(-Xc, 0)

@@ -134,7 +134,7 @@ def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: i
     it lacks and their mix with it (``Rung.kernel`` indexes :func:`kernel_names`).
     """
     names = kernel_names(tree, kernels)
-    own = len(kernels or [None])
+    spare = not kernels  # one kernel: the names after the first (and their mix) are spares
     what = "tree" if n_bags == 1 else "bags"
     rungs: list[Rung] = []
     if n_bags > 1:
@@ -142,16 +142,10 @@ def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: i
     if tree.config.max_leaf_size > quick_leaf or (tree.config.n_trees or 1) > 1:
         rungs.append(Rung(f"quick {what} {names[0]}", 0, n_bags, quick=True))
     first = len(rungs)
-    rungs.extend(Rung(f"{what} {k}", i, n_bags) for i, k in enumerate(names[:own]))
-    if own > 1:
-        rungs.append(Rung(f"mix {what}", -1, n_bags, mixes=tuple(range(first, len(rungs)))))
-    elif len(names) > 1:
-        rungs.extend(
-            Rung(f"{what} {k}", i, n_bags, spare=True) for i, k in enumerate(names) if i > 0
-        )
-        rungs.append(
-            Rung(f"mix {what}", -1, n_bags, mixes=tuple(range(first, len(rungs))), spare=True)
-        )
+    rungs.extend(Rung(f"{what} {k}", i, n_bags, spare=spare and i > 0) for i, k in enumerate(names))
+    if len(names) > 1:
+        mixed = tuple(range(first, len(rungs)))
+        rungs.append(Rung(f"mix {what}", -1, n_bags, mixes=mixed, spare=spare))
     return rungs
 
 
