@@ -195,7 +195,7 @@ def test_estimators_take_n_bags():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(400, 3))
     y = np.sin(X[:, 0]) * 10 + X[:, 1]
-    reg = XRFMRegressor(n_iters=2, n_bags=3, input_transform="identity", random_state=0)
+    reg = XRFMRegressor("laplace", n_iters=2, n_bags=3, input_transform="identity", random_state=0)
     reg.fit(X, y)
     assert isinstance(reg.model_, BaggedTree) and len(reg.model_.single_trees()) == 3
     assert reg.score(X, y) > 0.9
@@ -222,6 +222,7 @@ def test_lightning_experiment_bagged_logs_out_of_fold_scores(tmp_path):
             "experiment=bagged",
             "debug=fast",
             "system.n_bags=3",
+            "system.blend_kernels=null",
             "logger=none",
             "trainer.enable_progress_bar=false",
         ],

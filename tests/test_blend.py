@@ -175,7 +175,7 @@ def test_bad_settings_and_unfitted_use_are_refused():
         _ = blend.oof_
 
 
-def test_the_classifier_blends_by_default_and_takes_one_kernel_or_a_tuple():
+def test_the_estimators_blend_by_default_and_take_one_kernel_or_a_tuple():
     X, y = class_data(300, 4)
     labels = np.array(["lo", "mid", "hi"])[y.long().numpy()]
     common = {"n_iters": 1, "input_transform": "identity", "n_bags": 1, "random_state": 0}
@@ -187,7 +187,10 @@ def test_the_classifier_blends_by_default_and_takes_one_kernel_or_a_tuple():
     )
     single = XRFMClassifier(kernel=("gaussian",), **common).fit(X.numpy(), labels)
     assert isinstance(single.model_, xRFMTree) and isinstance(single.model_.kernel, GaussianKernel)
-    assert isinstance(XRFMRegressor(n_iters=1).fit(X.numpy(), y.numpy()).model_, xRFMTree)
+    reg = XRFMRegressor(n_iters=1, input_transform="identity").fit(X.numpy(), y.numpy())
+    assert isinstance(reg.model_, KernelBlend) and reg.model_.kernels == KERNELS
+    one = XRFMRegressor("laplace", n_iters=1).fit(X.numpy(), y.numpy())
+    assert isinstance(one.model_, xRFMTree)
     for bad in (("laplace", 3), (), 5):
         with pytest.raises(ValueError, match="kernel"):
             XRFMClassifier(kernel=bad, **common).fit(X.numpy(), labels)  # type: ignore[arg-type]

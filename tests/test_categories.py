@@ -110,8 +110,9 @@ def test_estimators_read_text_categories_missing_cells_and_unseen_levels():
         "oslo",
         "paris",
     ]
-    assert est.model_.config.categorical_features == (0,)
-    assert est.model_.input_map.missing_columns == [2]
+    for _, tree in est.model_.single_trees():  # the default blend's trees read them alike
+        assert tree.config.categorical_features == (0,)
+        assert tree.input_map.missing_columns == [2]
     pred = est.predict(df.iloc[1000:])
     seen = df.iloc[1000:]["city"].notna().to_numpy()
     assert np.sqrt(np.mean((pred[seen] - y[1000:][seen]) ** 2)) < 0.3

@@ -105,6 +105,6 @@ def test_the_estimators_compress_their_model_seeded_by_random_state():
     fits = [XRFMRegressor(max_leaf_size=250, n_iters=1, random_state=3).fit(X, y) for _ in range(2)]
     assert fits[0].compress(50) is fits[0]
     fits[1].compress(50)
-    leaves = fits[0].model_.leaves()
-    assert all(lf.support_.shape[0] <= 50 for lf in leaves)
+    leaves = [lf for _, tree in fits[0].model_.single_trees() for lf in tree.leaves()]
+    assert leaves and all(lf.support_.shape[0] <= 50 for lf in leaves)
     np.testing.assert_array_equal(fits[0].predict(X), fits[1].predict(X))

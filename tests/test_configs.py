@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from xrfm_torch import xRFMTree
-from xrfm_torch.models.factory import auto_kernels
+from xrfm_torch.models.factory import DEFAULT_KERNELS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = [
@@ -93,13 +93,17 @@ def test_every_option_composes_and_instantiates(group, option, tmp_path):
     assert isinstance(tree, xRFMTree)
     system = hydra.utils.instantiate(cfg.system, tree=tree, feature_names=["f0", "f1", "f2"])
     kernels = cfg.system.get("blend_kernels")
-    if kernels == "auto":  # the task's default: regression (this system's task) fits one kernel
-        kernels = auto_kernels(tree.task)
+    if kernels == "auto":  # the default's kernels, in both tasks
+        kernels = DEFAULT_KERNELS
     n_bags = cfg.system.get("n_bags")
     n_bags = 1 if n_bags in (None, "auto") else n_bags  # no rows given: no bags
-    if kernels:  # the system fits the tree once per kernel
+    if kernels:  # the system fits the tree (or its bags) once per kernel
         assert system.model.kernels == tuple(kernels)
-        assert system.model.get_config()["model"] == tree.get_config()
+        member = system.model.get_config()["model"]
+        if n_bags > 1:
+            assert member["tree"] == tree.get_config() and member["n_bags"] == n_bags
+        else:
+            assert member == tree.get_config()
     elif n_bags > 1:  # the system wraps the configured tree in bags
         assert system.model.get_config()["tree"] == tree.get_config()
         assert system.model.n_bags == cfg.system.n_bags

@@ -13,7 +13,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from xrfm_torch import LeafConfig, XRFMClassifier, XRFMRegressor, xRFMTree
+from xrfm_torch import KernelBlend, LeafConfig, XRFMClassifier, XRFMRegressor, xRFMTree
+from xrfm_torch.models.factory import DEFAULT_KERNELS
 
 SMALL = {"n_iters": 2}
 
@@ -64,7 +65,10 @@ def test_float32_predictions_follow_their_rows(cls):
     perm = rng.permutation(300)
     whole = out(X)
     np.testing.assert_allclose(out(X[perm]), whole[perm], rtol=0, atol=1e-5)
-    np.testing.assert_allclose(out(X[:7]), whole[:7], rtol=0, atol=1e-5)
+    # a part of the rows: float32 kernel rows of another shape round differently, which the
+    # Gaussian tree of this noiseless target (coefficients of opposite signs summing to |3e4|
+    # in absolute value) carries to ~5e-4 in its outputs; a scrambled order would move them O(1)
+    np.testing.assert_allclose(out(X[:7]), whole[:7], rtol=0, atol=2e-3)
     assert np.ptp(whole) > 0.1  # a fitted model, not a constant that any order would match
 
 
@@ -79,7 +83,8 @@ def test_regressor_is_the_core_model_with_the_same_seed():
     Xv, yv = planted(150, 1)
     est = XRFMRegressor(n_iters=3, max_leaf_size=300, random_state=5).fit(X, y, eval_set=(Xv, yv))
     t = torch.from_numpy
-    core = xRFMTree(max_leaf_size=300, leaf=LeafConfig(n_iters=3)).fit(
+    tree = xRFMTree(max_leaf_size=300, leaf=LeafConfig(n_iters=3))
+    core = KernelBlend(tree, kernels=DEFAULT_KERNELS).fit(  # the default: both kernels, mixed
         t(X).float(),
         t(y),  # float64 targets: standardized before the cast, predictions in float64
         t(Xv).float(),
@@ -89,6 +94,7 @@ def test_regressor_is_the_core_model_with_the_same_seed():
     Xt, _ = planted(50, 2)
     np.testing.assert_array_equal(est.predict(Xt), core(t(Xt).float())[:, 0].numpy())
     assert est.model_.n_leaves == core.n_leaves > 1
+    assert est.model_.weights_.tolist() == core.weights_.tolist()
 
 
 def test_classifier_takes_string_labels_and_returns_them():
@@ -120,7 +126,10 @@ def test_pandas_in_named_features_and_pipelines():
     holes = df.copy()
     holes.iloc[::7, 1] = np.nan  # now it has: imputed and flagged, fit and predict work
     est = XRFMRegressor(n_iters=1, random_state=0).fit(holes, y)
-    assert np.isfinite(est.predict(holes)).all() and est.model_.input_map.missing_columns == [1]
+    assert np.isfinite(est.predict(holes)).all()
+    assert [t.input_map.missing_columns for _, t in est.model_.single_trees()] == [[1]] * len(
+        est.model_.single_trees()
+    )
     with pytest.raises(ValueError, match="Input X contains infinity"):
         est.predict(holes.replace(np.nan, np.inf))
 

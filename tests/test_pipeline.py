@@ -82,17 +82,22 @@ def test_a_checkpoint_written_before_the_model_was_renamed_loads(synthetic_run, 
 
 def test_tree_summary_file(synthetic_run):
     result, out = synthetic_run
-    tree = result["objects"]["system"].model
+    model = result["objects"]["system"].model  # the default: a blend of two single trees
     summary = json.loads((out / "tree_summary.json").read_text())
-    assert summary["n_leaves"] == tree.n_leaves >= 4
-    assert summary["input_maps"] == tree.input_map.names and len(summary["input_maps"]) >= 1
-    assert [leaf["n_support"] for leaf in summary["leaves"]] == [
-        int(lf.support_.shape[0]) for lf in tree.leaves()
-    ]
-    assert [leaf["best_iter"] for leaf in summary["leaves"]] == [
-        int(lf.best_iter_) for lf in tree.leaves()
-    ]
-    assert max(leaf["n_support"] for leaf in summary["leaves"]) <= 800
+    trees = [t for _, t in model.single_trees()]
+    assert summary["n_leaves"] == model.n_leaves == sum(t.n_leaves for t in trees)
+    assert summary["kernels"] == [model.kernels[int(i)] for i in model.member_kernels_]
+    assert len(summary["bags"]) == len(trees) >= 1
+    for one, tree in zip(summary["bags"], trees):
+        assert tree.n_leaves >= 4
+        assert one["input_maps"] == tree.input_map.names and len(one["input_maps"]) >= 1
+        assert [leaf["n_support"] for leaf in one["leaves"]] == [
+            int(lf.support_.shape[0]) for lf in tree.leaves()
+        ]
+        assert [leaf["best_iter"] for leaf in one["leaves"]] == [
+            int(lf.best_iter_) for lf in tree.leaves()
+        ]
+        assert max(leaf["n_support"] for leaf in one["leaves"]) <= 800
 
 
 def test_agop_importance_ranks_planted_features_first(synthetic_run):
@@ -105,36 +110,42 @@ def test_agop_importance_ranks_planted_features_first(synthetic_run):
 
 def test_leaf_metrics_files(synthetic_run):
     result, out = synthetic_run
-    tree = result["objects"]["system"].model
+    model = result["objects"]["system"].model
     dm = result["objects"]["datamodule"]
     rows = list(csv.DictReader((out / "leaf_metrics_test.csv").open()))
-    assert len(rows) == tree.n_leaves  # every tree's leaves
-    n_trees = len(tree.partition_trees())
-    assert sum(int(r["n_rows"]) for r in rows) == n_trees * len(dm.data.X_test)
+    assert len(rows) == model.n_leaves  # every single tree's leaves
     # recompute each leaf's RMSE by hand (hard routing under the fitted temperature may differ
     # from the model's soft prediction, so use the system's own predictions)
     system = result["objects"]["system"]
     x = torch.from_numpy(dm.data.X_test)
-    ids = [tree.leaf_ids(x, t) for t in range(n_trees)]
     pred = system.predict_step((x,), 0)
     y = torch.from_numpy(dm.data.y_scaler.inverse(dm.data.y_test))
-    for r in rows:
-        m = ids[int(r["tree"])] == int(r["leaf"])
-        if m.any():
-            assert float(r["rmse"]) == pytest.approx(
-                float(((pred[m] - y[m]) ** 2).mean().sqrt()), rel=1e-4
-            )
+    for b, (_, tree) in enumerate(model.single_trees()):
+        mine = [r for r in rows if int(r["bag"]) == b]
+        n_trees = len(tree.partition_trees())
+        assert sum(int(r["n_rows"]) for r in mine) == n_trees * len(dm.data.X_test)
+        ids = [tree.leaf_ids(x, t) for t in range(n_trees)]
+        for r in mine:
+            m = ids[int(r["tree"])] == int(r["leaf"])
+            if m.any():
+                assert float(r["rmse"]) == pytest.approx(
+                    float(((pred[m] - y[m]) ** 2).mean().sqrt()), rel=1e-4
+                )
 
 
 def test_temperature_sweep_file(synthetic_run):
     result, out = synthetic_run
     system = result["objects"]["system"]
     rows = list(csv.DictReader((out / "temperature_sweep.csv").open()))
-    grid = [float(r["temperature"]) for r in rows]
-    expected = system.model.temperature_errors(*system.fit_data["val"], grid)
-    assert [float(r["val_mse"]) for r in rows] == pytest.approx(expected, rel=1e-6)
-    best = grid[int(np.argmin([float(r["val_mse"]) for r in rows]))]
-    assert float(system.model.temperature_) == pytest.approx(best)
+    trees = [t for _, t in system.model.single_trees()]  # the default: a blend of two trees
+    assert len(trees) == 2 and {int(r["tree"]) for r in rows} == {0, 1}
+    for k, tree in enumerate(trees):
+        mine = [r for r in rows if int(r["tree"]) == k]
+        grid = [float(r["temperature"]) for r in mine]
+        expected = tree.temperature_errors(*system.fit_data["val"], grid)
+        assert [float(r["val_mse"]) for r in mine] == pytest.approx(expected, rel=1e-6)
+        best = grid[int(np.argmin([float(r["val_mse"]) for r in mine]))]
+        assert float(tree.temperature_) == pytest.approx(best)
     assert (out / "temperature_sweep.png").exists()
 
 
@@ -206,7 +217,8 @@ def test_plain_dataloaders_without_datamodule():
         system, train_dataloaders=dm.train_dataloader(), val_dataloaders=dm.val_dataloader()
     )
     assert system.model.is_fitted
-    assert len(system.model.leaves()[0].support_) == len(dm.datasets["train"])
+    for _, tree in system.model.single_trees():  # the default blend's trees: the same rows
+        assert len(tree.leaves()[0].support_) == len(dm.datasets["train"])
     # the validation loader reached the fit (no hold-out of training rows)
     assert len(system.fit_data["val"][0]) == len(dm.datasets["val"])
 
@@ -225,7 +237,7 @@ def test_temperature_sweep_says_routing_plays_no_part_in_a_one_leaf_tree(tmp_pat
     )
     with caplog.at_level("INFO"):
         trainer.fit(system, datamodule=dm)
-    assert system.model.n_leaves == 1
+    assert all(t.n_leaves == 1 for _, t in system.model.single_trees())
     assert "routing plays no part" in caplog.text
     assert not (tmp_path / "temperature_sweep.csv").exists()
 

@@ -63,7 +63,7 @@ class _XRFMEstimator(BaseEstimator):
 
     Args:
         kernel: ``"laplace"``, ``"lpq"``, ``"product_laplace"``, ``"gaussian"`` or a ``Kernel``;
-            or a tuple of names, such as the classifier's default ``("laplace", "gaussian")``:
+            or a tuple of names, such as the default ``("laplace", "gaussian")``:
             the model (one tree or its bags) is fitted once per kernel, and the fits are mixed
             with weights in ``{0, 0.25, ..., 1}`` chosen on their honest outputs (out-of-fold
             with bags, else the validation rows'; :class:`~xrfm_torch.models.blend.KernelBlend`,

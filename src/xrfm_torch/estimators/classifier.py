@@ -21,7 +21,7 @@ from xrfm_torch.estimators.base import (
     _XRFMEstimator,
 )
 from xrfm_torch.kernels import Kernel
-from xrfm_torch.models.factory import CLASSIFICATION_KERNELS
+from xrfm_torch.models.factory import DEFAULT_KERNELS
 from xrfm_torch.tree.targets import Task
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
 
     def __init__(
         self,
-        kernel: str | Kernel | tuple[str, ...] = CLASSIFICATION_KERNELS,
+        kernel: str | Kernel | tuple[str, ...] = DEFAULT_KERNELS,
         *,
         max_leaf_size: int = _TREE.max_leaf_size,
         n_iters: int = _LEAF.n_iters,

@@ -20,6 +20,7 @@ from xrfm_torch.estimators.base import (
     _XRFMEstimator,
 )
 from xrfm_torch.kernels import Kernel
+from xrfm_torch.models.factory import DEFAULT_KERNELS
 from xrfm_torch.tree.targets import Task
 from xrfm_torch.tree.uncertainty import Uncertainty
 
@@ -34,7 +35,9 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
     :meth:`predict_interval`, standard deviations in the target's units.
 
     Attributes:
-        model_: The fitted :class:`~xrfm_torch.xRFMTree` (a ``BaggedTree`` when ``n_bags > 1``).
+        model_: The fitted model: by default a :class:`~xrfm_torch.KernelBlend` of a Laplace and
+            a Gaussian tree; one :class:`~xrfm_torch.xRFMTree` for one kernel (a ``BaggedTree``
+            when ``n_bags > 1``).
         n_features_in_: Columns seen in ``fit``; ``feature_names_in_`` for named columns.
 
     Example:
@@ -54,7 +57,7 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
 
     def __init__(
         self,
-        kernel: str | Kernel | tuple[str, ...] = "laplace",
+        kernel: str | Kernel | tuple[str, ...] = DEFAULT_KERNELS,
         *,
         max_leaf_size: int = _TREE.max_leaf_size,
         n_iters: int = _LEAF.n_iters,

@@ -235,12 +235,16 @@ class AGOPFeatureImportance(_FileCallback):
 class TemperatureSweep(_FileCallback):
     """Validation error vs soft-routing temperature (``temperature_sweep.csv`` + ``.png``).
 
-    Where every tree is a single leaf, routing plays no part (the error is the same at every
-    temperature): the callback then writes no sweep and logs that instead.
+    One curve per single tree (``tree``: its place in ``model.single_trees()``; a blend's
+    members were all fitted on the training rows and tuned on the validation rows). Cross-fitted
+    bags validated on their own folds, of which the validation rows are training rows of the
+    other bags: then no sweep is written. Where every tree is a single leaf, routing plays no
+    part (the error is the same at every temperature): the callback writes no sweep and logs
+    that instead.
 
     Args:
         dirpath: Output folder.
-        grid: Temperatures (default: the tree's tuning grid).
+        grid: Temperatures (default: the trees' tuning grid).
     """
 
     def __init__(self, dirpath: str | None = None, grid: list[float] | None = None) -> None:
@@ -252,45 +256,46 @@ class TemperatureSweep(_FileCallback):
         if "val" not in module.fit_data:
             log.warning("TemperatureSweep: the fit had no validation data; nothing to sweep")
             return
-        if is_ensemble(module.model):
+        Xv, yv = module.fit_data["val"]
+        # honest outputs of more rows than the validation rows: cross-fitted bags
+        if len(module.model.honest_outputs().targets) != len(Xv):
             log.info(
                 "TemperatureSweep: cross-fitted bags each tuned their temperature on their own "
                 "fold (tree_summary.json); the validation rows are training rows of the other "
                 "bags, so no sweep is written"
             )
             return
-        tree = module.model.single_trees()[0][1]  # the model itself: one tree
-        if tree.n_leaves == len(tree.trees):
+        trees = [t for _, t in module.model.single_trees() if t.n_leaves > len(t.trees)]
+        if not trees:
             log.info(
                 "TemperatureSweep: every tree is a single leaf, so routing plays no part and "
                 "the temperature changes nothing; no sweep written"
             )
             return
-        Xv, yv = module.fit_data["val"]
-        grid = list(self.grid or tree.config.temperature_grid)
-        errs = tree.temperature_errors(Xv, yv, grid)
+        grid = list(self.grid or trees[0].config.temperature_grid)
+        errs = [tree.temperature_errors(Xv, yv, grid) for tree in trees]
         out = self.out_dir(trainer)
         with (out / "temperature_sweep.csv").open("w", newline="") as fh:
             w = csv.writer(fh)
-            w.writerow(["temperature", "val_mse"])
-            w.writerows(zip(grid, errs))
+            w.writerow(["tree", "temperature", "val_mse"])
+            for k, e in enumerate(errs):
+                w.writerows((k, t, v) for t, v in zip(grid, e))
         plt = _pyplot()
         if plt is None:
             return
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        soft = [(t, e) for t, e in zip(grid, errs) if t > 0]
-        if soft:
-            ax.plot(*zip(*soft), "o-", label="soft routing")
-            ax.set_xscale("log")
-        hard = [e for t, e in zip(grid, errs) if t == 0]
-        if hard:
-            ax.axhline(hard[0], color="tab:red", ls="--", label="hard routing (T=0)")
-        ax.axvline(
-            float(tree.temperature_) or (min(t for t in grid if t > 0) if soft else 1),
-            color="gray",
-            lw=0.8,
-        )
-        ax.set_xlabel("temperature T")
+        for k, (tree, e) in enumerate(zip(trees, errs)):
+            name = f"tree {k}" if len(trees) > 1 else "soft routing"
+            soft = [(t, v) for t, v in zip(grid, e) if t > 0]
+            if soft:
+                (line,) = ax.plot(*zip(*soft), "o-", label=name)
+                ax.set_xscale("log")
+                if float(tree.temperature_) > 0:  # the temperature it chose
+                    ax.axvline(float(tree.temperature_), color=line.get_color(), lw=0.8, ls=":")
+            hard = [v for t, v in zip(grid, e) if t == 0]
+            if hard:
+                ax.axhline(hard[0], color="tab:red", ls="--", lw=0.8)
+        ax.set_xlabel("temperature T (dashed red: hard routing, T=0)")
         ax.set_ylabel("validation MSE (standardized target)")
         ax.legend()
         fig.tight_layout()

@@ -113,8 +113,7 @@ class XRFMLitModule(pl.LightningModule):
             :class:`~xrfm_torch.models.blend.KernelBlend`: one fit per kernel, mixed by weights
             chosen on the honest outputs (``system.blend_kernels=[laplace,gaussian]``;
             ``experiment=kernel_blend``). ``None``: the tree's own kernel. ``"auto"`` (default):
-            the task's default (classification blends the Laplace and the Gaussian kernel;
-            regression uses the tree's kernel).
+            the default's Laplace and Gaussian kernels (both tasks).
         n_fit_rows: Training plus validation rows (the datamodule passes it; ``n_bags="auto"``).
         rarest_class_rows: Rows of the rarest class among them (classification; no bags below
             2).
@@ -161,7 +160,7 @@ class XRFMLitModule(pl.LightningModule):
         tree = tree if tree is not None else xRFMTree(task=task)
         # the task's default ensemble, as the estimators build it (xrfm_torch.models.factory)
         bags = resolve_bags(n_bags, task, n_fit_rows, rarest_class_rows)
-        kernels = resolve_kernels(blend_kernels, task, "blend_kernels")
+        kernels = resolve_kernels(blend_kernels, "blend_kernels")
         model = build_model(tree, bags, kernels, check_time_limit(time_limit))
         if tree.task != task:
             raise ValueError(

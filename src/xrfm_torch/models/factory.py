@@ -6,10 +6,11 @@ and :func:`build_model`; :func:`~xrfm_torch.models.io.load_model`, Lightning che
 tests through :func:`model_from_config`. The model classes a config may build are the registered
 ones (:func:`register_model`): a new kind of model is its own file plus one registration.
 
-The default per task: classification fits the Laplace and the Gaussian kernel and mixes them
-(:class:`~xrfm_torch.models.blend.KernelBlend`), each as ``AUTO_BAGS`` cross-fitted bags when the
-fit has at most ``AUTO_BAG_ROWS`` rows (on small tables one model's validation rows are too few to
-calibrate its probabilities); regression fits one tree. ``xRFMTree`` itself is always one tree:
+The default per task: both tasks fit the Laplace and the Gaussian kernel and mix them
+(:class:`~xrfm_torch.models.blend.KernelBlend`); classification fits each as ``AUTO_BAGS``
+cross-fitted bags when the fit has at most ``AUTO_BAG_ROWS`` rows (on small tables one model's
+validation rows are too few to calibrate its probabilities), regression as one tree.
+``xRFMTree`` itself is always one tree:
 it is the building block the ensembles wrap (docs/design.md: defaults). The classifier's default
 fits 10 single trees below ``AUTO_BAG_ROWS`` rows (2 kernels x 5 bags, the later bags following
 the first one's plan; measured 2.1-4.6x one tree's fit time, ``python -m bench.preset_costs``),
@@ -69,8 +70,8 @@ def model_from_config(cfg: dict[str, Any]) -> Model:
 #: ``n_bags="auto"``: this many cross-fitted bags for a fit of at most ``AUTO_BAG_ROWS`` rows.
 AUTO_BAGS = 5
 AUTO_BAG_ROWS = 20_000
-#: ``kernel="auto"`` for classification: these kernels, blended.
-CLASSIFICATION_KERNELS: tuple[str, ...] = ("laplace", "gaussian")
+#: The default model's kernels (both tasks), blended.
+DEFAULT_KERNELS: tuple[str, ...] = ("laplace", "gaussian")
 
 
 def default_bags(task: Task) -> int | str:
@@ -94,11 +95,6 @@ def auto_bags(n_rows: int | None, rarest_class_rows: int | None = None) -> int:
     return AUTO_BAGS
 
 
-def auto_kernels(task: Task) -> tuple[str, ...] | None:
-    """Kernels the default model blends (``None``: the tree's own kernel alone)."""
-    return CLASSIFICATION_KERNELS if task == "classification" else None
-
-
 def resolve_bags(
     n_bags: Any, task: Task, n_rows: int | None, rarest_class_rows: int | None = None
 ) -> int:
@@ -116,10 +112,8 @@ def resolve_bags(
     return int(n_bags)
 
 
-def resolve_kernels(
-    kernels: Sequence[str] | str | None, task: Task, name: str = "kernels"
-) -> list[str] | None:
-    """The kernels to blend: ``"auto"`` the task's (:func:`auto_kernels`), ``None`` none.
+def resolve_kernels(kernels: Sequence[str] | str | None, name: str = "kernels") -> list[str] | None:
+    """The kernels to blend: ``"auto"`` the default's (``DEFAULT_KERNELS``), ``None`` none.
 
     Raises:
         ValueError: ``kernels`` is a string other than ``"auto"``.
@@ -127,8 +121,7 @@ def resolve_kernels(
     if isinstance(kernels, str):
         if kernels != "auto":
             raise ValueError(f"{name} must be 'auto', a list of names or None, got {kernels!r}")
-        auto = auto_kernels(task)
-        return None if auto is None else list(auto)
+        return list(DEFAULT_KERNELS)
     return None if kernels is None else [str(k) for k in kernels]
 
 
