@@ -128,3 +128,29 @@ def test_synthetic_is_the_protocol_task():
 def test_datamodule_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         TabularDataModule(**kwargs)
+
+
+def test_a_csv_without_task_says_how_its_numeric_target_was_read(tmp_path, caplog):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 2))
+    labels = (X[:, 0] > 0).astype(int)  # 0/1 labels written as numbers
+    path = tmp_path / "t.csv"
+    lines = ["a,b,label"] + [f"{a:.4f},{b:.4f},{c}" for (a, b), c in zip(X, labels)]
+    path.write_text("\n".join(lines) + "\n")
+    with caplog.at_level("INFO", logger="xrfm_torch.lit.datamodule"):
+        dm = TabularDataModule("csv", path=str(path), target="label")
+        dm.setup()
+    assert dm.task == "regression"
+    warned = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "dataset.task=classification" in warned[0].getMessage()
+    assert "the whole values 0, 1" in warned[0].getMessage()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="xrfm_torch.lit.datamodule"):  # given: nothing to say
+        TabularDataModule("csv", path=str(path), target="label", task="classification").setup()
+    assert not [r for r in caplog.records if "dataset.task" in r.getMessage()]
+    path.write_text("\n".join(["a,b,y"] + [f"{a:.4f},{b:.4f},{a + b:.4f}" for a, b in X]) + "\n")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="xrfm_torch.lit.datamodule"):  # real numbers: info only
+        TabularDataModule("csv", path=str(path), target="y").setup()
+    said = [r for r in caplog.records if "dataset.task" in r.getMessage()]
+    assert [r.levelname for r in said] == ["INFO"] and "so a regression" in said[0].getMessage()

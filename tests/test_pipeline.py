@@ -350,3 +350,17 @@ def test_train_py_under_ddp_fits_the_one_process_model(tmp_path):
     assert rmse_ddp == pytest.approx(rmse_one, rel=0.01), seen
     Xq = torch.randn(100, 20, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(tree_ddp(Xq), tree_one(Xq), rtol=1e-3, atol=1e-3)
+
+
+def test_the_fit_log_names_the_kind_of_model(caplog):
+    dm = TabularDataModule("synthetic", n_samples=600, n_features=6)
+    for kernels, kind in (("auto", "KernelBlend"), (None, "xRFMTree")):
+        system = XRFMLitModule(xRFMTree(leaf=LeafConfig(n_iters=1)), blend_kernels=kernels)
+        trainer = pl.Trainer(
+            max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False
+        )
+        caplog.clear()
+        with caplog.at_level("INFO", logger="xrfm_torch.lit.module"):
+            trainer.fit(system, datamodule=dm)
+        assert type(system.model).__name__ == kind
+        assert f"fitting {kind} on " in caplog.text

@@ -108,6 +108,8 @@ class TabularDataModule(pl.LightningDataModule):
                 table = load_openml(int(hp["openml_id"]), hp["cache_dir"], hp["target"], task)
             if table.classes is not None:  # a text target
                 self.task = "classification"
+            elif not self._task_given:
+                _say_numeric_task(table.y, hp["target"])
             X, names, categorical = table.X, table.names, table.categorical
             if hp.get("weight") is not None:
                 X, names, categorical = self._take_weights(X, names, categorical, hp["weight"])
@@ -239,3 +241,28 @@ class TabularDataModule(pl.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader("test")
+
+
+#: A numeric target of at most this many distinct whole values may be labels: the log says so.
+LABEL_LIKE_VALUES = 10
+
+
+def _say_numeric_task(y: np.ndarray, target: Any) -> None:
+    """Log why a table without ``task`` fits a regression: its target column is numeric.
+
+    A target of few whole values (0/1, 1..5) reads as labels to a person but as numbers here, so
+    that case is a warning naming the setting that makes it a classification.
+    """
+    values = np.unique(y[np.isfinite(y)]) if np.issubdtype(y.dtype, np.number) else np.unique(y)
+    name = "the last column" if target is None else f"column {target!r}"
+    whole = np.issubdtype(values.dtype, np.number) and bool(np.all(values == np.round(values)))
+    if whole and len(values) <= LABEL_LIKE_VALUES:
+        shown = ", ".join(f"{v:g}" for v in values)
+        log.warning(
+            "dataset.task not given: the target (%s) is numeric, so this is a regression; it "
+            "holds only the whole values %s: pass dataset.task=classification to fit labels",
+            name,
+            shown,
+        )
+    else:
+        log.info("dataset.task not given: the target (%s) is numeric, so a regression", name)

@@ -260,7 +260,8 @@ class XRFMLitModule(pl.LightningModule):
                 fn(t, tau)
 
         log.info(
-            "fitting xRFMTree on %d rows (%d validation) on %s",
+            "fitting %s on %d rows (%d validation) on %s",
+            type(self.model).__name__,  # the model's kind: a tree, bags, a blend, an anytime fit
             len(X),
             0 if Xv is None else len(Xv),
             self.device,
