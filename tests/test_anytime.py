@@ -224,6 +224,23 @@ def test_it_keeps_the_candidate_of_lowest_honest_loss_as_fitted_alone():
     torch.testing.assert_close(model.honest_outputs().outputs, alone.honest_outputs().outputs)
 
 
+def test_a_fit_too_small_to_split_takes_the_quick_fit_for_its_twin():
+    """No tree of either candidate splits 70 rows: the full tree is the quick one, not refitted."""
+    X, y = planted(70, d=4, seed=4, noise=0.1)
+    model = _anytime().fit(X, y, generator=torch.Generator().manual_seed(1))
+    quick, full = model.trials_[0], model.trials_[1]
+    assert torch.equal(quick, full)  # one fit: the same honest loss and the same seconds
+    alone = model._candidate(1)  # the full tree fitted on its own is that same model
+    alone.fit(X, y, generator=torch.Generator().manual_seed(1))
+    twin = model._candidate(0).fit(X, y, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(alone(X), twin(X), rtol=0, atol=0)
+    # above the quick leaf size (80 rows) the two differ and each is fitted
+    X, y = planted(300, d=4, seed=4, noise=0.1)
+    model = _anytime().fit(X, y, generator=torch.Generator().manual_seed(1))
+    assert model.trials_[0, 1] != model.trials_[1, 1]
+    assert model.trials_[0, 0] != model.trials_[1, 0]
+
+
 def test_rows_of_weight_zero_are_left_out_as_if_never_given():
     X, y = planted(500, d=5, seed=3, noise=0.1)
     w = torch.ones(500)

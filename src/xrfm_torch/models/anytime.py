@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from xrfm_torch.leaf.data import weighted_rows
+from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.blend import KernelBlend, compose
 from xrfm_torch.models.contract import Model
 from xrfm_torch.models.ensemble import Ensemble
@@ -52,6 +53,7 @@ from xrfm_torch.models.ladder import (
     kernel_names,
     ladder,
     quick_tree,
+    quick_twin,
     target_parts,
 )
 from xrfm_torch.models.xrfm_tree import xRFMTree
@@ -222,8 +224,13 @@ class Anytime(Ensemble):
         rungs = self.rungs()
         fitted: dict[int, Model] = {}
         seconds = [math.nan] * len(rungs)
+        unsplit = self._one_leaf(len(X) + (0 if X_val is None else len(X_val)))
         for i, rung in enumerate(rungs):
             left = end - time.perf_counter()
+            twin = quick_twin(rungs, i, fitted) if unsplit else None
+            if twin is not None:  # the same model as the quick one: its fit, its seconds
+                fitted[i], seconds[i] = fitted[twin], seconds[twin]
+                continue
             if rung.mixes:
                 if all(j in fitted for j in rung.mixes):
                     blend = cast(KernelBlend, self._candidate(i))
@@ -267,6 +274,15 @@ class Anytime(Ensemble):
             self.time_limit,
         )
         return self
+
+    def _one_leaf(self, n_rows: int) -> bool:
+        """Whether no tree of a quick or a full candidate splits a fit of ``n_rows`` rows."""
+        t = target_parts(self.prototype)
+        full = t.tree.config.max_leaf_size
+        if t.n_bags > 1:  # a bag's trees are a share of the tree's size
+            bags = cast(BaggedTree, compose(t.tree, t.n_bags, bag=t.bag))
+            full = int(full * bags.bag_size_fraction)
+        return n_rows <= min(self.quick_leaf_size, full)
 
     def _choose(self, rungs: list[Rung], fitted: dict[int, Model]) -> dict[int, float]:
         """Keep the fitted candidate of lowest honest loss on common rows; each one's loss.

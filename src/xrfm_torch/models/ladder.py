@@ -149,6 +149,28 @@ def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: i
     return rungs
 
 
+def quick_twin(rungs: list[Rung], index: int, fitted: Any) -> int | None:
+    """The fitted quick rung that rung ``index`` equals on a fit too small to split, or ``None``.
+
+    Where no tree of either can split (every fit row fits one leaf of both), the quick candidate
+    and the full candidate of the same kernel and bags are the same model, bit for bit (the
+    same draws, one leaf, and a one-leaf tree's count of trees stops at one), so the ladder
+    takes the quick one's fit for the full one's instead of fitting it again.
+    """
+    rung = rungs[index]
+    if rung.quick or rung.mixes:
+        return None
+    for j in fitted:
+        twin = rungs[j]
+        if (
+            twin.quick
+            and not twin.fallback
+            and (twin.kernel, twin.bags) == (rung.kernel, rung.bags)
+        ):
+            return j
+    return None
+
+
 def kernel_names(tree: xRFMTree, kernels: list[str] | None) -> list[str]:
     """The kernels of a ladder's rungs: the target's, then for a single kernel the spare ones."""
     if kernels:
