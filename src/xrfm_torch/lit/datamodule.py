@@ -253,10 +253,9 @@ def _say_numeric_task(y: np.ndarray, target: Any) -> None:
     A target of few whole values (0/1, 1..5) reads as labels to a person but as numbers here, so
     that case is a warning naming the setting that makes it a classification.
     """
-    values = np.unique(y[np.isfinite(y)]) if np.issubdtype(y.dtype, np.number) else np.unique(y)
+    values = np.unique(y[np.isfinite(y)])  # a table without classes has float64 targets
     name = "the last column" if target is None else f"column {target!r}"
-    whole = np.issubdtype(values.dtype, np.number) and bool(np.all(values == np.round(values)))
-    if whole and len(values) <= LABEL_LIKE_VALUES:
+    if len(values) <= LABEL_LIKE_VALUES and bool(np.all(values == np.round(values))):
         shown = ", ".join(f"{v:g}" for v in values)
         log.warning(
             "dataset.task not given: the target (%s) is numeric, so this is a regression; it "

@@ -8,6 +8,7 @@ docs/design.md, "A time budget: the anytime fit", says why each choice.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
@@ -149,8 +150,10 @@ def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: i
     return rungs
 
 
-def quick_twin(rungs: list[Rung], index: int, fitted: Any) -> int | None:
+def quick_twin(rungs: list[Rung], index: int, fitted: Iterable[int]) -> int | None:
     """The fitted quick rung that rung ``index`` equals on a fit too small to split, or ``None``.
+
+    ``fitted``: the indices of the rungs fitted so far.
 
     Where no tree of either can split (every fit row fits one leaf of both), the quick candidate
     and the full candidate of the same kernel and bags are the same model, bit for bit (the
