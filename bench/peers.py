@@ -171,7 +171,9 @@ def fit_peer(
         if compress is not None:
             m.compress(int(compress))
         if getattr(m, "time_limit", None) is not None:  # an anytime fit: what it kept
-            INFO["chosen"] = m.model_.summary()["chosen"]
+            summary = m.model_.summary()
+            INFO["chosen"] = summary["chosen"]
+            INFO["trials"] = {t["candidate"]: t["seconds"] for t in summary["trials"]}
     elif model in ("xgboost", "lightgbm"):
         cat = as_categories(parts, text)
         if model == "xgboost":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from typing import cast
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from xrfm_torch import (
     xRFMTree,
 )
 from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.models import ladder as ladder_module
 from xrfm_torch.models.factory import build_model, model_from_config
 from xrfm_torch.models.ladder import (
     QUICK_SPLIT_ROWS,
@@ -118,6 +120,7 @@ def test_the_ladder_of_each_target_kind():
     assert [r.kernel for r in rungs] == [0, 0, 1, -1] and rungs[-1].mixes == (1, 2)
     gaussian = ladder(xRFMTree(kernel="gaussian", max_leaf_size=500), None, 1, 2000)
     assert [r.name for r in gaussian] == ["tree gaussian", "tree laplace", "mix tree"]
+    assert all(r.detour is None for r in rungs)  # one kernel: no detours, spares instead
     rungs = ladder(tree, ["laplace", "gaussian"], 5, 2000)
     names = [r.name for r in rungs]
     assert names == [
@@ -126,10 +129,20 @@ def test_the_ladder_of_each_target_kind():
         "bags laplace",
         "bags gaussian",
         "mix bags",
+        # detours: each quick rung's other kernel and their mix, of that rung's kind
+        "quick tree gaussian",
+        "mix quick tree",
+        "quick bags gaussian",
+        "mix quick bags",
     ]
-    assert [r.fallback for r in rungs] == [True, False, False, False, False]
+    assert [r.fallback for r in rungs] == [True, False, False, False, False, True, True] + [
+        False
+    ] * 2
+    assert [r.detour for r in rungs] == [None] * 5 + [0, 0, 1, 1]
     assert not any(r.spare for r in rungs)  # two kernels already: nothing spare
-    assert rungs[-1].mixes == (2, 3) and rungs[1].bags == 5 and rungs[0].bags == 1
+    assert rungs[4].mixes == (2, 3) and rungs[1].bags == 5 and rungs[0].bags == 1
+    assert rungs[6].mixes == (0, 5) and rungs[8].mixes == (1, 7)
+    assert [r.bags for r in rungs[5:]] == [1, 1, 5, 5] and all(r.quick for r in rungs[5:])
     # leaves already small and one tree per map: the quick candidate would be the tree itself
     small = ladder(xRFMTree(max_leaf_size=500), None, 1, 2000)
     assert [r.name for r in small] == ["tree laplace", "tree gaussian", "mix tree"]
@@ -164,9 +177,12 @@ def test_cost_estimates_come_from_the_candidates_before():
     assert estimate(rungs[1], rungs, [2.0, nan, nan, nan]) == pytest.approx(6.0)  # 3x the quick
     assert estimate(rungs[2], rungs, [2.0, 5.0, nan, nan]) == 5.0  # as the first kernel's
     assert estimate(rungs[3], rungs, [2.0, 5.0, 4.0, nan]) == 0.0  # a mix fits nothing
+    # a detour's quick second kernel: what the quick first kernel took, not the full tree
+    assert estimate(rungs[4], rungs, [2.0, 5.0, nan, nan, nan, nan]) == 2.0
     bagged = ladder(xRFMTree(), ["laplace", "gaussian"], 5, 2000)
-    assert estimate(bagged[1], bagged, [2.0] + [nan] * 4) == pytest.approx(9.0)  # 0.9 x 5 trees
-    assert estimate(bagged[2], bagged, [2.0, 8.0, nan, nan, nan]) == pytest.approx(24.0)
+    assert estimate(bagged[1], bagged, [2.0] + [nan] * 8) == pytest.approx(9.0)  # 0.9 x 5 trees
+    assert estimate(bagged[2], bagged, [2.0, 8.0] + [nan] * 7) == pytest.approx(24.0)
+    assert estimate(bagged[7], bagged, [2.0, 8.0] + [nan] * 7) == 8.0  # quick bags, gaussian
 
 
 def test_the_quick_tree_is_small_shallow_and_cheap_to_split():
@@ -278,16 +294,17 @@ def test_a_blended_bagged_target_mixes_its_kernels_bags():
     model = Anytime(target, time_limit=600.0, quick_leaf_size=60)
     model.fit(X, labels, generator=torch.Generator().manual_seed(0))
     names = [t["candidate"] for t in model.summary()["trials"]]
-    assert names == [
+    assert names[:5] == [
         "quick tree laplace",
         "quick bags laplace",
         "bags laplace",
         "bags gaussian",
         "mix bags",
     ]
-    assert model.trials_[:, 0].isfinite().all()
+    assert model.trials_[:5, 0].isfinite().all()
+    assert model.trials_[5:].isnan().all()  # the main line finished: no detour
     # the fallback single tree is never kept once bags finished, whatever its loss
-    losses = model.trials_[:, 0]
+    losses = model.trials_[:5, 0]
     assert int(model.chosen_) == 1 + int(losses[1:].argmin())
     # the mix is the target itself, fitted the way the blend fits it
     mix = model.trials_[4, 0]
@@ -322,6 +339,44 @@ def test_bagged_candidates_are_compared_on_all_their_out_of_fold_rows():
     assert f.rows is not None and f.rows.numel() < 100
     own_f = mean_loss(row_losses(f.outputs.double(), f.targets, "classification"), None)
     assert float(model.trials_[0, 0]) == pytest.approx(float(own_f), rel=1e-9)
+
+
+def test_a_main_line_out_of_time_takes_the_detour_to_the_quick_blend(monkeypatch, tmp_path):
+    """The full tree never fits (its estimate is made huge): the quick candidates blend instead."""
+    monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
+    X, y = planted(400, d=5, seed=6, noise=0.1)
+    tree = xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=2))
+    target = KernelBlend(tree, kernels=("laplace", "gaussian"))
+    model = Anytime(target, time_limit=600.0, quick_leaf_size=80)
+    model.fit(X, y, generator=torch.Generator().manual_seed(3))
+    names = [t["candidate"] for t in model.summary()["trials"]]
+    assert names == [
+        "quick tree laplace",
+        "tree laplace",
+        "tree gaussian",
+        "mix tree",
+        "quick tree gaussian",
+        "mix quick tree",
+    ]
+    losses = model.trials_[:, 0]
+    assert losses[1:4].isnan().all() and losses[[0, 4, 5]].isfinite().all()
+    assert losses[5] <= min(losses[0], losses[4]) + 1e-12  # each kernel alone is a weighting
+    assert int(model.chosen_) == min((0, 4, 5), key=lambda i: (float(losses[i]), i))
+    # the quick blend is the blend of quick trees, fitted as a KernelBlend fits it
+    alone = model._candidate(5)
+    assert isinstance(alone, KernelBlend) and alone.kernels == ("laplace", "gaussian")
+    assert cast(xRFMTree, alone.prototype).config.max_leaf_size == 80
+    alone.fit(X, y, generator=torch.Generator().manual_seed(3))
+    h = alone.honest_outputs()
+    own = mean_loss(row_losses(h.outputs.double(), h.targets, "regression"), h.weights)
+    assert float(own) == pytest.approx(float(losses[5]), rel=1e-9)
+    if int(model.chosen_) == 5:
+        torch.testing.assert_close(model(X[:40]), alone(X[:40]))
+    # it is saved and loaded as the candidate it kept
+    save_model(model, tmp_path / "m.pt")
+    loaded = load_model(tmp_path / "m.pt")
+    assert int(loaded.chosen_) == int(model.chosen_)
+    torch.testing.assert_close(loaded(X[:40]), model(X[:40]))
 
 
 def test_a_bagged_target_out_of_time_keeps_its_fallback_tree():

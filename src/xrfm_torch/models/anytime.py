@@ -14,7 +14,10 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
 4. with one kernel, the time the target left goes on spares: the same tree (or bags) with the
    other kernel of :data:`~xrfm_torch.models.ladder.SPARE_KERNELS`, then its mix with the target.
    Kept only where its honest loss is below the target's, so a budget that covers the target's
-   fit gives the target or a model of lower honest loss.
+   fit gives the target or a model of lower honest loss;
+5. with two kernels, where the time left stops the line above after a quick candidate (a
+   *detour*): that quick candidate with the other kernel, then their mix. It costs what the
+   quick candidate cost, so a budget too short for a full tree still buys the blend, in small.
 
 Each candidate is fitted on the same rows from the same generator state, so their honest outputs
 (validation rows of a single tree, out-of-fold rows of the bags) cover common rows, on which
@@ -49,6 +52,7 @@ from xrfm_torch.models.ladder import (
     Rung,
     check_time_limit,
     common_rows,
+    detours,
     estimate,
     kernel_names,
     ladder,
@@ -122,15 +126,18 @@ class Anytime(Ensemble):
         rungs = self.rungs()
         rung = rungs[index]
         names = kernel_names(t.tree, t.kernels)
+        # quick bags keep the quick tree's size (leaves, split sample): small, and measured so
+        quick_bag = {**t.bag, "size_fraction": 1.0}
         if rung.mixes:
             mixed = [names[rungs[j].kernel] for j in rung.mixes]
+            if rung.quick:
+                quick = quick_tree(t.tree, self.quick_leaf_size)
+                return compose(quick, rung.bags, mixed, quick_bag, t.blend)
             return compose(t.tree, rung.bags, mixed, t.bag, t.blend)
         own = t.kernels is None and rung.kernel == 0  # the target's tree as it is
         one = t.tree if own else t.tree.with_kernel(names[rung.kernel])
         if not rung.quick:
             return compose(one, rung.bags, bag=t.bag)
-        # quick bags keep the quick tree's size (leaves, split sample): small, and measured so
-        quick_bag = {**t.bag, "size_fraction": 1.0}
         return compose(quick_tree(one, self.quick_leaf_size), rung.bags, bag=quick_bag)
 
     def get_config(self) -> dict[str, Any]:
@@ -225,22 +232,24 @@ class Anytime(Ensemble):
         fitted: dict[int, Model] = {}
         seconds = [math.nan] * len(rungs)
         unsplit = self._one_leaf(len(X) + (0 if X_val is None else len(X_val)))
-        for i, rung in enumerate(rungs):
-            left = end - time.perf_counter()
+
+        def attempt(i: int) -> str | None:
+            """Fit rung ``i`` (or take its twin's or mix its parts); why to stop, or ``None``."""
+            rung, left = rungs[i], end - time.perf_counter()
             twin = quick_twin(rungs, i, fitted) if unsplit else None
             if twin is not None:  # the same model as the quick one: its fit, its seconds
                 fitted[i], seconds[i] = fitted[twin], seconds[twin]
-                continue
+                return None
             if rung.mixes:
                 if all(j in fitted for j in rung.mixes):
                     blend = cast(KernelBlend, self._candidate(i))
                     fitted[i] = blend.mix([cast(Any, fitted[j]) for j in rung.mixes])
                     seconds[i] = sum(seconds[j] for j in rung.mixes)
-                continue
+                return None
             cost = estimate(rung, rungs, seconds)
             if fitted and cost > left:
                 log.info("anytime: %s skipped (about %.1fs, %.1fs left)", rung.name, cost, left)
-                break
+                return "skipped"
             model = self._candidate(i)
             draws = torch.Generator()
             draws.set_state(state)
@@ -253,9 +262,17 @@ class Anytime(Ensemble):
             except deadline.TimeLimitError:
                 seconds[i] = time.perf_counter() - began
                 log.info("anytime: %s dropped at the time limit after %.1fs", rung.name, seconds[i])
-                break
+                return "dropped"
             seconds[i] = time.perf_counter() - began
             fitted[i] = model
+            return None
+
+        stop = next((why for i in detours(rungs, None) if (why := attempt(i))), None)
+        if stop == "skipped":  # the main line stopped: the last quick rung's other kernels
+            base = max((j for j in fitted if rungs[j].quick), default=None)
+            for i in detours(rungs, base) if base is not None else []:
+                if attempt(i):
+                    break
         losses = self._choose(rungs, fitted)
         self.trials_ = torch.tensor(
             [[losses.get(i, math.nan), s] for i, s in enumerate(seconds)], dtype=torch.float64

@@ -52,6 +52,9 @@ class Rung:
             only when no candidate of the target's kind finished.
         spare: After the target: another kernel, or its mix with the target, fitted only with
             the time the target left.
+        detour: For a quick candidate of a further kernel, or the mix of the quick candidates,
+            the index of the quick rung of the first kernel it goes with; fitted only when a
+            candidate of the ladder's main line does not fit in the time left. Else ``None``.
     """
 
     name: str
@@ -61,6 +64,7 @@ class Rung:
     mixes: tuple[int, ...] = ()
     fallback: bool = False
     spare: bool = False
+    detour: int | None = None
 
 
 class Target(NamedTuple):
@@ -133,6 +137,12 @@ def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: i
     one. The quick rungs are left out where they would be the target's tree itself; the mix
     where there is one kernel. A target of one kernel is followed by the :data:`SPARE_KERNELS`
     it lacks and their mix with it (``Rung.kernel`` indexes :func:`kernel_names`).
+
+    A target that blends kernels ends with detours (:attr:`Rung.detour`): for each quick rung,
+    the same quick candidate with the further kernels and their mix with it. They cost what the
+    quick rung cost, so where the budget stops the main line after a quick candidate, it buys
+    the blend in small form instead of nothing. They come last so that the rungs before them
+    keep their indices.
     """
     names = kernel_names(tree, kernels)
     spare = not kernels  # one kernel: the names after the first (and their mix) are spares
@@ -147,7 +157,25 @@ def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: i
     if len(names) > 1:
         mixed = tuple(range(first, len(rungs)))
         rungs.append(Rung(f"mix {what}", -1, n_bags, mixes=mixed, spare=spare))
+    if spare:
+        return rungs
+    for base in [j for j, r in enumerate(rungs) if r.quick]:
+        q = rungs[base]
+        kind, start = "tree" if q.bags == 1 else "bags", len(rungs)
+        rungs.extend(
+            Rung(f"quick {kind} {k}", i, q.bags, quick=True, fallback=q.fallback, detour=base)
+            for i, k in enumerate(names)
+            if i > 0
+        )
+        mixed = (base, *range(start, len(rungs)))
+        mix = Rung(f"mix quick {kind}", -1, q.bags, True, mixed, q.fallback, detour=base)
+        rungs.append(mix)
     return rungs
+
+
+def detours(rungs: list[Rung], base: int | None) -> list[int]:
+    """The indices of the rungs whose :attr:`Rung.detour` is ``base`` (``None``: the main line)."""
+    return [i for i, r in enumerate(rungs) if r.detour == base]
 
 
 def quick_twin(rungs: list[Rung], index: int, fitted: Iterable[int]) -> int | None:
@@ -211,13 +239,17 @@ def kernel_name(tree: xRFMTree) -> str:
 def estimate(rung: Rung, rungs: list[Rung], seconds: list[float]) -> float:
     """Seconds ``rung`` should take, from the measured ``seconds`` of the rungs before it.
 
-    A mix costs nothing; a further kernel what the first kernel's candidate took; the first
-    full candidate ``TREE_COST`` times the quick one; quick bags ``BAG_COST * n_bags`` times the
-    quick single tree.
+    A mix costs nothing; a further kernel what the candidate of the same kind (quick or not,
+    bags) took with another kernel; the first full candidate ``TREE_COST`` times the quick one;
+    quick bags ``BAG_COST * n_bags`` times the quick single tree.
     """
     if rung.mixes:
         return 0.0
     done = [(r, s) for r, s in zip(rungs, seconds) if math.isfinite(s) and not r.mixes]
+    kind = (rung.quick, rung.bags, rung.fallback)
+    same = [s for r, s in done if (r.quick, r.bags, r.fallback) == kind and r.kernel != rung.kernel]
+    if same:
+        return same[0]
     full = [s for r, s in done if not r.quick and not r.fallback]
     if full:
         return full[0]
