@@ -24,7 +24,7 @@ LAYERS = [
     "pipeline",
 ]
 #: The package's top level (the public re-exports) sits above everything it re-exports.
-TOP = {"xrfm_torch", "xrfm_torch.__about__"}
+TOP = {"xrfm_torch", "xrfm_torch.__about__", "xrfm_torch.files"}
 
 
 def module_name(path: Path) -> str:
@@ -68,7 +68,7 @@ def dynamic_import(node: ast.AST) -> str | None:
 
 def layer(module: str) -> int:
     if module in TOP:
-        return len(LAYERS) if module == "xrfm_torch" else -1
+        return -1 if module == "xrfm_torch.__about__" else len(LAYERS)
     return LAYERS.index(module.split(".")[1])
 
 

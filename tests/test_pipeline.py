@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 
 from test_configs import compose_with
 from xrfm_torch import LeafConfig, xRFMTree
-from xrfm_torch.lit import TabularDataModule, XRFMLitModule
+from xrfm_torch.data.protocol import protocol_split
+from xrfm_torch.lit import TabularDataModule, XRFMLitModule, predict_rows
 from xrfm_torch.models.blend import KernelBlend
 from xrfm_torch.pipeline import run
 
@@ -261,7 +262,7 @@ def test_train_py_multirun(tmp_path):
 
 
 def test_a_csv_table_with_text_missing_cells_and_text_labels(tmp_path):
-    pytest.importorskip("pandas")
+    pd = pytest.importorskip("pandas")
     rng = np.random.default_rng(0)
     n = 1500
     color = rng.choice(["red", "green", "blue"], size=n)
@@ -298,6 +299,21 @@ def test_a_csv_table_with_text_missing_cells_and_text_labels(tmp_path):
         assert tree.config.categorical_features == (0,) and tree.missing_values == "any"
         assert tree.input_map.missing_columns == [2]  # z: missing numbers get an indicator
     assert result["metrics"]["test/accuracy"] > 0.9
+    # the checkpoint predicts new raw rows: the CSV's test rows give the run's own predictions
+    ckpt = tmp_path / "run.ckpt"
+    result["objects"]["trainer"].save_checkpoint(ckpt)
+    raw = pd.read_csv(path)
+    test_rows = protocol_split(n, 0)[2]
+    new = raw.iloc[test_rows].drop(columns="label").iloc[:, ::-1]  # columns by name, any order
+    proba = predict_rows(ckpt, new, proba=True)
+    with torch.no_grad():
+        expected = system.predict_output(torch.from_numpy(dm.data.X_test)).double().numpy()
+    assert np.array_equal(proba, expected)
+    labels = predict_rows(ckpt, path)  # a CSV path: every row, the table's own labels
+    assert labels[test_rows].tolist() == np.array(["no", "yes"])[expected.argmax(1)].tolist()
+    assert (labels == raw["label"].to_numpy()).mean() > 0.9
+    with pytest.raises(ValueError, match=r"lack columns .*'color'"):
+        predict_rows(ckpt, new.drop(columns="color"))
 
 
 # Slow tier: two train.py runs of which one launches two DDP processes (~10 s on 2 cores). It

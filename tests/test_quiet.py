@@ -77,8 +77,11 @@ def test_fit_bar_counts_leaves_and_shows_iterations():
     bar = FitBar("fit")
     bar.iteration(0, 3)
     assert bar._bar is not None and bar._bar.postfix.endswith("RFM iteration 0/3")
+    assert bar._bar.desc.startswith("fit: preparing (input maps, splits)")  # no leaf counted yet
     bar.leaf_done(0, 1, 2)
-    assert (bar._bar.n, bar._bar.total) == (1, 2)
+    assert (bar._bar.n, bar._bar.total) == (1, 2) and bar._bar.desc.startswith("fit (tree 1)")
+    bar.iteration(1, 3)
+    assert bar._bar.desc.startswith("fit (tree 1)")  # a leaf's iterations keep the tree's label
     bar.leaf_done(0, 2, 2)
     assert bar._bar is None  # closed with the tree's last leaf
     bar.close()

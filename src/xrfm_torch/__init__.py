@@ -12,6 +12,7 @@ datasets in :mod:`xrfm_torch.data` (numpy). The scikit-learn estimators ``XRFMRe
 from typing import Any
 
 from xrfm_torch.__about__ import __version__
+from xrfm_torch.files import load_model, save_model
 from xrfm_torch.inputs import InputMap, QuantileNormal
 from xrfm_torch.kernels import (
     KERNELS,
@@ -29,8 +30,6 @@ from xrfm_torch.models import (
     KernelBlend,
     export_onnx,
     export_program,
-    load_model,
-    save_model,
     xRFMTree,
 )
 from xrfm_torch.tree.config import TreeConfig

@@ -61,6 +61,7 @@ class ProtocolData:
     y_test: np.ndarray
     y_scaler: Standardizer | None
     feature_names: list[str]
+    x_scaler: Standardizer | None = None  # what new rows need before the model reads them
 
 
 def prepare(
@@ -93,4 +94,4 @@ def prepare(
         )
 
     names = feature_names or [f"x{i}" for i in range(X.shape[1])]
-    return ProtocolData(tx(tr), ty(tr), tx(va), ty(va), tx(te), ty(te), ys, names)
+    return ProtocolData(tx(tr), ty(tr), tx(va), ty(va), tx(te), ty(te), ys, names, xs)

@@ -212,6 +212,8 @@ class Table:
         names: Feature names.
         categorical: Indices of the categorical columns.
         classes: The class labels in index order (classification), else ``None``.
+        encoder: The categorical columns' learned levels (a table read with pandas), else
+            ``None`` (a table of numbers).
     """
 
     X: np.ndarray
@@ -219,6 +221,7 @@ class Table:
     names: list[str]
     categorical: list[int]
     classes: np.ndarray | None
+    encoder: TableEncoder | None = None
 
 
 def read_table(path: Any, target: str | int | None = None, task: str | None = None) -> Table:
@@ -250,13 +253,14 @@ def read_table(path: Any, target: str | int | None = None, task: str | None = No
     plain = plain_frame(features)
     X_obj = plain.to_numpy(dtype=object)
     categorical = categorical_columns(X_obj, "auto", names, list(plain.dtypes))
-    X = TableEncoder.fit(X_obj, categorical, names).transform(X_obj)
+    encoder = TableEncoder.fit(X_obj, categorical, names)
+    X = encoder.transform(X_obj)
     if task == "classification":
         classes, y = np.unique(y_raw.to_numpy(), return_inverse=True)
-        return Table(X, y.astype(np.float64), names, categorical, classes)
+        return Table(X, y.astype(np.float64), names, categorical, classes, encoder)
     if y_raw.dtype.kind not in "fiu":
         raise ValueError(f"{path}: regression target {columns[j]!r} has text cells")
-    return Table(X, y_raw.to_numpy(np.float64), names, categorical, None)
+    return Table(X, y_raw.to_numpy(np.float64), names, categorical, None, encoder)
 
 
 def read_any(path: Any, target: str | int | None = None, task: str | None = None) -> Table:

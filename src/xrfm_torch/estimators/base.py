@@ -351,11 +351,26 @@ class _XRFMEstimator(BaseEstimator):
             log.warning("X has columns the model was not fitted on; ignoring %s", extra[:10])
         return X[list(names)]
 
-    def _scores(self, X: Any) -> torch.Tensor:
+    def encode(self, X: Any) -> torch.Tensor:
+        """The rows ``model_`` reads: ``X`` (array or DataFrame) encoded as ``fit`` learned.
+
+        Columns by name, numbers as floats, text categories as codes of the training levels
+        (a level never seen, like a missing cell, as NaN or -1), in the estimator's ``dtype`` and
+        on its ``device``. ``model_(est.encode(X))`` gives what ``predict`` / ``predict_proba``
+        give, and so do an exported program or ONNX file of the estimator
+        (:func:`~xrfm_torch.export_program`), which take these rows; this is the one step
+        between a DataFrame and them.
+
+        Returns:
+            A float tensor (n, n_features_in_).
+        """
         check_is_fitted(self, "model_")
-        X = self._read(X)
+        return self._tensor(self._read(X))
+
+    def _scores(self, X: Any) -> torch.Tensor:
+        x = self.encode(X)
         with torch.no_grad():
-            return self.model_(self._tensor(X))
+            return self.model_(x)
 
     def compress(self, max_support: int = 1000) -> Any:
         """A lighter predictor, in place: ``model_.compress(max_support)`` (seeded by ``random_state``).

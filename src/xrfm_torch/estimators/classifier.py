@@ -10,7 +10,6 @@ import numpy as np
 import torch
 from sklearn.base import ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted
 
 from xrfm_torch.data.tabular import (
     CategoricalSpec,
@@ -180,8 +179,7 @@ class XRFMClassifier(ClassifierMixin, _XRFMEstimator):
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities (n, K), rows summing to 1, columns in the order of ``classes_``."""
-        check_is_fitted(self, "model_")
-        x = self._tensor(self._read(X))
+        x = self.encode(X)
         with torch.no_grad():
             p = self.model_.predict_proba(x).double()
         # renormalized in float64: rows that summed to 1 in float32 sum to 1 within 1e-15 here

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import torch
 from sklearn.base import RegressorMixin
-from sklearn.utils.validation import check_is_fitted
 
 from xrfm_torch.data.tabular import (
     CategoricalSpec,
@@ -146,16 +145,14 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
         """
         if not return_std:
             return self._shaped(self._scores(X))
-        check_is_fitted(self, "model_")
-        x = self._tensor(self._read(X))
+        x = self.encode(X)
         with torch.no_grad():
             mean, std = self.model_(x, return_std=True)
         return self._shaped(mean), self._shaped(std)
 
     def predict_interval(self, X: Any, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
         """Central predictive interval ``(lower, upper)`` holding ``coverage`` of the mass."""
-        check_is_fitted(self, "model_")
-        x = self._tensor(self._read(X))
+        x = self.encode(X)
         with torch.no_grad():
             lower, upper = self.model_.predict_interval(x, coverage)
         return self._shaped(lower), self._shaped(upper)

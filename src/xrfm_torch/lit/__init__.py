@@ -11,6 +11,7 @@ from xrfm_torch.lit.callbacks import (
 from xrfm_torch.lit.datamodule import TabularDataModule
 from xrfm_torch.lit.head import RefitXRFM, XRFMHeadModule, mlp_encoder
 from xrfm_torch.lit.module import XRFMLitModule
+from xrfm_torch.lit.predict import predict_rows
 
 __all__ = [
     "AGOPFeatureImportance",
@@ -24,4 +25,5 @@ __all__ = [
     "XRFMHeadModule",
     "XRFMLitModule",
     "mlp_encoder",
+    "predict_rows",
 ]

@@ -257,12 +257,15 @@ class TemperatureSweep(_FileCallback):
             log.warning("TemperatureSweep: the fit had no validation data; nothing to sweep")
             return
         Xv, yv = module.fit_data["val"]
-        # honest outputs of more rows than the validation rows: cross-fitted bags
-        if len(module.model.honest_outputs().targets) != len(Xv):
+        # honest outputs of other rows than the validation rows (cross-fitted bags: every row)
+        honest = len(module.model.honest_outputs().targets)
+        if honest != len(Xv):
             log.info(
-                "TemperatureSweep: cross-fitted bags each tuned their temperature on their own "
-                "fold (tree_summary.json); the validation rows are training rows of the other "
-                "bags, so no sweep is written"
+                "TemperatureSweep: the model's honest outputs score %d rows, not the %d "
+                "validation rows (cross-fitted bags score every row out of fold and tune their "
+                "temperature each on its own fold: tree_summary.json), so no sweep is written",
+                honest,
+                len(Xv),
             )
             return
         trees = [t for _, t in module.model.single_trees() if t.n_leaves > len(t.trees)]

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from xrfm_torch.data.protocol import ProtocolData, Task, prepare, protocol_split
+from xrfm_torch.data.protocol import ProtocolData, Standardizer, Task, prepare, protocol_split
 from xrfm_torch.data.registry import DATASETS
+from xrfm_torch.data.rows import RowEncoding
 from xrfm_torch.data.sources import download_openml, load_openml, make_synthetic
 from xrfm_torch.data.tabular import read_any
 
@@ -90,6 +91,10 @@ class TabularDataModule(pl.LightningDataModule):
         self.categorical_features: list[int] = []  # columns of category codes (CSV tables)
         self.has_missing = False  # whether any feature cell is missing (NaN)
         self.sample_weight: np.ndarray | None = None  # the weight column (all rows), if any
+        #: How new raw rows become the model's inputs (set up with the data; in checkpoints).
+        self.rows: RowEncoding | None = None
+        self._levels: list[list[Any]] = []  # the categorical columns' levels (CSV tables)
+        self._classes: list[Any] | None = None  # a text target's labels
 
     def prepare_data(self) -> None:
         if self.name == "openml":
@@ -111,6 +116,10 @@ class TabularDataModule(pl.LightningDataModule):
             elif not self._task_given:
                 _say_numeric_task(table.y, hp["target"])
             X, names, categorical = table.X, table.names, table.categorical
+            if table.encoder is not None:
+                self._levels = [lv.tolist() for lv in table.encoder.levels]
+            if table.classes is not None:
+                self._classes = table.classes.tolist()
             if hp.get("weight") is not None:
                 X, names, categorical = self._take_weights(X, names, categorical, hp["weight"])
             self.categorical_features = categorical
@@ -152,6 +161,15 @@ class TabularDataModule(pl.LightningDataModule):
             categorical=self.categorical_features,
         )
         d = self.data
+        scaler = cast(Standardizer, d.x_scaler)  # prepare always fits it
+        self.rows = RowEncoding(
+            list(names),
+            list(self.categorical_features),
+            self._levels,
+            np.atleast_1d(scaler.mean).tolist(),
+            np.atleast_1d(scaler.std).tolist(),
+            self._classes,
+        )
         # the protocol's rows of each split (prepare draws the same), for the weight column
         rows = dict(
             zip(("train", "val", "test"), protocol_split(len(X), int(self.hparams["seed"])))
@@ -241,6 +259,16 @@ class TabularDataModule(pl.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader("test")
+
+    # ---- checkpoints: the row encoding travels with the model ----------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{"rows": RowEncoding.to_state()}`` once set up (Lightning saves it in checkpoints)."""
+        return {} if self.rows is None else {"rows": self.rows.to_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Read the row encoding back (checked: :meth:`RowEncoding.from_state`)."""
+        if "rows" in state_dict:
+            self.rows = RowEncoding.from_state(state_dict["rows"])
 
 
 #: A numeric target of at most this many distinct whole values may be labels: the log says so.

@@ -105,7 +105,9 @@ class ExportableTree(nn.Module):
         out = self.model.targets.decode(out)
         if self.output == "proba":
             out = class_probabilities(out, self.softmax_scale, self.model.targets.platt_)
-        bad = torch.isinf(x).any(1) | torch.isnan(x[:, self.strict]).any(1)
+        bad = torch.isinf(x).any(1)
+        if self.strict:  # (an empty column pick reduces to True in onnxruntime, not False)
+            bad = bad | torch.isnan(x[:, self.strict]).any(1)
         return torch.where(bad[:, None], torch.full_like(out, math.nan), out)
 
     def _tree(self, tree: PartitionTree, x: Tensor) -> Tensor:
@@ -208,13 +210,26 @@ def exportable(
     return ExportableTree(cast("xRFMTree", model), output=output, temperature=temperature)
 
 
+def _example_rows(model: Any, example: Any) -> Tensor:
+    """``example`` as the rows the exported graph takes.
+
+    For an estimator, raw rows (a DataFrame with text columns, a list of rows) are encoded
+    as it encodes them (``estimator.encode``); a tensor or a numeric array passes as it is.
+    """
+    if isinstance(example, Tensor):
+        return example
+    if not isinstance(model, nn.Module) and hasattr(model, "encode"):  # a fitted estimator
+        return cast(Tensor, model.encode(example))
+    return torch.as_tensor(example)  # numpy, as the estimators take
+
+
 def _batch_dim() -> dict[str, dict[int, torch.export.Dim]]:
     return {"x": {0: torch.export.Dim("n", min=1)}}
 
 
 def export_program(
     model: xRFMTree | BaggedTree | nn.Module | Any,
-    example: Tensor,
+    example: Tensor | Any,
     *,
     output: Output | None = None,
     temperature: float | None = None,
@@ -225,7 +240,9 @@ def export_program(
         model: A fitted ``xRFMTree``, ``BaggedTree``, ``KernelBlend`` or estimator
             (:func:`exportable`), or an :class:`ExportableTree` / :class:`ExportableEnsemble`
             (inside a larger module: export that module directly).
-        example: Example inputs (n, d) with ``n >= 2`` (their values do not matter).
+        example: Example inputs (n, d) with ``n >= 2`` (their values do not matter); for an
+            estimator also raw rows such as ``df[:2]`` (encoded by ``estimator.encode``: the
+            program, like the ONNX file, takes the encoded rows).
         output: ``"predict"`` or ``"proba"``; by default probabilities for a classification
             model, else predictions (ignored for an ``ExportableTree``).
         temperature: Routing temperature (ignored for an ``ExportableTree``).
@@ -234,7 +251,7 @@ def export_program(
         The exported program; ``program.module()(x)`` predicts.
     """
     module = exportable(model, output, temperature)
-    example = torch.as_tensor(example)  # numpy, as the estimators take
+    example = _example_rows(model, example)
     if example.ndim != 2 or example.shape[0] < 2:
         raise ValueError(
             f"example must be (n, d) with n >= 2 rows, got shape {tuple(example.shape)}"
@@ -245,7 +262,7 @@ def export_program(
 def export_onnx(
     model: xRFMTree | BaggedTree | nn.Module | Any,
     path: str | Path,
-    example: Tensor,
+    example: Tensor | Any,
     *,
     output: Output | None = None,
     temperature: float | None = None,
@@ -264,7 +281,7 @@ def export_onnx(
         raise ImportError(
             'ONNX export needs onnx and onnxscript: pip install "xrfm_torch[onnx]"'
         ) from err
-    example = torch.as_tensor(example)
+    example = _example_rows(model, example)
     program = export_program(model, example, output=output, temperature=temperature)
     path = Path(path)
     with warnings.catch_warnings():

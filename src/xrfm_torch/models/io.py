@@ -38,6 +38,8 @@ from xrfm_torch.models.state import STATE_FORMAT_VERSION
 #: The label of a model file (any model kind; files written before 0.16 carry ``OLD_FORMATS``).
 FILE_FORMAT = "xrfm_torch.model"
 OLD_FORMATS = ("xrfm_torch.xRFMTree",)
+#: The label of a scikit-learn estimator's file (:mod:`xrfm_torch.estimators.files`).
+ESTIMATOR_FORMAT = "xrfm_torch.estimator"
 
 
 def save_model(model: Model, path: str | os.PathLike[str]) -> None:
@@ -73,8 +75,18 @@ def load_model(
         ValueError: The file is truncated or not a torch file, holds something other than an
             xrfm_torch model, or comes from a newer format version.
     """
+    return model_from_payload(read_file(path, map_location), path, map_location)
+
+
+def read_file(path: str | os.PathLike[str], map_location: str | torch.device | None = None) -> Any:
+    """The plain data of a torch file (``torch.load(weights_only=True)``: no code unpickled).
+
+    Raises:
+        FileNotFoundError: No such file.
+        ValueError: The file is truncated, corrupted or not a torch file of plain data.
+    """
     try:
-        obj: Any = torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
@@ -84,6 +96,22 @@ def load_model(
             f"truncated, corrupted or not a torch file ({type(err).__name__}: "
             f"{str(err).splitlines()[0][:200]})"
         ) from err
+
+
+def model_from_payload(
+    obj: Any, path: str | os.PathLike[str], map_location: str | torch.device | None = None
+) -> Model:
+    """The model of a model file's plain data (checked: format, version, config allow-list).
+
+    Raises:
+        ValueError: ``obj`` is not a model file's data (an estimator file is named as such),
+            or comes from a newer format version.
+    """
+    if isinstance(obj, dict) and obj.get("format") == ESTIMATOR_FORMAT:
+        raise ValueError(
+            f"{os.fspath(path)!r} holds a scikit-learn estimator, not a model: read it with "
+            "xrfm_torch.load_model"
+        )
     if not isinstance(obj, dict) or obj.get("format") not in (FILE_FORMAT, *OLD_FORMATS):
         what = (
             f"a dict with keys {sorted(map(str, obj))[:8]}"

@@ -60,8 +60,14 @@ class FitBar:
         return self._bar
 
     def iteration(self, t: int, tau: int) -> None:
-        """After iteration ``t`` of ``0 .. tau`` of the leaf being fitted."""
+        """After iteration ``t`` of ``0 .. tau`` of the leaf being fitted.
+
+        Before the first leaf report the iterations are the fit's preparation (the input-map
+        probe's and the split models' fits), so the bar says so instead of counting 0 leaves.
+        """
         bar = self._open() if self._bar is None else self._bar
+        if bar.total is None:
+            bar.set_description(f"{self.desc}: preparing (input maps, splits)", refresh=False)
         bar.set_postfix_str(f"RFM iteration {t}/{tau}")
 
     def leaf_done(self, tree: int, done: int, total: int) -> None:
