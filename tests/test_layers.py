@@ -19,12 +19,14 @@ LAYERS = [
     "models",
     "data",
     "estimators",
+    "files",
     "search",
     "lit",
     "pipeline",
+    "integrations",
 ]
 #: The package's top level (the public re-exports) sits above everything it re-exports.
-TOP = {"xrfm_torch", "xrfm_torch.__about__", "xrfm_torch.files"}
+TOP = {"xrfm_torch", "xrfm_torch.__about__"}
 
 
 def module_name(path: Path) -> str:
@@ -68,7 +70,7 @@ def dynamic_import(node: ast.AST) -> str | None:
 
 def layer(module: str) -> int:
     if module in TOP:
-        return -1 if module == "xrfm_torch.__about__" else len(LAYERS)
+        return len(LAYERS) if module == "xrfm_torch" else -1
     return LAYERS.index(module.split(".")[1])
 
 

@@ -78,8 +78,10 @@ def test_fit_bar_counts_leaves_and_shows_iterations():
     bar.iteration(0, 3)
     assert bar._bar is not None and bar._bar.postfix.endswith("RFM iteration 0/3")
     assert bar._bar.desc.startswith("fit: preparing (input maps, splits)")  # no leaf counted yet
+    assert str(bar._bar) == "fit: preparing (input maps, splits), RFM iteration 0/3"  # no "0leaf"
     bar.leaf_done(0, 1, 2)
     assert (bar._bar.n, bar._bar.total) == (1, 2) and bar._bar.desc.startswith("fit (tree 1)")
+    assert "1/2" in str(bar._bar)  # the leaves counted again
     bar.iteration(1, 3)
     assert bar._bar.desc.startswith("fit (tree 1)")  # a leaf's iterations keep the tree's label
     bar.leaf_done(0, 2, 2)

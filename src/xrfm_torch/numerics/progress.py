@@ -66,14 +66,16 @@ class FitBar:
         probe's and the split models' fits), so the bar says so instead of counting 0 leaves.
         """
         bar = self._open() if self._bar is None else self._bar
-        if bar.total is None:
-            bar.set_description(f"{self.desc}: preparing (input maps, splits)", refresh=False)
+        if bar.total is None:  # no leaf count yet: label and iteration only
+            bar.bar_format = "{desc}{postfix}"  # (tqdm writes the postfix after ", ")
+            bar.set_description_str(f"{self.desc}: preparing (input maps, splits)", refresh=False)
         bar.set_postfix_str(f"RFM iteration {t}/{tau}")
 
     def leaf_done(self, tree: int, done: int, total: int) -> None:
         """After ``done`` of the ``total`` leaves of tree ``tree`` (a fit's ``progress``)."""
         bar = self._open() if self._bar is None else self._bar
         bar.total = total
+        bar.bar_format = None  # tqdm's own: the leaves counted
         bar.set_description(f"{self.desc} (tree {tree + 1})", refresh=False)
         bar.update(done - bar.n)
         if done >= total:
