@@ -11,7 +11,7 @@ is (:mod:`xrfm_torch.models.io`)::
                 "categorical": [...], "levels": [[...], ...],   # the column encoding
                 "classes": [...], "classes_dtype": "<U3",      # classifier
                 "y_ndim": 1},                                  # regressor
-     "model": {"config": ..., "state_dict": ...}}               # the fitted model_
+     "model": {"format": "xrfm_torch.model", ...}}            # model_'s own file data
 
 So it loads with ``torch.load(weights_only=True)``: nothing is unpickled as code. The estimator
 class is looked up in :data:`ESTIMATORS` by name, the model is built from its config through
@@ -33,8 +33,7 @@ from xrfm_torch.data.tabular import TableEncoder
 from xrfm_torch.estimators.base import _XRFMEstimator
 from xrfm_torch.estimators.classifier import XRFMClassifier
 from xrfm_torch.estimators.regressor import XRFMRegressor
-from xrfm_torch.models.factory import model_from_config
-from xrfm_torch.models.io import ESTIMATOR_FORMAT
+from xrfm_torch.models.io import ESTIMATOR_FORMAT, model_from_payload, model_payload
 from xrfm_torch.numerics.config import check_targets, from_config, to_plain
 
 log = logging.getLogger(__name__)
@@ -100,7 +99,7 @@ def estimator_payload(est: _XRFMEstimator) -> dict[str, Any]:
         "estimator": name,
         "params": params,
         "fitted": fitted,
-        "model": {"config": model.get_config(), "state_dict": model.state_dict()},
+        "model": model_payload(model),
     }
 
 
@@ -143,8 +142,7 @@ def estimator_from_payload(obj: dict[str, Any], path: str | os.PathLike[str]) ->
         if y_ndim not in (1, 2):
             raise ValueError(f"{where!r}: y_ndim must be 1 or 2, got {y_ndim!r}")
         est._y_ndim = y_ndim
-    est.model_ = model_from_config(model.get("config"))  # type: ignore[arg-type]
-    est.model_.load_state_dict(_dict(model, "state_dict", where))
+    est.model_ = model_from_payload(model, path)  # format, version and config allow-list checked
     return est
 
 

@@ -48,17 +48,23 @@ def save_model(model: Model, path: str | os.PathLike[str]) -> None:
     Raises:
         RuntimeError: The model is not fitted.
     """
+    torch.save(model_payload(model), path)
+
+
+def model_payload(model: Model) -> dict[str, Any]:
+    """A fitted model's file data (the module docstring; an estimator file nests it).
+
+    Raises:
+        RuntimeError: The model is not fitted.
+    """
     if not model.is_fitted:
         raise RuntimeError(f"save_model needs a fitted model; this {type(model).__name__} is not")
-    torch.save(
-        {
-            "format": FILE_FORMAT,
-            "format_version": STATE_FORMAT_VERSION,
-            "config": model.get_config(),
-            "state_dict": model.state_dict(),
-        },
-        path,
-    )
+    return {
+        "format": FILE_FORMAT,
+        "format_version": STATE_FORMAT_VERSION,
+        "config": model.get_config(),
+        "state_dict": model.state_dict(),
+    }
 
 
 def load_model(
