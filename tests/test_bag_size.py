@@ -59,7 +59,7 @@ def test_a_bags_leaves_and_split_models_take_its_share(task, size_fraction, larg
     # every split model fits on the bag's share of the rule's 240 rows (validates on a quarter)
     sample = round(240 * share)
     assert sample in drawn and set(drawn) <= {sample, max(2, sample // 4)}
-    for bag in model.bags:
+    for bag in model.members:
         assert bag.config.split_rule.sample_size == sample
         rows = [leaf.support_.shape[0] for leaf in bag.leaves()]
         assert bag.config.max_leaf_size == largest

@@ -77,7 +77,7 @@ def test_bag_k_is_the_tree_fitted_on_the_other_folds_validating_on_fold_k(regres
         ref = _proto().fit(
             Xp[tr], yp[tr], Xp[va], yp[va], generator=torch.Generator().manual_seed(seeds[k])
         )
-        assert torch.equal(ref(X[500:]), bagged.bags[k](X[500:]))
+        assert torch.equal(ref(X[500:]), bagged.members[k](X[500:]))
 
 
 def test_prediction_is_the_mean_and_oof_rows_come_from_the_bag_that_left_them_out(
@@ -85,10 +85,10 @@ def test_prediction_is_the_mean_and_oof_rows_come_from_the_bag_that_left_them_ou
 ):
     X, y = regression
     Xq = X[500:]
-    mean = sum(b(Xq) for b in bagged.bags) / 3
+    mean = sum(b(Xq) for b in bagged.members) / 3
     torch.testing.assert_close(bagged(Xq), mean, rtol=1e-12, atol=1e-12)
     Xp = X[:500]
-    for k, bag in enumerate(bagged.bags):
+    for k, bag in enumerate(bagged.members):
         rows = bagged.folds_ == k
         torch.testing.assert_close(bagged.oof_[rows], bag(Xp[rows]), rtol=0, atol=0)
     # out of fold = an honest score: near the test error, unlike the in-sample fit
@@ -103,11 +103,11 @@ def test_classification_averages_probabilities(classifier):
     model, X, y = classifier
     Xq = X[500:]
     p = model.predict_proba(Xq)
-    mean = sum(b.predict_proba(Xq) for b in model.bags) / 4
+    mean = sum(b.predict_proba(Xq) for b in model.members) / 4
     torch.testing.assert_close(p, mean, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(p.sum(1), torch.ones(100, dtype=p.dtype))
     assert float((p.argmax(1) == y[500:]).double().mean()) > 0.8
-    for k, bag in enumerate(model.bags):  # every bag validated on its own stratified fold
+    for k, bag in enumerate(model.members):  # every bag validated on its own stratified fold
         rows = model.folds_ == k
         torch.testing.assert_close(model.oof_[rows], bag.predict_proba(X[:500][rows]))
 
@@ -118,7 +118,7 @@ def test_return_std_is_the_mixture_of_the_bags(regression):
     model.fit(X[:500], y[:500], generator=torch.Generator().manual_seed(0))
     Xq = X[500:520]
     mean, std = model(Xq, return_std=True)
-    pairs = [b(Xq, return_std=True) for b in model.bags]
+    pairs = [b(Xq, return_std=True) for b in model.members]
     m = (pairs[0][0] + pairs[1][0]) / 2
     var = sum(s**2 + mk**2 for mk, s in pairs) / 2 - m**2
     torch.testing.assert_close(mean, m)
@@ -139,6 +139,14 @@ def test_file_and_state_dict_round_trip_bit_identical(tmp_path, bagged, regressi
     fresh.load_state_dict(bagged.state_dict())
     assert torch.equal(fresh(X[500:]), bagged(X[500:]))
     assert "oof_" not in bagged.state_dict()  # predictions of training rows stay out of files
+    # a state of the earlier layout, the bags under "bags." (before every holder's "members."),
+    # loads into a fresh model and predicts the same
+    state = bagged.state_dict()
+    assert sum(k.startswith("members.") for k in state) == len(state)
+    old = {"bags." + k.removeprefix("members."): v for k, v in state.items()}
+    fresh = model_from_config(bagged.get_config())
+    fresh.load_state_dict(old)
+    assert torch.equal(fresh(X[500:]), bagged(X[500:]))
 
 
 def test_export_matches_eager(bagged, regression, classifier):
@@ -156,10 +164,10 @@ def test_soft_routing_is_differentiable_through_every_bag(bagged, regression):
     grads = bagged.input_grads(x, temperature=0.5)
     jac = torch.func.jacrev(lambda z: bagged(z, 0.5))(x)  # (n, c, n, d)
     torch.testing.assert_close(grads, torch.einsum("icid->icd", jac))
-    mean_grads = sum(b.input_grads(x, 0.5) for b in bagged.bags) / 3
+    mean_grads = sum(b.input_grads(x, 0.5) for b in bagged.members) / 3
     torch.testing.assert_close(grads, mean_grads)
     imp = bagged.feature_importance()
-    torch.testing.assert_close(imp, sum(b.feature_importance() for b in bagged.bags) / 3)
+    torch.testing.assert_close(imp, sum(b.feature_importance() for b in bagged.members) / 3)
     assert int(imp.argmax()) in (0, 1, 2) and float(imp[3]) < float(imp.max())
 
 
@@ -238,7 +246,7 @@ def test_lightning_experiment_bagged_logs_out_of_fold_scores(tmp_path):
     rmse = float((pred - system.original_targets(y.float())).double().square().mean().sqrt())
     assert result["metrics"]["val/oof_rmse"] == pytest.approx(rmse, rel=1e-6)
     x = torch.from_numpy(dm.data.X_test)
-    expected = sum(b(x) for b in tree.bags) / 3
+    expected = sum(b(x) for b in tree.members) / 3
     torch.testing.assert_close(system(x), expected)
     summary = (tmp_path / "tree_summary.json").read_text()
     assert '"n_bags": 3' in summary
@@ -343,7 +351,7 @@ def test_a_classification_bag_is_one_tree_per_map_and_round_trips(tmp_path):
     for n_trees in (None, 1):
         model = BaggedTree(_proto(task="classification", n_trees=n_trees), n_bags=3)
         fits[n_trees] = model.fit(X[:600], y[:600], generator=torch.Generator().manual_seed(4))
-    assert all(len(bag.partition_trees()) == 1 for bag in fits[None].bags)
+    assert all(len(bag.partition_trees()) == 1 for bag in fits[None].members)
     assert torch.equal(fits[None].predict_proba(X[600:]), fits[1].predict_proba(X[600:]))
     save_model(fits[None], tmp_path / "bags.pt")
     back = load_model(tmp_path / "bags.pt")
@@ -362,20 +370,20 @@ def test_later_bags_follow_the_first_bags_plan(regression, monkeypatch):
     assert torch.equal(small(X[500:]), alone(X[500:]))  # 500 rows < PLAN_MIN_ROWS: no plan
     monkeypatch.setattr(bagging, "PLAN_MIN_ROWS", 500)
     shared = BaggedTree(_proto(leaf=leaf), n_bags=3).fit(X[:500], y[:500], generator=g())
-    assert torch.equal(shared.bags[0](X[500:]), alone.bags[0](X[500:]))  # the same first fit
-    first = shared.bags[0].leaves()
-    plan = first_bag_plan(shared.bags[0])
+    assert torch.equal(shared.members[0](X[500:]), alone.members[0](X[500:]))  # the same first fit
+    first = shared.members[0].leaves()
+    plan = first_bag_plan(shared.members[0])
     assert plan is not None and plan.reg_factors == leaf.reg_factors and plan.reg == leaf.reg
     assert plan.n_iters == max(int(leaf.best_iter_) for leaf in first)
     diag = [leaf.sqrt_m_.ndim == 1 for leaf in first if leaf.sqrt_m_.numel()]
     assert plan.diag == (2 * sum(diag) >= len(diag))
-    own = shared.bags[0].kernel.q
+    own = shared.members[0].kernel.q
     chosen = tuple(sorted({float(leaf.kernel.q) for leaf in first} - {own}))
     assert plan.kernel_exponents == (chosen or None)
     # the first bag explored with the warm-up and patience 4: its followers drop the warm-up
     # and stop after 2 steps without a gain (tree.plan.leaf_plan)
     assert plan.min_iters == 0 and plan.patience == 2
-    for bag in shared.bags[1:]:
+    for bag in shared.members[1:]:
         assert bag.config.leaf == plan
         for later in bag.leaves():
             assert int(later.best_iter_) <= plan.n_iters
@@ -400,11 +408,11 @@ def test_later_bags_start_from_the_identity_not_from_the_first_bag(regression, m
     starts = record_leaf_starts(monkeypatch)
     model = BaggedTree(_proto(leaf=LeafConfig(n_iters=4, diag=True)), n_bags=3)
     model.fit(X[:600], y[:600], generator=torch.Generator().manual_seed(3))
-    first = model.bags[0].leaves()
-    assert len(starts) == sum(bag.n_leaves for bag in model.bags)
+    first = model.members[0].leaves()
+    assert len(starts) == sum(bag.n_leaves for bag in model.members)
     assert max(int(leaf.best_iter_) for leaf in first) >= 1  # there was an M to start from
     assert all(start is None for _, start, _ in starts)
-    plan = first_bag_plan(model.bags[0])
+    plan = first_bag_plan(model.members[0])
     assert all(cfg == plan for _, _, cfg in starts[len(first) :])
 
 

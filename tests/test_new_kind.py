@@ -1,10 +1,10 @@
 """A new kind of model is one class plus its registration: shown with a toy kind defined here.
 
 ``SeedAverage`` fits its prototype tree with several seeds on the same rows and averages them.
-It is written against the contract only (``Ensemble``: ``models``, ``member_weights``,
-``combine``; ``fit``, ``get_config``, ``summary``, ``is_fitted``, and
-the state-dict rebuild), registered with one call, and then every part of the package that takes
-a model takes it unchanged: saving and loading, export, feature importance, the contract test.
+It is written against the contract only (``Ensemble``: ``member_weights``, ``combine``; ``fit``,
+``get_config``, ``summary``, ``is_fitted``, and which empty members a saved state holds),
+registered with one call, and then every part of the package that takes a model takes it
+unchanged: saving and loading, export, feature importance, a time-limited fit, the contract test.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import torch
 from torch import Tensor, nn
 
 from conftest import planted
-from xrfm_torch import LeafConfig, export_program, load_model, save_model, xRFMTree
+from xrfm_torch import Anytime, LeafConfig, export_program, load_model, save_model, xRFMTree
 from xrfm_torch.models import factory
 from xrfm_torch.models.contract import Model, is_ensemble
 from xrfm_torch.models.ensemble import Ensemble
+from xrfm_torch.models.holder import member_indices
 from xrfm_torch.numerics import config as config_module
 
 
@@ -46,7 +47,7 @@ class SeedAverage(Ensemble):
         return len(self.members) == self.n_seeds and all(m.is_fitted for m in self.models())
 
     def models(self) -> list[xRFMTree]:
-        return [m for m in self.members if isinstance(m, xRFMTree)]
+        return list(self.members)  # type: ignore[arg-type]
 
     def member_weights(self) -> list[float]:
         return [1.0 / self.n_seeds] * self.n_seeds
@@ -70,18 +71,9 @@ class SeedAverage(Ensemble):
             self.members.append(member)
         return self
 
-    def _load_from_state_dict(self, state_dict, prefix, *args) -> None:  # type: ignore[override]
-        n = len(
-            {
-                k[len(prefix) + 8 :].split(".")[0]
-                for k in state_dict
-                if k.startswith(prefix + "members.")
-            }
-        )
-        self.members = nn.ModuleList(
-            xRFMTree.from_config(self.prototype.get_config()) for _ in range(n)
-        )
-        super()._load_from_state_dict(state_dict, prefix, *args)  # fmt: skip
+    def _empty_members(self, state_dict, prefix):  # a saved state: one empty tree per member
+        n = len(member_indices(state_dict, prefix))
+        return [xRFMTree.from_config(self.prototype.get_config()) for _ in range(n)]
 
 
 @pytest.fixture
@@ -137,3 +129,24 @@ def test_the_toy_kind_keeps_the_contract():
         ours, contract = getattr(SeedAverage, member), getattr(Model, member)
         if callable(ours) and not isinstance(contract, property) and member != "state_dict":
             assert parameters(ours) == parameters(contract), member
+
+
+def test_a_registered_kind_runs_under_a_time_limit(registered, tmp_path):
+    """Anytime takes the kind as its target: with time, the target itself; with none, the target
+    cut short at the limit (its leaves stop iterating); either one saves, loads and exports."""
+    X, y = planted(n=500, d=4, noise=0.1)
+    tree = xRFMTree(leaf=LeafConfig(n_iters=3), max_leaf_size=200)
+    toy = SeedAverage(tree, n_seeds=2)
+    alone = SeedAverage(tree, n_seeds=2).fit(X, y, generator=torch.Generator().manual_seed(4))
+    roomy = Anytime(toy, time_limit=600.0).fit(X, y, generator=torch.Generator().manual_seed(4))
+    assert [t["candidate"] for t in roomy.summary()["trials"]] == ["target"]
+    assert type(roomy.chosen()) is SeedAverage and torch.equal(roomy(X), alone(X))
+    cut = Anytime(toy, time_limit=1e-6).fit(X, y, generator=torch.Generator().manual_seed(4))
+    assert cut.is_fitted and not torch.equal(cut(X), alone(X))  # no RFM step past the limit
+    leaves = [leaf for _, t in cut.single_trees() for leaf in t.leaves()]
+    assert leaves and all(int(leaf.best_iter_) == 0 for leaf in leaves)
+    save_model(cut, tmp_path / "cut.pt")
+    loaded = load_model(tmp_path / "cut.pt")
+    assert type(loaded.chosen()) is SeedAverage and torch.equal(loaded(X), cut(X))
+    program = export_program(cut, X[:8])
+    torch.testing.assert_close(program.module()(X), cut(X), rtol=1e-5, atol=1e-5)

@@ -12,7 +12,7 @@ they build is checked against the behaviour the text claims.
 
 The same for the copyable examples of docs/: their Python blocks run, and every benchmark
 command's module exists and accepts every flag the command passes (``--help``; the benchmarks
-themselves take hours, and ``test_published_figures.py`` reruns a few cases).
+themselves take hours; ``python -m bench.check_figures`` reruns a few cases).
 """
 
 from __future__ import annotations

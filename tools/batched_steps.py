@@ -1,6 +1,6 @@
 """A tree's leaves' RFM steps one by one against one batched step: operations, time, agreement.
 
-The probe behind the lockstep lead (docs/design.md, "A step makes each of its parts once"): on
+The probe behind the lockstep lead (docs/design.md, "Solving"): on
 a GPU a fit costs the host some 20 us per operation, and a step's ~110 operations are the same
 for a leaf of 500 rows as of 5000. A tree's median splits give its leaves (nearly) equal row
 counts, so ``B`` leaves' steps can run as one step on (B, n, n) batches: the same operations

@@ -63,7 +63,9 @@ else:
             pred = torch.cat([model(d["X_test"]), model.predict_proba(d["X_test"])], 1)
         else:
             pred = model(d["X_test"])
-torch.save({"state": model.state_dict(), "pred": pred, "source": xrfm_torch.__file__}, out)
+config = model.get_config() if hasattr(model, "get_config") else None
+torch.save({"state": model.state_dict(), "pred": pred, "source": xrfm_torch.__file__,
+            "config": config}, out)
 """
 
 #: What each kind of fit passes to ``xRFMTree`` and which folder of DIR its tables come from.
@@ -145,19 +147,24 @@ def compare(a: dict, b: dict, new_keys: bool = False) -> tuple[int, int, float]:
     return len(sa), differ, worst
 
 
-def upgraded(state: dict, options: dict) -> dict:
-    """``state`` of an older format loaded into this checkout's ``xRFMTree(**options)``, saved again.
+def upgraded(saved: dict, options: dict) -> dict:
+    """The saved state of an older layout loaded into this checkout's model, saved again.
 
-    The loader's upgrade renames and fills entries; it copies every value exactly, so the
-    comparison still finds any value the refactor changed. The format version is set to this
-    checkout's (the one entry an upgrade must change).
+    The model is ``xRFMTree(**options)``, or for the default classifier the saved model's config
+    built by this checkout. The loader's upgrade renames and fills entries; it copies every value
+    exactly, so the comparison still finds any value the refactor changed. Format versions are
+    set to this checkout's (the one entry an upgrade must change).
     """
     from xrfm_torch import xRFMTree
+    from xrfm_torch.models.factory import model_from_config
 
-    model = xRFMTree(**options)
-    model.load_state_dict(state)
+    config = saved.get("config")
+    model = model_from_config(config) if "estimator" in options and config else xRFMTree(**options)
+    model.load_state_dict(saved["state"])
     out = dict(model.state_dict())
-    out["_extra_state"] = model.get_extra_state()
+    for name, module in model.named_modules():
+        if type(module).get_extra_state is not torch.nn.Module.get_extra_state:
+            out[f"{name}._extra_state" if name else "_extra_state"] = module.get_extra_state()
     return out
 
 
@@ -217,7 +224,7 @@ def main() -> None:
             before = fit_in(old / "src", tmp / "data.npz", tmp / "a.pt", *args)
             after = fit_in(ROOT / "src", tmp / "data.npz", tmp / "b.pt", *args)
             if a.upgrade:
-                before["state"] = upgraded(before["state"], options)
+                before["state"] = upgraded(before, options)
             n, differ, worst = compare(before, after, a.new_keys)
             same_pred = torch.equal(before["pred"], after["pred"])
             failed |= differ > 0 or not same_pred

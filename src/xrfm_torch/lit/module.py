@@ -210,7 +210,7 @@ class XRFMLitModule(pl.LightningModule):
 
     def _limit_to_max_time(self) -> None:
         """Make ``trainer.max_time`` the fit's time limit where ``time_limit`` sets none."""
-        if self.hparams.get("time_limit") is not None or isinstance(self.model, Anytime):
+        if self.hparams.get("time_limit") is not None or self.model.fit_time_limit is not None:
             return
         timers = [c for c in getattr(self.trainer, "callbacks", []) if isinstance(c, Timer)]
         left = timers[0].time_remaining() if timers else None

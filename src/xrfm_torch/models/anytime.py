@@ -7,7 +7,8 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
 1. ``quick``: the target's tree (or its bags, after one quick single tree as a fallback) for
    the first kernel with leaves of at most ``quick_leaf_size`` rows, one tree per input map and
    smaller split models (:func:`~xrfm_torch.models.ladder.quick_tree`; a leaf's solve grows as
-   its rows cubed, so small leaves are the cheapest lever; docs/design.md, "A time budget");
+   its rows cubed, so small leaves are the cheapest lever; docs/design.md, "A time budget: the
+   anytime fit");
 2. the target's tree (or bags) once per kernel;
 3. with two kernels, their mix (:meth:`KernelBlend.mix <xrfm_torch.models.blend.KernelBlend.mix>`,
    no further fit): the target itself;
@@ -46,7 +47,7 @@ from xrfm_torch.leaf.data import weighted_rows
 from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.blend import KernelBlend, compose
 from xrfm_torch.models.contract import Model
-from xrfm_torch.models.ensemble import Ensemble
+from xrfm_torch.models.holder import Holder
 from xrfm_torch.models.ladder import (
     QUICK_LEAF_SIZE,
     Rung,
@@ -66,17 +67,19 @@ from xrfm_torch.numerics.checks import check_int
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import mean_loss, row_losses
+from xrfm_torch.tree.interpret import ImportanceSource
 
 log = logging.getLogger(__name__)
 
 
-class Anytime(Ensemble):
+class Anytime(Holder):
     """The best model found within ``time_limit`` seconds (see the module docstring).
 
     Args:
-        model: The target: the model a fit without a limit would make (an ``xRFMTree``, a
-            ``BaggedTree`` or a ``KernelBlend`` of either; its settings are held). Default
-            ``xRFMTree()``.
+        model: The target: the model a fit without a limit would make (its settings are
+            held). An ``xRFMTree``, a ``BaggedTree`` or a ``KernelBlend`` of either climbs the
+            ladder; any other model (one without a :meth:`~Model.recipe`) is the one candidate,
+            fitted under a degrading deadline. Default ``xRFMTree()``.
         time_limit: Seconds the fit may take (> 0). The fit ends within 10 % plus a second of
             it, unless the quickest candidate alone takes longer (then it ends with that one,
             its leaves' iterations cut short, and warns).
@@ -91,7 +94,7 @@ class Anytime(Ensemble):
 
     chosen_: Tensor
     trials_: Tensor
-    prototype: Model  # the target's settings (Ensemble._hold_prototype)
+    prototype: Model  # the target's settings (Holder._hold_prototype)
 
     def __init__(
         self,
@@ -102,7 +105,10 @@ class Anytime(Ensemble):
     ) -> None:
         super().__init__()
         proto = xRFMTree() if model is None else model
-        target_parts(proto)  # a kind the ladder knows
+        if not isinstance(proto, Model):
+            raise TypeError(
+                f"model must be a Model (xRFMTree, BaggedTree, KernelBlend, ...), got {type(proto).__name__}"
+            )
         limit = check_time_limit(time_limit)
         if limit is None:
             raise ValueError("time_limit must be a finite number of seconds > 0, got None")
@@ -118,11 +124,15 @@ class Anytime(Ensemble):
     def rungs(self) -> list[Rung]:
         """The ladder of candidates of this target (:func:`ladder`)."""
         t = target_parts(self.prototype)
+        if t is None:  # a kind the ladder cannot vary: the target alone
+            return [Rung("target", 0, 1)]
         return ladder(t.tree, t.kernels, t.n_bags, self.quick_leaf_size)
 
     def _candidate(self, index: int) -> Model:
         """Rung ``index`` as an unfitted model (a mix: an empty ``KernelBlend``)."""
         t = target_parts(self.prototype)
+        if t is None:
+            return type(self.prototype).from_config(self.prototype.get_config())
         rungs = self.rungs()
         rung = rungs[index]
         names = kernel_names(t.tree, t.kernels)
@@ -178,26 +188,64 @@ class Anytime(Ensemble):
             "chosen": rungs[int(self.chosen_)].name,
             "trials": trials,
             "n_leaves": self.n_leaves,
-            "model": self.models()[0].summary(),
+            "model": self.chosen().summary(),
         }
 
-    # ---- the ensemble's members: the chosen candidate ------------------------------------------
+    # ---- a selector: the chosen candidate answers ----------------------------------------------
+    @property
+    def fit_time_limit(self) -> float | None:
+        """``time_limit``: this fit is limited."""
+        return self.time_limit
+
     @property
     def is_fitted(self) -> bool:
         """Whether a fitted candidate is held."""
         return len(self.members) == 1 and cast(Model, self.members[0]).is_fitted
 
-    def models(self) -> list[Model]:
-        """The chosen candidate."""
-        return [cast(Model, m) for m in self.members]
+    def chosen(self) -> Model:
+        """The chosen candidate, fitted.
 
-    def member_weights(self) -> list[float]:
-        """``[1.0]``."""
-        return [1.0] * len(self.members)
+        Raises:
+            RuntimeError: Nothing is fitted yet.
+        """
+        self._check_fitted()
+        return cast(Model, self.members[0])
 
-    def combine(self, parts: Any) -> Tensor:
-        """The chosen candidate's tensor."""
-        return cast(Tensor, parts[0])
+    @property
+    def n_leaves(self) -> int:
+        """The chosen candidate's leaves (0 before a fit)."""
+        return self.chosen().n_leaves if self.is_fitted else 0
+
+    @property
+    def n_features_in_(self) -> int:
+        """Input columns."""
+        return self.chosen().n_features_in_
+
+    @property
+    def n_outputs_(self) -> int:
+        """Output columns (targets, or classes)."""
+        return self.chosen().n_outputs_
+
+    def _mean(self, x: Tensor, temperature: float | Tensor | None) -> Tensor:
+        return cast(Tensor, self.chosen()(x, temperature))
+
+    def _mean_std(self, x: Tensor, temperature: float | Tensor | None) -> tuple[Tensor, Tensor]:
+        return cast(tuple[Tensor, Tensor], self.chosen()(x, temperature, return_std=True))
+
+    def _mean_agop(self, diag: bool) -> Tensor:
+        return self.chosen().agop(diag=diag)
+
+    def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """The chosen candidate's class probabilities (n, K)."""
+        return self.chosen().predict_proba(x, temperature)
+
+    def feature_importance(self, source: ImportanceSource = "M") -> Tensor:
+        """The chosen candidate's feature importance (d,)."""
+        return self.chosen().feature_importance(source)
+
+    def single_trees(self) -> list[tuple[float, Any]]:
+        """The chosen candidate's single trees with their weights."""
+        return self.chosen().single_trees()
 
     # ---- fitting -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -295,6 +343,8 @@ class Anytime(Ensemble):
     def _one_leaf(self, n_rows: int) -> bool:
         """Whether no tree of a quick or a full candidate splits a fit of ``n_rows`` rows."""
         t = target_parts(self.prototype)
+        if t is None:
+            return False
         full = t.tree.config.max_leaf_size
         if t.n_bags > 1:  # a bag's trees are a share of the tree's size
             bags = cast(BaggedTree, compose(t.tree, t.n_bags, bag=t.bag))
@@ -310,6 +360,11 @@ class Anytime(Ensemble):
         (about a tenth of them); a fallback's loss is its own, on its own rows.
         """
         order = sorted(fitted)
+        if len(rungs) == 1:  # a target the ladder cannot vary: nothing to compare
+            self.members = nn.ModuleList([fitted[0]])
+            self.chosen_ = torch.tensor(0)
+            self._honest = getattr(fitted[0], "_honest", None)
+            return {}
         pool = [i for i in order if not rungs[i].fallback] or order
         losses: dict[int, float] = {}
         for group in (pool, [i for i in order if i not in pool]):
@@ -326,30 +381,19 @@ class Anytime(Ensemble):
         self._honest = fitted[best].honest_outputs()
         return losses
 
-    # ---- loading into a fresh module -----------------------------------------------------------
-    def _load_from_state_dict(
-        self,
-        state_dict: dict[str, Any],
-        prefix: str,
-        local_metadata: dict[str, Any],
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
+    # ---- loading into a fresh module (Holder) --------------------------------------------------
+    def _empty_members(self, state_dict: dict[str, Any], prefix: str) -> list[Model] | None:
         # the saved choice says which empty candidate to build; it loads its own keys
         index = state_dict.get(prefix + "chosen_")
-        if isinstance(index, Tensor) and int(index) >= 0:
-            n = len(self.rungs())
-            if not int(index) < n:
-                raise ValueError(f"the state chose candidate {int(index)}, but this ladder has {n}")
-            self.members = nn.ModuleList([self._candidate(int(index))])
-            trials = state_dict.get(prefix + "trials_")
-            if isinstance(trials, Tensor):
-                self.trials_ = torch.zeros_like(trials)
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
+        if not (isinstance(index, Tensor) and int(index) >= 0):
+            return None
+        n = len(self.rungs())
+        if not int(index) < n:
+            raise ValueError(f"the state chose candidate {int(index)}, but this ladder has {n}")
+        trials = state_dict.get(prefix + "trials_")
+        if isinstance(trials, Tensor):
+            self.trials_ = torch.zeros_like(trials)
+        return [self._candidate(int(index))]
 
 
 def _num(v: float) -> float | None:

@@ -28,23 +28,16 @@ from xrfm_torch.tree.plan import leaf_plan
 from xrfm_torch.tree.splits import AGOPSplit
 
 #: ``shared_plan`` applies from this many pooled rows on. Below it the bags' own searches on their
-#: small folds differ, and that difference is what their average gains from: following the first
-#: bag cost breast_cancer (455 pooled rows) 12.6 % log-loss and wine 7.5 % (seeds 0-4), for no
-#: time worth having (0.3 s fits), while cowles (1137 rows) and larger tables kept theirs.
+#: small folds differ, and that difference is what their average gains from (the fits take well
+#: under a second there, so following saves nothing worth having).
 PLAN_MIN_ROWS = 1000
 
 #: ``size_fraction=None`` of a classifier's bags: each bag's trees split down to this share of
 #: ``max_leaf_size`` and fit their split models on this share of ``AGOPSplit.sample_size``. A bag
 #: is one member of an average, like a tree of a set of maps (``TreeConfig.set_leaf_fraction``),
-#: and a leaf costs ``O(L^3)``. The default at seed 0, leaves alone then with the split models:
-#: pol 63.2 -> 29.5 -> 20.1 s (log-loss 0.0309 -> 0.0296 -> 0.0314), house_16H 74.3 -> 45.9 ->
-#: 31.9 s (0.2662 -> 0.2658 -> 0.2648), california 106.9 -> 74.3 -> 35.0 s (0.2158 -> 0.2181 ->
-#: 0.2198), diamonds 136.7 -> 59.3 -> 42.0 s, hi 131.4 -> 99.4 -> 49.6 s, all within one seed
-#: sd (seed 1 too; docs/design.md, "Where a default fit's time goes"). A single model keeps its
-#: size: electricity's (no bags above ``AUTO_BAG_ROWS``) with 5000-row leaves lost 15 %
-#: log-loss. Regression bags keep theirs (a single regression tree with 5000-row leaves lost
-#: 1.5-2.6x RMSE on Brazilian_houses, with 1000-row split models 4.8 % on pol; bags there were
-#: not measured).
+#: and a leaf costs ``O(L^3)``: half the size costs a bag a third of its time at a log-loss
+#: within seed noise. A single model keeps its size (no average to make up for smaller leaves),
+#: and so do regression bags (regression trees want large leaves).
 CLASSIFICATION_BAG_SIZE_FRACTION = 0.5
 
 
@@ -72,12 +65,10 @@ def first_bag_plan(bag: xRFMTree) -> LeafConfig | None:
 
     The later bags iterate up to the first bag's leaves' last kept iteration, with their
     majority ``M`` shape and exponents, without the warm-up and with patience 2, each leaf from
-    the identity. Starting them from the first bag's learned ``M`` (as a map's later trees start
-    from its first tree) saved 20-30 % of pol's and diamonds' fit, but it leaks: the first bag
-    trained on every later bag's validation fold, so the start's validation error is optimistic
-    there. pol, seed 1: the blend's out-of-fold log-loss 0.0358 -> 0.0307 while its test
-    log-loss rose 0.0387 -> 0.0434 (error 1.34 -> 1.64 %); digits, seeds 0-1: out-of-fold
-    0.0313 -> 0.0229 and 0.0416 -> 0.0261, test 0.0249 -> 0.0210 and 0.0504 -> 0.0551.
+    the identity. Not from the first bag's learned ``M`` (as a map's later trees start from
+    their first tree): the first bag trained on every later bag's validation fold, so that
+    start makes the later bags' validation errors, and the out-of-fold outputs that weigh the
+    blend and fit the calibration, optimistic.
     """
     return leaf_plan(bag.leaves(), bag.config.leaf, float(bag.kernel.q))
 

@@ -37,7 +37,9 @@ from xrfm_torch.models.bag_plan import (
     cross_folds,
     first_bag_plan,
 )
+from xrfm_torch.models.contract import Model, Recipe
 from xrfm_torch.models.ensemble import Ensemble
+from xrfm_torch.models.holder import member_indices
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.numerics.checks import check_bool, check_fraction, check_int
 from xrfm_torch.numerics.rng import own_generator
@@ -82,7 +84,7 @@ class BaggedTree(Ensemble):
             classification, 1 for regression.
 
     Attributes:
-        bags: The fitted trees.
+        members: The fitted trees (the bags).
         oof_: Out-of-fold predictions of the pooled rows (training rows, then validation rows):
             each row's prediction by the bag it validated, in the targets' units (regression) or
             probabilities (classification). Not saved in ``state_dict``.
@@ -113,7 +115,7 @@ class BaggedTree(Ensemble):
             size_fraction = check_fraction(size_fraction, "size_fraction")
         self.size_fraction = size_fraction
         self._hold_prototype(proto)
-        self.bags = nn.ModuleList()
+        self.members = nn.ModuleList()
         self.register_buffer("oof_", torch.zeros(0), persistent=False)
         self.register_buffer("folds_", torch.zeros(0, dtype=torch.long), persistent=False)
         self.fit_seconds_: float | None = None
@@ -149,6 +151,11 @@ class BaggedTree(Ensemble):
             size_fraction=self.size_fraction,
         )
 
+    def recipe(self) -> Recipe:
+        """The prototype tree in ``n_bags`` bags of these settings (:class:`Recipe`)."""
+        bag = {"shared_plan": self.shared_plan, "size_fraction": self.size_fraction}
+        return Recipe(self.prototype, None, self.n_bags, bag, {})
+
     def choose_input_maps(self, *args: Any, **kwargs: Any) -> InputTransform:
         """The input maps of the bags' trees on these rows (:meth:`xRFMTree.choose_input_maps`)."""
         return self.prototype.choose_input_maps(*args, **kwargs)
@@ -167,18 +174,15 @@ class BaggedTree(Ensemble):
     @property
     def is_fitted(self) -> bool:
         """Whether every bag is fitted."""
-        return len(self.bags) == self.n_bags and all(b.is_fitted for b in self._bags())
-
-    def _bags(self) -> list[xRFMTree]:
-        return [b for b in self.bags if isinstance(b, xRFMTree)]
+        return len(self.members) == self.n_bags and all(b.is_fitted for b in self.models())
 
     def models(self) -> list[xRFMTree]:
         """The bags."""
-        return self._bags()
+        return [cast(xRFMTree, b) for b in self.members]
 
     def member_weights(self) -> list[float]:
         """``1 / n_bags`` each."""
-        return [1.0 / len(self.bags)] * len(self.bags)
+        return [1.0 / len(self.members)] * len(self.members)
 
     def combine(self, parts: Sequence[Tensor]) -> Tensor:
         """The plain mean over bags."""
@@ -361,7 +365,7 @@ class BaggedTree(Ensemble):
         widths = {b.n_outputs_ for b in p.bags}
         if len(widths) > 1:  # cannot happen with >= 2 rows a class; a guard for the average
             raise RuntimeError(f"bags fitted different output widths {sorted(widths)}")
-        self.bags = nn.ModuleList(p.bags)
+        self.members = nn.ModuleList(p.bags)
         self.folds_ = p.folds
         self.oof_ = self._out_of_fold(p.Xp, p.folds)
         n = p.Xp.shape[0]
@@ -384,7 +388,7 @@ class BaggedTree(Ensemble):
 
     def _out_of_fold(self, X: Tensor, folds: Tensor) -> Tensor:
         out: Tensor | None = None
-        for k, bag in enumerate(self._bags()):
+        for k, bag in enumerate(self.models()):
             rows = (folds == k).nonzero().squeeze(1)
             pred = self._bag_output(bag, X[rows], None)
             if out is None:
@@ -399,7 +403,7 @@ class BaggedTree(Ensemble):
             "n_bags": self.n_bags,
             "n_leaves": self.n_leaves,
             "fit_seconds": self.fit_seconds_,
-            "bags": [cast(xRFMTree, bag).summary() for bag in self.bags],
+            "bags": [bag.summary() for bag in self.models()],
         }
 
     # ---- prediction (Ensemble: the mean of the bags) -------------------------------------------
@@ -408,24 +412,16 @@ class BaggedTree(Ensemble):
             return bag.predict_proba(x, temperature)
         return bag(x, temperature)
 
-    # ---- loading into a fresh module -----------------------------------------------------------
-    def _load_from_state_dict(
-        self,
-        state_dict: dict[str, Any],
-        prefix: str,
-        local_metadata: dict[str, Any],
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
-        # one empty tree per saved bag; each then rebuilds its own structure from its keys
+    # ---- loading into a fresh module (Holder) --------------------------------------------------
+    def _upgrade_state(self, state_dict: dict[str, Any], prefix: str) -> None:
+        # the bags were held as ``bags`` before every holder named its models ``members``
         head = prefix + "bags."
-        found = {
-            int(key.removeprefix(head).split(".")[0]) for key in state_dict if key.startswith(head)
-        }
-        if found and len(self.bags) != len(found):
-            self.bags = nn.ModuleList(self._new_bag(False) for _ in range(max(found) + 1))
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
+        for key in [k for k in state_dict if k.startswith(head)]:
+            state_dict[prefix + "members." + key.removeprefix(head)] = state_dict.pop(key)
+
+    def _empty_members(self, state_dict: dict[str, Any], prefix: str) -> list[Model] | None:
+        # one empty tree per saved bag; each then rebuilds its own structure from its keys
+        found = member_indices(state_dict, prefix)
+        if not found or len(self.members) == len(found):
+            return None
+        return [self._new_bag(False) for _ in range(max(found) + 1)]

@@ -30,6 +30,7 @@ from xrfm_torch.kernels import KERNELS
 from xrfm_torch.leaf.lockstep import fit_together
 from xrfm_torch.leaf.selection import paired_win
 from xrfm_torch.models.bagging import BaggedTree
+from xrfm_torch.models.contract import Model, Recipe
 from xrfm_torch.models.ensemble import Ensemble
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.numerics.checks import check_bool, check_int, check_positive
@@ -172,6 +173,13 @@ class KernelBlend(Ensemble):
             "race_margin": self.race_margin,
         }
 
+    def recipe(self) -> Recipe:
+        """The prototype's recipe with these kernels and blend settings (:class:`Recipe`)."""
+        own = {
+            k: v for k, v in self.get_config().items() if k not in ("_target_", "model", "kernels")
+        }
+        return self.prototype.recipe()._replace(kernels=list(self.kernels), blend=own)
+
     def _new_member(self, index: int) -> Member:
         """The prototype with the kernel ``kernels[index]``, unfitted (its ``with_kernel``).
 
@@ -213,7 +221,7 @@ class KernelBlend(Ensemble):
                 session (a RuntimeError, not an AttributeError, which ``nn.Module`` would
                 replace by a message without the reason).
         """
-        if not (len(self.members) and isinstance(self.members[0], BaggedTree)):
+        if not (len(self.members) and self.prototype.recipe().n_bags > 1):
             raise RuntimeError("oof_ needs a fitted blend of BaggedTrees (n_bags > 1)")
         if self._honest is None:
             raise RuntimeError("oof_ needs a blend fitted in this session (.fit)")
@@ -258,17 +266,16 @@ class KernelBlend(Ensemble):
         generator = own_generator(generator)
         state = generator.get_state()
         members = [self._new_member(i) for i in range(len(self.kernels))]
-        race = self.race_margin is not None and all(isinstance(m, BaggedTree) for m in members)
-        race = race and world(self.distributed)[1] == 1  # every rank must make the same choice
-        proto = self.prototype
-        cfg = (proto.tree if isinstance(proto, BaggedTree) else proto).config
+        # staged fits race (a member whose fit has no first stage fits whole in begin_fit)
+        race = self.race_margin is not None and world(self.distributed)[1] == 1  # one choice
+        cfg = self.prototype.recipe().tree.config
         # the members are independent fits: in lockstep where batched steps pay
         batched = cfg.steps_batched(X.device) and world(self.distributed)[1] == 1
 
         def fit(member: Member) -> None:
             draws = torch.Generator()
             draws.set_state(state)
-            (cast(BaggedTree, member).begin_fit if race else member.fit)(
+            (member.begin_fit if race else member.fit)(
                 X,
                 y,
                 X_val,
@@ -289,13 +296,13 @@ class KernelBlend(Ensemble):
         )
         keep = list(range(len(members)))
         if race:
-            keep = self._race([cast(BaggedTree, m) for m in members])
-            fit_together([cast(BaggedTree, members[i]).finish_fit for i in keep], batched=batched)
+            keep = self._race(members)
+            fit_together([members[i].finish_fit for i in keep], batched=batched)
         self.mix([members[i] for i in keep], keep)
         self.fit_seconds_ = time.perf_counter() - start
         return self
 
-    def _race(self, members: Sequence[BaggedTree]) -> list[int]:
+    def _race(self, members: Sequence[Member]) -> list[int]:
         """The kernels worth fitting whole, judged on the first bags' outputs on their fold.
 
         On the first fold (the same rows for every member: same draws), the weight vector of
@@ -398,31 +405,20 @@ class KernelBlend(Ensemble):
         )  # fmt: skip
         return self
 
-    # ---- loading into a fresh module -----------------------------------------------------------
-    def _load_from_state_dict(
-        self,
-        state_dict: dict[str, Any],
-        prefix: str,
-        local_metadata: dict[str, Any],
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
+    # ---- loading into a fresh module (Holder) --------------------------------------------------
+    def _empty_members(self, state_dict: dict[str, Any], prefix: str) -> list[Model] | None:
         # the saved members' kernels say which empty members to build; each loads its own keys
         index = state_dict.get(prefix + "member_kernels_")
-        if isinstance(index, Tensor):
-            picks = [int(i) for i in index.tolist()]
-            if any(not 0 <= i < len(self.kernels) for i in picks):
-                raise ValueError(
-                    f"the state names member kernels {picks}, but this blend has "
-                    f"{len(self.kernels)} kernels {list(self.kernels)}"
-                )
-            self.members = nn.ModuleList(self._new_member(i) for i in picks)
-            self.member_kernels_ = torch.zeros_like(index)
-            weights = state_dict.get(prefix + "weights_")
-            if isinstance(weights, Tensor):
-                self.weights_ = torch.zeros_like(weights)
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
+        if not isinstance(index, Tensor):
+            return None
+        picks = [int(i) for i in index.tolist()]
+        if any(not 0 <= i < len(self.kernels) for i in picks):
+            raise ValueError(
+                f"the state names member kernels {picks}, but this blend has "
+                f"{len(self.kernels)} kernels {list(self.kernels)}"
+            )
+        self.member_kernels_ = torch.zeros_like(index)
+        weights = state_dict.get(prefix + "weights_")
+        if isinstance(weights, Tensor):
+            self.weights_ = torch.zeros_like(weights)
+        return [self._new_member(i) for i in picks]

@@ -18,7 +18,7 @@ implements every member with the same parameters, so the kinds cannot drift apar
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, NamedTuple, TypeVar, overload
 
 import torch
 from torch import Tensor, nn
@@ -29,13 +29,31 @@ from xrfm_torch.numerics.checks import check_int
 from xrfm_torch.numerics.config import from_config
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
-from xrfm_torch.tree.honest import HasHonestOutputs
+from xrfm_torch.tree.honest import HasHonestOutputs, HonestOutputs
 from xrfm_torch.tree.interpret import ImportanceSource, input_grads
 from xrfm_torch.tree.uncertainty import normal_quantile
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound="Model")
+
+
+class Recipe(NamedTuple):
+    """How a model is made of one tree: bags of it, kernels of it (what a time-limited fit varies).
+
+    Attributes:
+        tree: The unfitted ``xRFMTree`` every single tree of the model is built from.
+        kernels: The blended kernels, or ``None`` (the tree's kernel alone).
+        n_bags: Cross-fitted bags (1: single trees).
+        bag: The bags' other constructor arguments (``shared_plan``, ``size_fraction``).
+        blend: The blend's other constructor arguments (``weight_steps``, ``race_margin``).
+    """
+
+    tree: Any
+    kernels: list[str] | None
+    n_bags: int
+    bag: dict[str, Any]
+    blend: dict[str, Any]
 
 
 class Model(HasHonestOutputs, nn.Module):
@@ -118,6 +136,50 @@ class Model(HasHonestOutputs, nn.Module):
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (``_target_`` dicts for nested objects)."""
         raise NotImplementedError
+
+    # ---- what a model made of models asks of its parts (the base's answers) --------------------
+    def recipe(self) -> Recipe:
+        """How this model is made of one tree (:class:`Recipe`), for a fit that varies it.
+
+        Raises:
+            TypeError: It is not made of one tree's bags and kernels (the base's answer).
+        """
+        raise TypeError(f"a {type(self).__name__} is not made of one tree's bags and kernels")
+
+    @property
+    def fit_time_limit(self) -> float | None:
+        """Seconds its own ``fit`` is limited to (``None``: no limit of its own)."""
+        return None
+
+    def begin_fit(
+        self,
+        X: Tensor,
+        y: Tensor,
+        X_val: Tensor | None = None,
+        y_val: Tensor | None = None,
+        *,
+        sample_weight: Tensor | None = None,
+        val_sample_weight: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        progress: Progress | None = None,
+    ) -> Model:
+        """The first stage of a fit that pauses after a first look (the base: the whole fit).
+
+        Between it and :meth:`finish_fit`, :meth:`first_fold_outputs` may give outputs on rows
+        the fit so far did not train on, on which a caller (a kernel blend's race) judges
+        whether to finish. Arguments as :meth:`fit`.
+        """
+        return self.fit(X, y, X_val, y_val, sample_weight=sample_weight,
+                        val_sample_weight=val_sample_weight, generator=generator,
+                        progress=progress)  # fmt: skip
+
+    def first_fold_outputs(self) -> HonestOutputs | None:
+        """After :meth:`begin_fit`: outputs on rows the first stage did not train on, or ``None``."""
+        return None
+
+    def finish_fit(self) -> Model:
+        """The rest of a fit :meth:`begin_fit` began (the base: nothing left)."""
+        return self
 
     # ---- what the base derives -----------------------------------------------------------------
 

@@ -15,44 +15,20 @@ from typing import TYPE_CHECKING, cast
 from torch import Tensor
 
 from xrfm_torch.models.contract import Model
+from xrfm_torch.models.holder import Holder
 from xrfm_torch.tree.interpret import ImportanceSource
 
 if TYPE_CHECKING:
     from xrfm_torch.models.xrfm_tree import xRFMTree
 
 
-class Ensemble(Model):
+class Ensemble(Holder):
     """Base class: a weighted mean of fitted models (:meth:`models` and :meth:`combine`).
 
-    Subclasses define :meth:`models` (the fitted models, each with the ``xRFMTree`` prediction
-    interface), :meth:`member_weights` (theirs, summing to 1), :meth:`combine` (the weighted
-    mean) and :attr:`is_fitted`, and hold their members' settings with
-    :meth:`_hold_prototype` (``task`` and ``uncertainty`` are the prototype's).
+    Subclasses define :meth:`member_weights` (the weights of :meth:`models`, summing to 1),
+    :meth:`combine` (the weighted mean) and :attr:`is_fitted`, and hold their members' settings
+    and models as a :class:`~xrfm_torch.models.holder.Holder` does.
     """
-
-    prototype: Model  # the members' settings (_hold_prototype)
-
-    @property
-    def task(self) -> str:
-        """``"regression"`` or ``"classification"`` (the prototype's)."""
-        return self.prototype.task
-
-    @property
-    def uncertainty(self) -> str:
-        """The members' predictive-variance model (the prototype's)."""
-        return self.prototype.uncertainty
-
-    def _hold_prototype(self, model: Model) -> None:
-        """Keep an unfitted copy of ``model``'s settings: the wrapper builds its members from it.
-
-        Held outside the module tree (not a submodule), so it is no part of the state dict, and
-        later changes to the caller's ``model`` do not reach the wrapper.
-        """
-        self.__dict__["prototype"] = type(model).from_config(model.get_config())
-
-    def models(self) -> Sequence[Model]:
-        """The fitted models, in order (bags, or a blend's members)."""
-        raise NotImplementedError
 
     def member_weights(self) -> list[float]:
         """Each model's weight in the mean, in the order of :meth:`models`."""

@@ -10,15 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import KERNELS
-from xrfm_torch.models.bagging import BaggedTree
-from xrfm_torch.models.blend import KernelBlend
-from xrfm_torch.models.contract import Model
+from xrfm_torch.models.contract import Model, Recipe
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.splits import with_sample_at_most
@@ -67,58 +65,30 @@ class Rung:
     detour: int | None = None
 
 
-class Target(NamedTuple):
-    """What an anytime fit aims at: a tree, its kernels and bags, and their own settings.
+#: What an anytime fit aims at: the target's :class:`~xrfm_torch.models.contract.Recipe` (its
+#: tree, kernels and bags, and their own settings, so each candidate is built as the target is).
+Target = Recipe
 
-    Attributes:
-        tree: The single tree every candidate is built from.
-        kernels: The blended kernels, or ``None`` (the tree's kernel alone).
-        n_bags: Cross-fitted bags (1: single trees).
-        bag: The ``BaggedTree``'s other arguments (``shared_plan``, ``size_fraction``), so each
-            bagged candidate is built as the target's bags are.
-        blend: The ``KernelBlend``'s other arguments (``weight_steps``, ``race_margin``).
+
+def target_parts(model: Model) -> Target | None:
+    """The :class:`Target` of an anytime fit of ``model`` (its :meth:`Model.recipe`).
+
+    ``None`` where ``model`` is not made of one tree's bags and kernels (a kind the ladder cannot
+    vary): its anytime fit is the model itself, cut short at the limit.
     """
-
-    tree: xRFMTree
-    kernels: list[str] | None
-    n_bags: int
-    bag: dict[str, Any]
-    blend: dict[str, Any]
-
-
-def _own_settings(model: Model, nested: tuple[str, ...]) -> dict[str, Any]:
-    """``model``'s constructor arguments less its target name and the ``nested`` ones."""
-    return {k: v for k, v in model.get_config().items() if k not in ("_target_", *nested)}
-
-
-def target_parts(model: Model) -> Target:
-    """The :class:`Target` of an anytime fit of ``model``.
-
-    Raises:
-        TypeError: ``model`` is not an ``xRFMTree``, ``BaggedTree`` or ``KernelBlend`` of them.
-    """
-    kernels, blend = None, {}
-    if isinstance(model, KernelBlend):
-        kernels, blend = list(model.kernels), _own_settings(model, ("model", "kernels"))
-        model = model.prototype
-    if isinstance(model, BaggedTree):
-        bag = _own_settings(model, ("tree", "n_bags", "distributed"))
-        return Target(model.prototype, kernels, model.n_bags, bag, blend)
-    if isinstance(model, xRFMTree):
-        return Target(model, kernels, 1, {}, blend)
-    raise TypeError(
-        f"an anytime fit needs an xRFMTree, BaggedTree or KernelBlend, got {type(model).__name__}"
-    )
+    try:
+        return model.recipe()
+    except TypeError:
+        return None
 
 
 def quick_tree(tree: xRFMTree, leaf_size: int) -> xRFMTree:
     """``tree`` made quick: small leaves, one tree per map, split models on fewer rows.
 
     Leaves of at most ``leaf_size`` rows, one tree per input map, and an ``AGOPSplit``'s models
-    on at most ``QUICK_SPLIT_ROWS`` rows. Small leaves make the leaves cheap (a solve grows as its rows cubed) and the tree deeper,
-    so the split models then dominate (30 of them, 4.2 of 5.5 s on elevators); on 1000 rows they
-    cost about a third (elevators 6.8 -> 2.4 s, Bike_Sharing_Demand 4.4 -> 2.0 s, cpu_act
-    2.3 -> 1.5 s) at the same or lower test RMSE (seed 0; docs/design.md).
+    on at most ``QUICK_SPLIT_ROWS`` rows. Small leaves make the leaves cheap (a solve grows as its
+    rows cubed) and the tree deeper, so the split models then dominate; on 1000 rows they cost
+    about a third, at the same test loss.
     """
     split = with_sample_at_most(tree.config.split_rule, QUICK_SPLIT_ROWS)
     leaf = min(tree.config.max_leaf_size, leaf_size)

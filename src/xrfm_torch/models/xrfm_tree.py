@@ -17,6 +17,7 @@ from xrfm_torch.inputs.input_map import (
 )
 from xrfm_torch.kernels import KERNELS, Kernel, make_kernel
 from xrfm_torch.leaf.config import LeafConfig
+from xrfm_torch.models.contract import Recipe
 from xrfm_torch.models.fit_steps import fit_rows, honest_outputs, prepare_fit
 from xrfm_torch.models.routed_trees import RoutedTrees
 from xrfm_torch.numerics.config import to_config
@@ -178,6 +179,10 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
         ``model.state_dict()`` loads; Lightning checkpoints store this to rebuild the tree.
         """
         return to_config(self)
+
+    def recipe(self) -> Recipe:
+        """This tree alone: one tree, its own kernel, no bags (:class:`Recipe`)."""
+        return Recipe(self, None, 1, {}, {})
 
     def with_kernel(self, name: str) -> xRFMTree:
         """An unfitted copy with the kernel ``name`` (a wrapper asks its prototype for variants).

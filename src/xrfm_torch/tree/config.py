@@ -46,14 +46,13 @@ class TreeConfig:
             share of the node's rows from the other side nearest the threshold, capped so leaves
             stay within ``max_leaf_size`` (routing is unchanged). ``None``:
             ``OVERLAP_FRACTION`` (0.1), and 0 in a large fit (``large_fit_rows``), where the
-            overlap made the final solves 1.7x as costly (the synthetic task's 1M rows: 377 ->
-            263 s without it, test RMSE 0.1135 -> 0.1140; 400k: 124 -> 96 s, 0.1214 -> 0.1222).
+            overlap makes the final solves, most of such a fit, 1.7x as costly.
         n_trees: Trees per input map, all averaged (they differ through the split-model
             subsamples). A tree with a single leaf stops the count (more would be identical).
             ``None``: 2 for classification, 1 for regression, in a large fit
             (``large_fit_rows``) and in each bag of a ``BaggedTree``: a second tree pays in the
             log-loss of one classification model, not in bags, which already average, and much
-            less in regression RMSE, for twice the time (docs/benchmarks.md).
+            less in regression RMSE, for twice the time.
         shared_plan: A map's later trees start each leaf from the ``M`` of the first tree's
             leaf that most of its rows route to, and follow the first tree's plan
             (:meth:`~xrfm_torch.tree.plan.FitPlan.following`); ``False``: every tree walks from
@@ -66,8 +65,7 @@ class TreeConfig:
         temperature_rows: The temperature search scores at most this many validation rows
             (evenly spaced, :func:`~xrfm_torch.tree.temperature.search_rows`); the model's honest
             outputs are then those rows' outputs at the chosen temperature. ``None``: all rows.
-            On 50 000 validation rows of a 64-leaf tree the search took 34 s and chose the same
-            temperature on 20 random subsamples of 20 000 rows.
+            20 000 rows choose the temperature all rows choose, at a fraction of the cost.
         temperature_patience: The search tries hard routing, then the positive temperatures from
             the lowest up, and stops after this many in a row that do not improve on the best
             (:func:`~xrfm_torch.tree.temperature.search_temperature`). ``None``: the whole grid.
@@ -94,8 +92,7 @@ class TreeConfig:
         input_margin: Significance margin of the ``"auto"`` choice.
         max_input_maps: Most maps ``"auto"`` may average (1: one map). ``None``:
             ``MAX_INPUT_MAPS`` (2), and 1 in a large fit (``large_fit_rows``), where a set's
-            halved leaves cost more than the average gains (the synthetic task's 1M rows at
-            seed 1, where the probe picks a pair: 444 -> 255 s, test RMSE 0.1145 -> 0.1141).
+            halved leaves cost more than the average gains.
         set_leaf_fraction: With several maps, their trees' leaves hold at most this share of
             ``max_leaf_size`` rows (a leaf costs ``O(L^3)``: at 0.5 a pair costs half a fit).
         categorical_features: Columns holding category codes ``0 .. L-1`` (NaN: missing); the
@@ -113,12 +110,11 @@ class TreeConfig:
             ``LeafConfig`` sets no ``iter_rows`` learns ``M``, t*, the exponent and the ridge on a
             seeded subsample of ``large_fit_iter_rows`` of its rows, then solves once on all of
             them, and an ``AGOPSplit`` fits its split models on at most as many rows. The fit
-            then costs about one solve per leaf instead of ``tau`` plus the searches
-            (docs/benchmarks.md). ``None``: never. Smaller fits keep the full iterations, which
-            are more accurate on some tables (docs/benchmarks.md, "Cheaper leaves").
-        large_fit_iter_rows: The subsample of a large fit's iterations (2000: from 160k to 1M
-            synthetic rows 0.78-0.89x the fit time of 3000 at test RMSE within +0.6 %, while
-            leaves of 5000 rows or a Nystrom final solve lost 4-7 %; docs/design.md).
+            then costs about one solve per leaf instead of ``tau`` plus the searches.
+            ``None``: never. Smaller fits keep the full iterations, which are more accurate on
+            some tables (docs/design.md, "Large fits and leaves across processes").
+        large_fit_iter_rows: The subsample of a large fit's iterations (a large fit's accuracy
+            follows its final solves' size, not its iterations').
         distributed: Fit the leaves across the ranks of the default ``torch.distributed``
             process group (gloo on CPU, NCCL on GPU; :mod:`xrfm_torch.tree.parallel`): every rank
             calls ``fit`` with the same data and seed, grows the same tree top, fits its share of

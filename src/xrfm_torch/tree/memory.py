@@ -2,7 +2,7 @@
 
 A leaf's fit is dominated by dense (rows x rows) matrices: the kernel matrix, its Cholesky
 factor, the distance/gradient-weight buffers of the AGOP and the validation kernel. Measured peak
-resident memory of single-leaf fits (docs/benchmarks.md, "Leaf memory") is below
+resident memory of single-leaf fits (``python -m tools.leaf_memory``) is below
 ``LEAF_MATRICES`` such matrices of the leaf's largest solve plus the validation block and a
 fixed overhead, so a
 tree checks its largest planned leaf before fitting: a fit that cannot fit stops at once with a

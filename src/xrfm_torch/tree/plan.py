@@ -84,7 +84,7 @@ class FitPlan:
             )
             if leaf.iter_rows is None:
                 leaf = leaf.replace(iter_rows=config.large_fit_iter_rows)
-            # 4000 -> 2000 rows: a 400k-row fit's split models 29.5 -> 4.8 s, test RMSE equal
+            # split models on as many rows as the leaves iterate on: the same accuracy, a sixth
             rule = with_sample_at_most(rule, config.large_fit_iter_rows)
         overlap = config.overlap_fraction
         if overlap is None:
@@ -157,18 +157,14 @@ def leaf_plan(leaves: Sequence[LeafRFM], cfg: LeafConfig, own_q: float) -> LeafC
     """The leaf settings of fits that follow the choices of fitted ``leaves``.
 
     With ``t*`` each leaf's kept iteration, the plan iterates up to ``max t*`` (still stopping
-    early by validation, and keeping its best iteration; ``max t* + 1`` cost 7-9 % more time at
-    equal log-loss on five small tables, seeds 0-2). It fixes the feature matrix's shape to the
-    leaves' majority (diagonal on a tie) and offers beside the kernel's own exponent ``own_q``
-    only those some leaf chose (each leaf still picks by the configured margin: one exponent for
-    all lost 24 % MSE on a planted 4-leaf regression). Each leaf still walks its own ridge (one
-    median ridge for all lost 15 % log-loss on digits at one seed). The leaves explored with the
-    warm-up and the full patience, so a follower drops the warm-up (``min_iters=0``) and stops
-    after 2 steps without a gain (``patience`` at most 2): a map's later trees, which start from
-    its first tree's ``M`` (:func:`start_matrix`), and later bags, which start from the identity
-    (on hi, seed 0, most later-bag leaves kept ``t* = 1`` and ran 6 steps; with the follower's
-    stopping 4: the fit 151.6 -> 131.3 s at log-loss 0.4200 -> 0.4199). ``None`` when no leaf
-    iterated.
+    early by validation, and keeping its best iteration). It fixes the feature matrix's shape to
+    the leaves' majority (diagonal on a tie) and offers beside the kernel's own exponent
+    ``own_q`` only those some leaf chose (each leaf still picks by the configured margin: leaves
+    of one tree want different exponents). Each leaf still walks its own ridge, for the same
+    reason. The leaves explored with the warm-up and the full patience, so a follower drops the
+    warm-up (``min_iters=0``) and stops after 2 steps without a gain (``patience`` at most 2): a
+    map's later trees, which start from its first tree's ``M`` (:func:`start_matrix`), and later
+    bags, which start from the identity. ``None`` when no leaf iterated.
     """
     kept = [(leaf, int(leaf.best_iter_)) for leaf in leaves]
     kept = [(leaf, t) for leaf, t in kept if t >= 0]
