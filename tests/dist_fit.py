@@ -87,7 +87,7 @@ def main() -> None:
             "fits": FITS[0],
             "approximate": sum(
                 leaf.approximation is not None
-                for tree in getattr(model, "bags", [model])
+                for _, tree in model.single_trees()
                 for leaf in tree.leaves()
             ),
         },

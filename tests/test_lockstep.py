@@ -22,10 +22,9 @@ from xrfm_torch.leaf import lockstep
 from xrfm_torch.leaf.batch_ops import batch_rows
 from xrfm_torch.leaf.batched_search import batched_solve, solve_key
 from xrfm_torch.leaf.batched_step import StepRequest, batch_key, batched_rfm_step
-from xrfm_torch.leaf.iteration import STEP_RUNNER
 from xrfm_torch.leaf.lockstep import BATCH_BYTES, CancelledError, Lockstep, fit_together
 from xrfm_torch.leaf.solve_request import SolveRequest
-from xrfm_torch.numerics import host
+from xrfm_torch.numerics import context, host
 from xrfm_torch.numerics.agop import RootedAgop, next_root
 from xrfm_torch.numerics.solvers import krr_workspace
 
@@ -228,7 +227,7 @@ def test_lockstep_runs_rounds_of_all_live_leaves_and_reports_the_first_error():
 
     def job(k: int, steps: int):
         def run():
-            step = STEP_RUNNER.get()  # a lockstep's job's steps go to the lockstep
+            step = context.current().step_runner  # a lockstep's job's steps go to the lockstep
             for t in range(steps):
                 r = request(30, 12, "full", seed=10 * k + t)
                 cand, _, _ = step(
@@ -258,7 +257,7 @@ def test_a_failed_leaf_cancels_the_others_at_their_next_step():
     def waiting():
         r = request(20, 8, "full", seed=0)
         steps.append(1)
-        STEP_RUNNER.get()(r.kernel, r.X, r.y, r.X_val, r.y_val, r.sqrt_m, r.buffers, r.cfg,
+        context.current().step_runner(r.kernel, r.X, r.y, r.X_val, r.y_val, r.sqrt_m, r.buffers, r.cfg,
              agop=True, diag=False, generator=None)  # fmt: skip
         steps.append(2)  # never: the round cancels it
 
@@ -463,7 +462,7 @@ def test_a_search_candidate_that_fails_its_check_is_solved_alone():
     assert results[0][1] == pytest.approx(good.run()[1], rel=1e-4)
 
 
-def test_auto_runs_one_by_one_on_the_cpu_and_in_lockstep_where_launches_bound(monkeypatch):
+def test_auto_runs_one_by_one_until_a_gpu_run_decides_and_true_runs_in_lockstep(monkeypatch):
     X, y = planted(700, d=4, seed=4, dtype=D)
     runs = []
     real = Lockstep.run
@@ -472,8 +471,10 @@ def test_auto_runs_one_by_one_on_the_cpu_and_in_lockstep_where_launches_bound(mo
     )
     fitted("auto", X, y, leaf=LeafConfig(n_iters=2))  # on the CPU: no thread, bit for bit
     assert runs == []
-    monkeypatch.setattr(host, "launch_bound", lambda device: True)  # as on a GPU
+    monkeypatch.setattr(host, "launch_bound", lambda device: True)  # as on a GPU: still none
     fitted("auto", X, y, leaf=LeafConfig(n_iters=2))
+    assert runs == []
+    fitted(True, X, y, leaf=LeafConfig(n_iters=2))
     assert runs and runs[0] >= 2
 
 

@@ -139,6 +139,10 @@ def main() -> None:
     iteration.PCG_ROWS_PER_ITER = iteration.PCG_ROWS_PER_ITER_DEVICE  # the GPU's CG budget
     distance.CACHE_BLOCK_BYTES = distance.DEVICE_BLOCK_BYTES  # and its one-block passes
     host.launch_bound = lambda device: not a.one_by_one  # and its launch-bound paths
+    if not a.one_by_one:  # the lockstep, which "auto" will switch on where a GPU run shows it pays
+        from xrfm_torch.tree.config import TreeConfig
+
+        TreeConfig.steps_batched = lambda self, device: self.batch_steps is not False  # type: ignore[method-assign]
     path = a.data_dir / f"{a.table}.csv.gz"
     if a.estimator:
         from bench.peers import is_regression, split_table

@@ -14,8 +14,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,7 +22,7 @@ from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.selection import Candidate, select_kernel
 from xrfm_torch.leaf.step import rfm_step
-from xrfm_torch.numerics import deadline
+from xrfm_torch.numerics import context, deadline
 from xrfm_torch.numerics.agop import RootedAgop, next_root
 from xrfm_torch.numerics.events import count
 from xrfm_torch.numerics.progress import report_iteration
@@ -66,16 +64,6 @@ def warm_budget(n: int, device: torch.device) -> int:
 #: whether the workspace holds the step's factor)``: ``rfm_step`` itself, or a lockstep fit's
 #: batching (:class:`xrfm_torch.leaf.lockstep.Lockstep`).
 StepRunner = Callable[..., "tuple[Candidate, Tensor | RootedAgop | None, bool]"]
-
-#: What runs this thread's RFM steps: set in a lockstep's threads (their steps are batched with
-#: the other jobs'); ``None``: :func:`rfm_step`, one by one.
-STEP_RUNNER: ContextVar[StepRunner | None] = ContextVar("xrfm_torch_step_runner", default=None)
-
-#: Set in a lockstep's threads too: runs calls as jobs of the lockstep, their requests in the
-#: same rounds (:func:`xrfm_torch.leaf.lockstep.in_one_round`), results in the calls' order.
-ROUND_RUNNER: ContextVar[Callable[[list[Callable[[], Any]]], list[Any]] | None] = ContextVar(
-    "xrfm_torch_round_runner", default=None
-)
 
 
 @torch.no_grad()
@@ -135,7 +123,7 @@ def run_iterations(
     def solve(
         sqrt_m: Tensor | None, agop: bool, diag: bool, warm_now: tuple[float, int] | None
     ) -> tuple[Candidate, Tensor | RootedAgop | None, bool]:
-        return (STEP_RUNNER.get() or rfm_step)(
+        return (context.current().step_runner or rfm_step)(
             kernel,
             X,
             y,
@@ -174,7 +162,7 @@ def run_iterations(
         tries (t = 0's identity ``M`` leaves no factor to use), and not where a step sets the
         shared kernel's bandwidth (``adaptive_bandwidth``).
         """
-        in_one_round = ROUND_RUNNER.get()
+        in_one_round = context.current().round_runner
         if in_one_round is None or cfg.adaptive_bandwidth is not None:
             return [step(*call) for call in calls]
         outs = in_one_round([functools.partial(solve, *call, None) for call in calls])

@@ -2,8 +2,8 @@
 
 Each leaf's fit (``LeafRFM.fit``, its decisions unchanged) runs in its own thread, and its RFM
 steps and post-hoc search candidates go to the lockstep instead of being solved at once (the
-thread's :data:`~xrfm_torch.leaf.iteration.STEP_RUNNER` and
-:data:`~xrfm_torch.leaf.solve_request.SOLVE_RUNNER`). A job may run jobs of its own in the same
+thread's fit context, :mod:`xrfm_torch.numerics.context`: ``step_runner`` and
+``solve_runner``). A job may run jobs of its own in the same
 lockstep (:func:`fit_together`: a blend's members, a member's bags, a tree's input maps, a tree's
 leaves), so the solves of every leaf being fitted anywhere in the model batch together.
 
@@ -31,7 +31,6 @@ import math
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
-from contextvars import ContextVar
 from typing import Any, TypeVar, cast
 
 import torch
@@ -48,9 +47,8 @@ from xrfm_torch.leaf.batched_step import (
     batch_key,
     batched_rfm_step,
 )
-from xrfm_torch.leaf.iteration import ROUND_RUNNER, STEP_RUNNER
-from xrfm_torch.leaf.solve_request import SOLVE_RUNNER, SolveRequest, SolveResult
-from xrfm_torch.numerics import deadline
+from xrfm_torch.leaf.solve_request import SolveRequest, SolveResult
+from xrfm_torch.numerics import context, deadline
 from xrfm_torch.numerics.events import count
 
 log = logging.getLogger(__name__)
@@ -68,12 +66,6 @@ Outcome = StepResult | SolveResult | BaseException
 #: a larger group of steps runs as several batches.
 BATCH_BYTES = 4 * 2**30
 
-
-#: Where a thread runs as a job of a lockstep: the lockstep and the job's id (a tuple: a job's
-#: own jobs extend it, so ids sort the same way whatever the threads' schedule).
-_ACTIVE: ContextVar[tuple[Lockstep, tuple[int, ...]] | None] = ContextVar(
-    "xrfm_torch_lockstep", default=None
-)
 
 #: A lockstep's job: a fit whose RFM steps (``run_iterations``) the lockstep runs.
 Job = Callable[[], object]
@@ -95,7 +87,7 @@ def fit_together(
     steps still in the lockstep's rounds). One by one also under a time limit, where the jobs'
     order decides which of them the remaining time goes to.
     """
-    active = _ACTIVE.get()
+    active = context.current().lockstep
     if active is not None:
         lock, me = active
         if batched and len(jobs) > 1 and lock.reserve(held_bytes, limit):
@@ -232,21 +224,19 @@ class Lockstep:
 
         def body(me: tuple[int, ...], job: Job) -> None:
             with self._cond, contextlib.ExitStack() as state:  # runs only holding the lock
-                token = _ACTIVE.set((self, me))
-                runner = STEP_RUNNER.set(functools.partial(self._step, me))
-                rounds = ROUND_RUNNER.set(in_one_round)
-                solver = SOLVE_RUNNER.set(functools.partial(self._solve, me))
                 try:
-                    enter_caller_state(state)
-                    job()
+                    with context.using(  # this job's steps, rounds and candidates go here
+                        lockstep=(self, me),
+                        step_runner=functools.partial(self._step, me),
+                        round_runner=in_one_round,
+                        solve_runner=functools.partial(self._solve, me),
+                    ):
+                        enter_caller_state(state)
+                        job()
                 except BaseException as err:  # reported to the caller, in its thread
                     errors[me] = err
                     self._failed = True
                 finally:
-                    _ACTIVE.reset(token)
-                    STEP_RUNNER.reset(runner)
-                    ROUND_RUNNER.reset(rounds)
-                    SOLVE_RUNNER.reset(solver)
                     self._live -= 1
                     if left is not None:
                         left[0] -= 1

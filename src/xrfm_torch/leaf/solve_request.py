@@ -1,7 +1,7 @@
 """One candidate of a leaf's post-hoc search as a request: solve at a ridge, score on validation.
 
 The search (:func:`~xrfm_torch.leaf.selection.select_kernel`) asks for each candidate's solve
-through :func:`solve_candidate`: run at once, or, in a lockstep's thread (:data:`SOLVE_RUNNER`),
+through :func:`solve_candidate`: run at once, or, in a lockstep's thread (the fit context's ``solve_runner``),
 batched with the candidates other leaves ask for in the same round
 (:mod:`xrfm_torch.leaf.batched_search`).
 """
@@ -9,7 +9,6 @@ batched with the candidates other leaves ask for in the same round
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -17,6 +16,7 @@ from torch import Tensor
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import validation_loss
+from xrfm_torch.numerics import context
 from xrfm_torch.numerics.host import read_scalars
 from xrfm_torch.numerics.solvers import first_krr_solve
 
@@ -66,13 +66,7 @@ class SolveRequest:
         return alpha, err, sq, bool(retry), True
 
 
-#: What runs this thread's search candidates: set in a lockstep's threads; ``None``: at once.
-SOLVE_RUNNER: ContextVar[Callable[[SolveRequest], SolveResult] | None] = ContextVar(
-    "xrfm_torch_solve_runner", default=None
-)
-
-
 def solve_candidate(request: SolveRequest) -> SolveResult:
     """``request`` run at once, or by the lockstep this thread belongs to."""
-    runner = SOLVE_RUNNER.get()
+    runner = context.current().solve_runner
     return request.run() if runner is None else runner(request)

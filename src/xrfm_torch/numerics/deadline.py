@@ -1,8 +1,9 @@
 """A fit's time limit: a deadline that the long loops of a fit consult.
 
 A time-limited fit (:class:`~xrfm_torch.models.anytime.Anytime`) runs its candidate models inside
-:func:`within`, which sets a deadline in a ``contextvars`` variable (nothing global: nested or
-concurrent fits each see their own; a nested block never extends an outer deadline). The loops
+:func:`within`, which sets the deadline of the fit's context (:mod:`xrfm_torch.numerics.context`:
+nothing global, nested or concurrent fits each see their own; a nested block never extends an
+outer deadline). The loops
 that dominate a fit ask it before each piece of work:
 
 - the leaves' RFM iterations (:func:`xrfm_torch.leaf.iteration.iterate`) and their post-hoc
@@ -21,23 +22,15 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
+
+from xrfm_torch.numerics import context
+from xrfm_torch.numerics.context import Deadline
+
+__all__ = ["Deadline", "TimeLimitError", "check", "should_stop", "time_left", "within"]
 
 
 class TimeLimitError(RuntimeError):
     """Raised inside an aborting :func:`within` block when its deadline has passed."""
-
-
-@dataclass(frozen=True)
-class Deadline:
-    """An absolute ``time.perf_counter()`` time and what to do there (abort or degrade)."""
-
-    at: float
-    abort: bool
-
-
-_DEADLINE: ContextVar[Deadline | None] = ContextVar("xrfm_torch_deadline", default=None)
 
 
 @contextmanager
@@ -47,7 +40,7 @@ def within(seconds: float | None, *, abort: bool = False) -> Iterator[None]:
     An enclosing deadline that comes earlier stays in force, and aborts if either block does (a
     candidate the caller may drop is dropped, not cut short, when the outer limit comes first).
     """
-    outer = _DEADLINE.get()
+    outer = context.current().deadline
     if seconds is None:
         yield
         return
@@ -57,16 +50,13 @@ def within(seconds: float | None, *, abort: bool = False) -> Iterator[None]:
     new = Deadline(time.perf_counter() + seconds, abort)
     if outer is not None and outer.at <= new.at:
         new = Deadline(outer.at, outer.abort or abort)
-    token = _DEADLINE.set(new)
-    try:
+    with context.using(deadline=new):
         yield
-    finally:
-        _DEADLINE.reset(token)
 
 
 def time_left() -> float:
     """Seconds until the deadline in force (``inf`` without one; negative past it)."""
-    d = _DEADLINE.get()
+    d = context.current().deadline
     return math.inf if d is None else d.at - time.perf_counter()
 
 
@@ -79,7 +69,7 @@ def should_stop(next_cost: float | Callable[[], float] = 0.0) -> bool:
     Raises:
         TimeLimitError: It would, and the deadline aborts.
     """
-    d = _DEADLINE.get()
+    d = context.current().deadline
     if d is None:
         return False
     cost = next_cost() if callable(next_cost) else next_cost
@@ -92,6 +82,6 @@ def should_stop(next_cost: float | Callable[[], float] = 0.0) -> bool:
 
 def check() -> None:
     """Raise :class:`TimeLimitError` past an aborting deadline (a degrading one goes on)."""
-    d = _DEADLINE.get()
+    d = context.current().deadline
     if d is not None and d.abort and time.perf_counter() > d.at:
         raise TimeLimitError(f"the time limit was reached ({time.perf_counter() - d.at:+.2f} s)")

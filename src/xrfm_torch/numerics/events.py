@@ -4,8 +4,8 @@ A leaf that predicts its training mean, a Cholesky factorization that needed jit
 solve repeated in float64: each is a correct, deliberate fallback, logged at DEBUG where it
 happens and counted with :func:`count`. A model's ``fit``, decorated with
 :func:`summarize_fallbacks`, counts inside :func:`counting` and logs the counts once at INFO
-(``"3 leaves predict their training mean"``). The counter lives in a ``contextvars`` variable, so
-nested fits (a bag's trees) each count their own.
+(``"3 leaves predict their training mean"``). The counter is part of the fit's context
+(:mod:`xrfm_torch.numerics.context`), so nested fits (a bag's trees) each count their own.
 """
 
 from __future__ import annotations
@@ -15,28 +15,24 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any, TypeVar, cast
 
-F = TypeVar("F", bound=Callable[..., Any])
+from xrfm_torch.numerics import context
 
-_COUNTS: ContextVar[Counter[str] | None] = ContextVar("xrfm_torch_fit_events", default=None)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextmanager
 def counting() -> Iterator[Counter[str]]:
     """Count the events of the fit run inside this block; yields the counter."""
     counts: Counter[str] = Counter()
-    token = _COUNTS.set(counts)
-    try:
+    with context.using(events=counts):
         yield counts
-    finally:
-        _COUNTS.reset(token)
 
 
 def count(event: str) -> None:
     """Count one ``event`` (a phrase such as ``"leaves predict their training mean"``)."""
-    counts = _COUNTS.get()
+    counts = context.current().events
     if counts is not None:
         counts[event] += 1
 

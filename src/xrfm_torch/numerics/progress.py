@@ -3,8 +3,9 @@
 A fit of one large leaf runs for seconds to minutes between two leaf reports, so a display that
 only counts leaves stands still (and then claims thousands of leaves per second). The leaves'
 iteration loop (:func:`xrfm_torch.leaf.iteration.iterate`) calls :func:`report_iteration`, which
-reaches the function installed with :func:`on_iteration` in the current context (a
-``contextvars`` variable: nothing is global, nested or concurrent fits each see their own).
+reaches the function installed with :func:`on_iteration` in the fit's context
+(:mod:`xrfm_torch.numerics.context`: nothing is global, nested or concurrent fits each see their
+own).
 :class:`FitBar` is the tqdm bar the estimators (``verbose=True``) and the Lightning callback
 ``FitProgressBar`` show; tqdm comes with Lightning and is imported only when a bar is drawn.
 """
@@ -13,28 +14,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
+
+from xrfm_torch.numerics import context
 
 #: ``hook(t, tau)`` after iteration ``t`` of a leaf's ``0 .. tau``.
 IterationHook = Callable[[int, int], None]
-
-_HOOK: ContextVar[IterationHook | None] = ContextVar("xrfm_torch_iteration_hook", default=None)
 
 
 @contextmanager
 def on_iteration(hook: IterationHook | None) -> Iterator[None]:
     """Call ``hook(t, tau)`` after every leaf iteration of the fits run inside this block."""
-    token = _HOOK.set(hook)
-    try:
+    with context.using(on_iteration=hook):
         yield
-    finally:
-        _HOOK.reset(token)
 
 
 def report_iteration(t: int, tau: int) -> None:
     """Tell the installed hook (if any) that iteration ``t`` of ``0 .. tau`` is done."""
-    hook = _HOOK.get()
+    hook = context.current().on_iteration
     if hook is not None:
         hook(t, tau)
 

@@ -22,7 +22,6 @@ import torch
 from xrfm_torch.inputs.choice import check_input_transform
 from xrfm_torch.inputs.input_map import PROBED_MAPS, InputTransform
 from xrfm_torch.leaf.config import LeafConfig
-from xrfm_torch.numerics import host
 from xrfm_torch.numerics.checks import check_bool, check_fraction, check_int, check_positive
 from xrfm_torch.tree.memory import MemoryBudget
 from xrfm_torch.tree.splits import AGOPSplit, SplitRule
@@ -133,8 +132,9 @@ class TreeConfig:
             fit in a thread, and each round of their RFM steps and post-hoc search candidates
             runs as one batched solve: on a GPU a step's ~110 kernel launches then serve all
             the leaves, not one. The same decisions per leaf; the results equal the one-by-one
-            fit's up to float rounding. ``"auto"``: off the CPU (on a CPU the batched step is
-            no faster; the CPU fit stays the one-by-one fit bit for bit). Not with
+            fit's up to float rounding. ``"auto"``: one by one everywhere, until a timed GPU
+            run shows the lockstep's wall-clock gain (docs/benchmarks.md, "On one GPU", has
+            the command that decides it; on a CPU the batched step is no faster). Not with
             ``distributed``, nor where the leaves' step buffers held at once would exceed
             ``memory_budget`` (those run one by one).
     """
@@ -236,10 +236,12 @@ class TreeConfig:
             put(self, "memory_budget", budget)
 
     def steps_batched(self, device: torch.device) -> bool:
-        """Whether the leaves run in lockstep on ``device`` (``batch_steps``; auto: off the CPU)."""
-        if self.batch_steps == "auto":
-            return host.launch_bound(device)
-        return bool(self.batch_steps)
+        """Whether the leaves run in lockstep on ``device`` (``batch_steps``; ``"auto"``: no).
+
+        ``device`` is where the fit runs: a measured gain on a launch-bound device would switch
+        ``"auto"`` on there (:func:`~xrfm_torch.numerics.host.launch_bound`).
+        """
+        return self.batch_steps is True
 
     def replace(self, **changes: Any) -> TreeConfig:
         """A copy with some settings changed (validated like a new one)."""
