@@ -191,8 +191,9 @@ class Model(HasHonestOutputs, nn.Module):
     def from_config(cls: type[M], cfg: dict[str, Any]) -> M:
         """Build an unfitted model from its ``get_config()`` output.
 
-        Only the package's own classes are built (:data:`~xrfm_torch.numerics.config.CONFIG_TARGETS`,
-        checked at every depth before anything is imported): a config from a file cannot run code.
+        Only allowed classes are built (registered models and their parts,
+        :func:`~xrfm_torch.numerics.config.allowed`, checked at every depth before anything is
+        imported): a config from a file cannot run code.
 
         Raises:
             ValueError: ``cfg`` names a ``_target_`` outside that list.

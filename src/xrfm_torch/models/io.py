@@ -9,7 +9,8 @@ string names the file layout, the config the class) is ``torch.save`` of plain d
 
 so it loads with ``torch.load(weights_only=True)``: no code is unpickled. The config is then
 built by :func:`~xrfm_torch.numerics.config.from_config`, which builds only the package's own
-classes (:data:`~xrfm_torch.numerics.config.CONFIG_TARGETS`: the model, ``LeafConfig``, the
+classes (the registered models, :func:`~xrfm_torch.models.factory.register_model`, and the parts
+their configs name, :data:`~xrfm_torch.numerics.config.CONFIG_TARGETS`: ``LeafConfig``, the
 kernels, the split rules), checking every ``_target_`` before importing anything; a file naming
 any other target is refused with a ``ValueError``. So reading a file from an untrusted source
 runs no code of the file's choosing (its tensors still go through ``load_state_dict``'s shape

@@ -7,9 +7,10 @@ dtypes become their names and sequences lists. Plain data survives ``torch.load`
 ``weights_only=True`` and round-trips through YAML.
 
 A config read from a file is data from whoever wrote the file, so :func:`from_config` builds only
-the classes of :data:`CONFIG_TARGETS` (what :func:`to_config` emits for this package's models):
-every ``_target_``, at every depth of dicts and lists, is checked against it before anything is
-imported or called, and any other target is refused. Hydra's instantiation of the user's own
+allowed classes (:func:`allowed`): the model classes registered by code
+(:func:`~xrfm_torch.models.factory.register_model`, which calls :func:`allow_target`) and the
+parts their configs name (:data:`CONFIG_TARGETS`). Every ``_target_``, at every depth of dicts
+and lists, is checked before anything is imported or called, and any other target is refused. Hydra's instantiation of the user's own
 ``conf/`` files does not pass through here and is not restricted.
 """
 
@@ -23,14 +24,13 @@ import torch
 
 PLAIN = (str, int, float, bool, type(None))
 
-#: The classes a config may name: the model, its leaf settings, kernels and split rules (exactly
-#: what ``xRFMTree.get_config`` can emit; ``tests/test_io.py`` checks both directions). Names
-#: only: checking a target imports nothing.
+#: The parts a model's config may name: its leaf settings, kernels and split rules (with the
+#: registered model classes, exactly what the models' ``get_config`` can emit;
+#: ``tests/test_untrusted_files.py`` checks both directions). Names only: checking a target
+#: imports nothing. The model classes themselves are allowed by registration, in one place
+#: (:func:`~xrfm_torch.models.factory.register_model`).
 CONFIG_TARGETS: frozenset[str] = frozenset(
     {
-        "xrfm_torch.models.xrfm_tree.xRFMTree",
-        "xrfm_torch.models.bagging.BaggedTree",
-        "xrfm_torch.models.blend.KernelBlend",
         "xrfm_torch.leaf.config.LeafConfig",
         "xrfm_torch.kernels.lpq.LpqLaplaceKernel",
         "xrfm_torch.kernels.lpq.LaplaceKernel",
@@ -43,7 +43,8 @@ CONFIG_TARGETS: frozenset[str] = frozenset(
     }
 )
 
-#: Classes registered by code at run time (``xrfm_torch.models.factory.register_model``).
+#: Model classes registered by code (``xrfm_torch.models.factory.register_model``: the package's
+#: own at its import, any other only by the code that defines it).
 _REGISTERED: set[str] = set()
 
 
