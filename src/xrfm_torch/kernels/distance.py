@@ -132,6 +132,23 @@ def pairwise_distance(x: Tensor, z: Tensor, p: float, *, out: Tensor | None = No
     return out
 
 
+def batched_distance(x: Tensor, z: Tensor, centre: Tensor) -> Tensor:
+    """``||x_i - z_j||_2`` per batch, (B, n, m), of ``x`` (B, n, d) and ``z`` (B, m, d).
+
+    Each batch's rows are centred at its ``centre`` (B, 1, d) and their distances expanded as in
+    :func:`pairwise_distance` (squares below 16 eps of ``|x|^2 + |z|^2`` snap to 0); ``x is z``
+    centres and squares them once. The lockstep's batched step (a batch is one leaf).
+    """
+    c = 16 * torch.finfo(x.dtype).eps
+    same = x is z
+    x = x - centre
+    z = x if same else z - centre
+    xx = (x * x).sum(-1, keepdim=True)  # (B, n, 1)
+    s = xx + (xx.mT if same else (z * z).sum(-1)[:, None, :])  # |x|^2 + |z|^2
+    o = torch.baddbmm(s, x, z.mT, alpha=-2.0)
+    return o.masked_fill_(o <= c * s, 0.0).sqrt_()
+
+
 def _lp_distance(x: Tensor, z: Tensor, p: float, *, out: Tensor | None = None) -> Tensor:
     """``(sum_k |x_ik - z_jk|^p)^(1/p)`` one input dimension at a time, in cache-sized row blocks.
 

@@ -25,6 +25,20 @@ def linear_features(xs: Tensor, c: float) -> Tensor:
     return F.pad(xs / math.sqrt(d), (1, 0), value=1.0) * math.sqrt(c)
 
 
+def batched_features(
+    x: Tensor, scale: Tensor | float, c: float, pad: Tensor | None
+) -> Tensor | None:
+    """The features ``sqrt(c) [1, x * scale]`` of a batch of row sets ``x`` (B, n, D), (B, n, D + 1).
+
+    ``scale`` is each set's ``1 / sqrt(d)`` (its own width ``d`` where sets were padded to ``D``
+    columns); rows where ``pad`` (B, n) is 1 get no features. ``None`` where ``c`` is 0.
+    """
+    if c <= 0:
+        return None
+    U = F.pad(x * scale, (1, 0), value=1.0) * math.sqrt(c)
+    return U if pad is None else U * (1.0 - pad)[..., None]
+
+
 def features_or_none(xs: Tensor, c: float) -> Tensor | None:
     """:func:`linear_features`, or ``None`` when the part is off (``c == 0``): ``solve_krr``'s input."""
     return linear_features(xs, c) if c > 0 else None

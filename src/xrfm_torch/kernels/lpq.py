@@ -398,3 +398,16 @@ def make_kernel(kernel: Kernel | str | Callable[[], Kernel] | None) -> Kernel:
             raise TypeError(f"kernel factory returned {type(made).__name__}, expected a Kernel")
         return made
     raise TypeError(f"kernel must be a Kernel, a name or a factory, got {type(kernel).__name__}")
+
+
+def batched_values(R: Tensor, bandwidth: Tensor, q: float | Tensor) -> Tensor:
+    """``exp(-(R / L)^q)`` per batch of distances ``R`` (B, n, m), in place.
+
+    As :meth:`LpqLaplaceKernel.from_distance` with one bandwidth per batch, ``bandwidth``
+    (B, 1, 1), and one exponent ``q`` or one per batch (B, 1, 1): the kernels of a batch of
+    leaves (a blend's Laplace and Gaussian leaves batch together).
+    """
+    s = R / bandwidth
+    if isinstance(q, Tensor) or q != 1.0:
+        s = s.pow_(q)
+    return s.neg_().exp_()

@@ -21,7 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from xrfm_torch.kernels import Kernel
-from xrfm_torch.kernels.distance import needs_graph
+from xrfm_torch.kernels.distance import batched_distance, needs_graph
+from xrfm_torch.kernels.linear import batched_features
+from xrfm_torch.kernels.lpq import batched_values
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import class_probabilities, row_logloss
 
@@ -162,32 +164,6 @@ def batch_rows(requests: Sequence[LeafRows]) -> BatchRows:
     )
 
 
-def distance(x: Tensor, z: Tensor, centre: Tensor) -> Tensor:
-    """``||x_i - z_j||`` per batch (B, n, m), on inputs centred at ``centre`` (B, 1, d).
-
-    As :func:`~xrfm_torch.kernels.distance.pairwise_distance` makes it (tiny squares snap to 0).
-    """
-    c = 16 * torch.finfo(x.dtype).eps
-    same = x is z
-    x = x - centre
-    z = x if same else z - centre
-    xx = (x * x).sum(-1, keepdim=True)  # (B, n, 1)
-    s = xx + (xx.mT if same else (z * z).sum(-1)[:, None, :])  # |x|^2 + |z|^2
-    o = torch.baddbmm(s, x, z.mT, alpha=-2.0)
-    return o.masked_fill_(o <= c * s, 0.0).sqrt_()
-
-
-def kernel_values(R: Tensor, bw: Tensor, q: float | Tensor) -> Tensor:
-    """``exp(-(R / L)^q)`` with one bandwidth per batch, ``bw`` (B, 1, 1).
-
-    ``q``: one exponent, or one per batch (B, 1, 1).
-    """
-    s = R / bw
-    if isinstance(q, Tensor) or q != 1.0:
-        s = s.pow_(q)
-    return s.neg_().exp_()
-
-
 def batch_losses(
     pred: Tensor, target: Tensor, rows: BatchRows, criterion: str
 ) -> tuple[Tensor, Tensor]:
@@ -212,8 +188,8 @@ def batch_losses(
 
 
 def masked_kernel(R: Tensor, bw: Tensor, q: float | Tensor, rows: BatchRows) -> Tensor:
-    """:func:`kernel_values` of the training pairs, padded rows made identity rows and columns."""
-    K = kernel_values(R, bw, q)
+    """Kernel values of the training pairs, padded rows made identity rows and columns."""
+    K = batched_values(R, bw, q)
     if rows.keep is not None and rows.pad is not None:
         K = K.masked_fill_(~rows.keep, 0.0)
         K.diagonal(dim1=1, dim2=2).add_(rows.pad)
@@ -221,17 +197,11 @@ def masked_kernel(R: Tensor, bw: Tensor, q: float | Tensor, rows: BatchRows) -> 
 
 
 def linear_features(x: Tensor, rows: BatchRows, lm: float, *, training: bool) -> Tensor | None:
-    """The constant + linear part's features ``sqrt(c) [1, x / sqrt(d)]``, (B, n, D + 1).
+    """The batch's constant + linear features (:func:`~xrfm_torch.kernels.linear.batched_features`).
 
     ``training``: ``x`` are the training rows, whose padded rows get no features (``rows.pad``).
-    ``None`` where ``lm`` is 0.
     """
-    if lm <= 0:
-        return None
-    U = F.pad(x * rows.scale, (1, 0), value=1.0) * math.sqrt(lm)
-    if training and rows.pad is not None:
-        U = U * (1.0 - rows.pad)[..., None]
-    return U
+    return batched_features(x, rows.scale, lm, rows.pad if training else None)
 
 
 def solve_batch(
@@ -289,7 +259,7 @@ def distances(xs: Tensor, xv: Tensor, rows: BatchRows) -> tuple[Tensor, Tensor]:
     """
     n = torch.tensor(rows.n, device=xs.device)[:, None, None].to(xs)
     centre = xs.sum(1, keepdim=True) / n
-    return distance(xs, xs, centre), distance(xv, xs, centre)
+    return batched_distance(xs, xs, centre), batched_distance(xv, xs, centre)
 
 
 class Scored(NamedTuple):
@@ -326,7 +296,7 @@ def solve_and_score(
     U = linear_features(xs, rows, cfg.linear_mix, training=True)
     alpha, unsure = solve_batch(K, U, rows, reg, cfg.solve_dtype)
     v = None if U is None else U.mT @ alpha
-    pred = kernel_values(Rv, bw, q) @ alpha
+    pred = batched_values(Rv, bw, q) @ alpha
     Uv = linear_features(xv, rows, cfg.linear_mix, training=False)
     if Uv is not None and v is not None:
         pred = torch.baddbmm(pred, Uv, v)
