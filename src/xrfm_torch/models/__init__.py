@@ -1,9 +1,10 @@
 """The public models and their persistence: one contract, one factory.
 
 Layer 5: imports :mod:`xrfm_torch.tree` and the layers below. :class:`xRFMTree` (one model: a
-tree, or trees averaged over input maps), the ensembles built on it (:class:`BaggedTree`,
-:class:`KernelBlend`, the time-limited :class:`Anytime`, sharing :class:`~xrfm_torch.models.ensemble.Ensemble`), the contract they
-keep (:mod:`~xrfm_torch.models.contract`), the factory that builds them from settings
+tree, or trees averaged over input maps), the models that hold models built on it (the
+ensembles :class:`BaggedTree` and :class:`KernelBlend`, sharing
+:class:`~xrfm_torch.models.ensemble.Ensemble`, and the time-limited selector :class:`Anytime`,
+all :class:`~xrfm_torch.models.holder.Holder` s), the contract they keep (:mod:`~xrfm_torch.models.contract`), the factory that builds them from settings
 (:mod:`~xrfm_torch.models.factory`) and saving, loading and export.
 """
 
