@@ -138,13 +138,12 @@ class Model(HasHonestOutputs, nn.Module):
         raise NotImplementedError
 
     # ---- what a model made of models asks of its parts (the base's answers) --------------------
-    def recipe(self) -> Recipe:
+    def recipe(self) -> Recipe | None:
         """How this model is made of one tree (:class:`Recipe`), for a fit that varies it.
 
-        Raises:
-            TypeError: It is not made of one tree's bags and kernels (the base's answer).
+        ``None`` (the base's answer): it is not made of one tree's bags and kernels.
         """
-        raise TypeError(f"a {type(self).__name__} is not made of one tree's bags and kernels")
+        return None
 
     @property
     def fit_time_limit(self) -> float | None:

@@ -76,10 +76,7 @@ def target_parts(model: Model) -> Target | None:
     ``None`` where ``model`` is not made of one tree's bags and kernels (a kind the ladder cannot
     vary): its anytime fit is the model itself, cut short at the limit.
     """
-    try:
-        return model.recipe()
-    except TypeError:
-        return None
+    return model.recipe()
 
 
 def quick_tree(tree: xRFMTree, leaf_size: int) -> xRFMTree:
