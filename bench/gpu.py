@@ -37,6 +37,7 @@ from torch.utils._pytree import tree_flatten
 
 from bench.common import DEFAULT_DATA, XRFM_D_PARAMS
 from xrfm_torch.data import prepare, read_csv
+from xrfm_torch.numerics.context import watching
 
 MODELS = ["ours", "xrfm_default", "xrfm_d"]
 #: Ours under :func:`cpu_rules` (``--models ... ours_cpu_rules``): the before of the GPU changes.
@@ -202,7 +203,7 @@ def tally_fit(fit: Callable[[], Any], device: str) -> dict[str, Any]:
         if device.startswith("cuda"):
             torch.cuda.set_sync_debug_mode("warn")
         try:
-            with mode:
+            with watching(mode):  # the lockstep's leaf threads count too
                 fit()
         finally:
             if device.startswith("cuda"):

@@ -192,12 +192,9 @@ def test_the_quick_tree_is_small_shallow_and_cheap_to_split():
     assert quick.config.split_rule.sample_size == QUICK_SPLIT_ROWS < 4000
     assert quick_tree(xRFMTree(max_leaf_size=500), 2000).config.max_leaf_size == 500
     # the other settings are the tree's
-    rest = {
-        k: v
-        for k, v in quick.get_config().items()
-        if k not in ("max_leaf_size", "n_trees", "split_rule")
-    }
-    assert rest == {k: v for k, v in tree.get_config().items() if k in rest}
+    changed = ("max_leaf_size", "n_trees", "split_rule")
+    assert quick.config.replace(**{k: getattr(tree.config, k) for k in changed}) == tree.config
+    assert {**quick.get_config(), "config": None} == {**tree.get_config(), "config": None}
 
 
 def test_common_rows_align_outputs_by_row():

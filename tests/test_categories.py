@@ -88,7 +88,7 @@ def test_a_tree_learns_a_categorical_effect_and_folds_its_importance():
     row = X[1700:1702].clone()
     row[0, 2], row[1, 2] = 9.0, float("nan")
     assert torch.isfinite(model(row)).all()
-    assert model.get_config()["categorical_features"] == [2]
+    assert model.get_config()["config"]["categorical_features"] == [2]
 
 
 def test_estimators_read_text_categories_missing_cells_and_unseen_levels():

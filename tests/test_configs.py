@@ -14,6 +14,7 @@ from omegaconf import OmegaConf, open_dict
 
 from xrfm_torch import xRFMTree
 from xrfm_torch.models.factory import DEFAULT_KERNELS
+from xrfm_torch.tree.config import SETTINGS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = [
@@ -52,7 +53,10 @@ def compose_with(overrides: list[str], tmp_path: Path):
 def target_params(target: str) -> set[str]:
     module, _, name = target.rpartition(".")
     obj = getattr(importlib.import_module(module), name)
-    return set(inspect.signature(obj).parameters)
+    params = inspect.signature(obj).parameters
+    named = {k for k, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    # the tree's keyword settings are its TreeConfig's fields (xRFMTree(**settings))
+    return named | set(SETTINGS) if obj is xRFMTree else named
 
 
 def walk_targets(node, path="") -> list[tuple[str, str, set[str]]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -14,7 +16,9 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from xrfm_torch import KernelBlend, LeafConfig, XRFMClassifier, XRFMRegressor, xRFMTree
+from xrfm_torch.estimators import PARAMS
 from xrfm_torch.models.factory import DEFAULT_KERNELS
+from xrfm_torch.tree.config import DEFAULTS
 
 SMALL = {"n_iters": 2}
 
@@ -95,6 +99,49 @@ def test_regressor_is_the_core_model_with_the_same_seed():
     np.testing.assert_array_equal(est.predict(Xt), core(t(Xt).float())[:, 0].numpy())
     assert est.model_.n_leaves == core.n_leaves > 1
     assert est.model_.weights_.tolist() == core.weights_.tolist()
+
+
+def test_every_parameter_is_in_the_one_table_with_the_configs_default():
+    for cls, own in (
+        (XRFMRegressor, {"uncertainty": "model"}),
+        (XRFMClassifier, {"class_weight": "fit"}),
+    ):
+        params = inspect.signature(cls).parameters
+        assert list(params) == [*PARAMS, *own]  # the table, in signature order, then its own
+        for name, to in PARAMS.items():
+            default = params[name].default
+            if to == "leaf":
+                assert default == getattr(DEFAULTS.leaf, name), name
+            elif to == "tree":
+                assert default == getattr(DEFAULTS, name), name
+    # each table entry reaches its place in the fitted model
+    X, y = planted(400, 0)
+    chosen = {
+        "max_leaf_size": 150,
+        "input_transform": "identity",
+        "n_trees": 2,
+        "temperature": 0.5,
+        "val_fraction": 0.25,
+        "value_levels": False,
+    }
+    with pytest.warns(UserWarning, match="calibrated on"):  # few held-out rows
+        est = XRFMRegressor(
+            "gaussian",
+            n_iters=2,
+            reg=0.01,
+            diag=True,
+            linear_mix=0.2,
+            uncertainty="gp",
+            random_state=0,
+            **chosen,
+        ).fit(X, y)
+    tree = est.model_
+    assert isinstance(tree, xRFMTree) and tree.kernel.q == 2.0 and tree.uncertainty == "gp"
+    assert tree.config == DEFAULTS.replace(
+        leaf=LeafConfig(n_iters=2, reg=0.01, diag=True, linear_mix=0.2),
+        split_rule=tree.config.split_rule,
+        **chosen,
+    )
 
 
 def test_classifier_takes_string_labels_and_returns_them():

@@ -199,7 +199,7 @@ def test_a_list_of_maps_averages_one_tree_per_map() -> None:
     mapped.refit_leaves(Xv, yv, Xt, yt, generator=seeded(6))
     torch.testing.assert_close(both(Xt), (raw(Xt) + mapped(Xt)) / 2)
     fresh = xRFMTree.from_config(both.get_config())
-    assert fresh.get_config()["input_transform"] == ["identity", "quantile"]
+    assert fresh.get_config()["config"]["input_transform"] == ["identity", "quantile"]
     fresh.load_state_dict(both.state_dict())
     assert fresh.input_map.names == ["identity", "quantile"]
     torch.testing.assert_close(fresh(Xt), both(Xt), rtol=0, atol=0)

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.func import jacrev
 
+from xrfm_torch.kernels import KERNELS as NAMED
 from xrfm_torch.kernels import (
     GaussianKernel,
     LaplaceKernel,
@@ -19,6 +20,7 @@ from xrfm_torch.kernels.distance import (
     block_bytes,
     cache_blocks,
 )
+from xrfm_torch.kernels.lpq import kernel_values
 
 KERNELS = [
     pytest.param(lambda: LaplaceKernel(bandwidth=3.0), id="laplace"),
@@ -241,3 +243,43 @@ def test_in_one_block_is_where_forward_makes_the_matrix_in_one_piece():
     assert k.in_one_block(torch.randn(5, 2), z) and not k.in_one_block(torch.randn(6, 2), z)
     x = torch.randn(6, 2)  # chunked, yet the same matrix
     torch.testing.assert_close(k(x, z), LaplaceKernel()(x, z), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["laplace", "lpq", "product_laplace", "gaussian"])
+@pytest.mark.parametrize("root", ["none", "shared", "diag", "full"])
+def test_a_batch_of_row_sets_gives_each_sets_kernel_matrix(name, root):
+    # gpytorch's convention: (..., n, d) inputs, one kernel matrix per row set
+    g = torch.Generator().manual_seed(3)
+    B, n, m, d = 3, 7, 5, 4
+    x = torch.randn(2, B, n, d, generator=g, dtype=torch.float64)
+    z = torch.randn(2, B, m, d, generator=g, dtype=torch.float64)
+    roots = {
+        "none": None,
+        "shared": torch.rand(d, generator=g, dtype=torch.float64) + 0.5,
+        "diag": torch.rand(2, B, d, generator=g, dtype=torch.float64) + 0.5,
+        "full": torch.randn(2, B, d, d, generator=g, dtype=torch.float64) / 3
+        + torch.eye(d, dtype=torch.float64),
+    }
+    s = roots[root]
+    k = NAMED[name](bandwidth=1.7)
+    got = k(x, z, s)
+    assert got.shape == (2, B, n, m)
+    for a in range(2):
+        for b in range(B):
+            one = s if s is None or s.ndim == 1 else s[a, b]
+            torch.testing.assert_close(got[a, b], k(x[a, b], z[a, b], one), rtol=1e-10, atol=1e-12)
+    # shared centres broadcast against a batch of inputs
+    torch.testing.assert_close(k(x, z[0, 0]), k(x, z[0, 0].expand(2, B, m, d)), rtol=0, atol=0)
+
+
+def test_kernel_values_take_one_bandwidth_and_exponent_per_row_set():
+    # the lockstep's leaves: a Laplace and a Gaussian kernel's values in one batched call
+    g = torch.Generator().manual_seed(4)
+    r = torch.rand(2, 6, 5, generator=g, dtype=torch.float64) * 3
+    kernels = [LaplaceKernel(bandwidth=2.0), GaussianKernel(bandwidth=0.75)]
+    bw = torch.tensor([2.0, 0.75], dtype=torch.float64)[:, None, None]
+    q = torch.tensor([k.q for k in kernels], dtype=torch.float64)[:, None, None]
+    got = kernel_values(r.clone(), bw, q)
+    for b, k in enumerate(kernels):
+        torch.testing.assert_close(got[b], k.from_distance(r[b]), rtol=0, atol=0)
+        torch.testing.assert_close(got[b], torch.exp(-((r[b] / k.bandwidth) ** k.q)))

@@ -26,6 +26,7 @@ from xrfm_torch.leaf.lockstep import BATCH_BYTES, CancelledError, Lockstep, fit_
 from xrfm_torch.leaf.solve_request import SolveRequest
 from xrfm_torch.numerics import context, host
 from xrfm_torch.numerics.agop import RootedAgop, next_root
+from xrfm_torch.numerics.context import watching
 from xrfm_torch.numerics.solvers import krr_workspace
 
 D = torch.float64
@@ -340,10 +341,12 @@ def test_the_callers_thread_state_goes_with_the_leaves():
 
     with HostReads() as here:
         work()
-    with torch.no_grad(), HostReads() as mode:  # per thread: the leaves' threads enter them
+    with torch.no_grad(), HostReads() as alone:  # modes are per thread: this one sees no leaf
         Lockstep().run([job, job])
-    assert seen == [False, False]
-    assert here.computed > 0 and mode.computed == 2 * here.computed
+    with torch.no_grad(), watching(HostReads()) as mode:  # the leaves' threads enter this one
+        Lockstep().run([job, job])
+    assert seen == [False, False, False, False]
+    assert here.computed > 0 and mode.computed == 2 * here.computed and alone.computed == 0
 
 
 def test_probes_in_lockstep_choose_the_same_maps(monkeypatch):

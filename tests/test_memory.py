@@ -165,7 +165,7 @@ def test_a_tree_over_budget_stops_before_fitting_any_leaf(monkeypatch):
 
 def test_budget_arguments_and_the_auto_budget():
     assert xRFMTree().memory_budget == "auto"
-    assert xRFMTree(memory_budget=2**30).get_config()["memory_budget"] == 2**30
+    assert xRFMTree(memory_budget=2**30).get_config()["config"]["memory_budget"] == 2**30
     for bad in (0, -5, "lots", 1.5):
         with pytest.raises(ValueError, match="memory_budget"):
             xRFMTree(memory_budget=bad)

@@ -408,14 +408,15 @@ def test_get_config_nests_the_leaf_settings_and_rebuilds_the_model():
         "gaussian", leaf=LeafConfig(n_iters=4, diag=False, kernel_exponents=(1.0, 2.0)), n_trees=2
     )
     cfg = model.get_config()
-    assert cfg["leaf"]["_target_"] == "xrfm_torch.leaf.config.LeafConfig"
-    assert cfg["leaf"]["kernel_exponents"] == [1.0, 2.0] and cfg["leaf"]["diag"] is False
+    leaf = cfg["config"]["leaf"]
+    assert leaf["_target_"] == "xrfm_torch.leaf.config.LeafConfig"
+    assert leaf["kernel_exponents"] == [1.0, 2.0] and leaf["diag"] is False
     assert cfg["kernel"]["_target_"].endswith("GaussianKernel")
     again = xRFMTree.from_config(cfg)
     assert again.leaf == model.leaf and again.n_trees == 2
     assert again.get_config() == cfg
     with pytest.raises(TypeError, match="builds a LeafConfig, not a xRFMTree"):
-        xRFMTree.from_config(cfg["leaf"])
+        xRFMTree.from_config(leaf)
 
 
 @pytest.mark.parametrize("factor", [1e-3, 1e6])

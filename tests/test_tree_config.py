@@ -16,20 +16,40 @@ from xrfm_torch.tree.config import DEFAULTS, SETTINGS
 from xrfm_torch.tree.splits import AGOPSplit, CARTSplit, PCASplit, Split
 
 
-def test_every_setting_is_a_constructor_argument_with_the_configs_default():
+def test_the_settings_are_named_once_in_the_config_and_reach_it_as_keywords():
     params = inspect.signature(xRFMTree).parameters
-    for name in SETTINGS:
-        assert name in params, name
-        default = params[name].default
-        # None stands for a default object (a LeafConfig(), an AGOPSplit(), the grid)
-        if default is not None:
-            assert default == getattr(DEFAULTS, name), name
-    # and nothing else: the arguments the model's own modules hold, then the config's fields
+    # no setting is written out again in the model's signature: the config's fields are its
+    # keyword settings; besides them only what the model's own modules hold, and the config
     held = {"kernel", "task", "class_coding", "calibration", "missing_values", "uncertainty"}
-    assert set(params) == held | set(SETTINGS)
-    assert xRFMTree().config == dataclasses.replace(
-        DEFAULTS, split_rule=xRFMTree().config.split_rule
-    )
+    assert set(params) == held | {"config", "settings"}
+    assert params["settings"].kind is inspect.Parameter.VAR_KEYWORD
+    assert not set(params) & set(SETTINGS)
+    assert xRFMTree().config == DEFAULTS
+    # every field given as a keyword lands in the config, on top of a config given
+    base = TreeConfig(max_leaf_size=300, n_trees=3)
+    model = xRFMTree(config=base, max_leaf_size=500, keep_mass=0.5)
+    assert model.config == base.replace(max_leaf_size=500, keep_mass=0.5)
+    assert xRFMTree(config=base).config is base
+    # None stands for the default object where a config file wrote it so
+    assert xRFMTree(leaf=None, split_rule=None, temperature_grid=None).config == DEFAULTS
+    with pytest.raises(TypeError, match=r"unknown tree setting\(s\) \['max_leaf'\]"):
+        xRFMTree(max_leaf=3)
+    with pytest.raises(TypeError, match="config must be a TreeConfig, got dict"):
+        xRFMTree(config={"max_leaf_size": 3})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_leaf_size must be an integer >= 4, got 2"):
+        xRFMTree(max_leaf_size=2)
+
+
+def test_the_config_is_saved_whole_and_flat_configs_still_load():
+    model = xRFMTree(max_leaf_size=300, leaf=LeafConfig(n_iters=2), uncertainty="gp")
+    cfg = model.get_config()
+    assert cfg["config"]["_target_"] == "xrfm_torch.tree.config.TreeConfig"
+    assert cfg["config"]["max_leaf_size"] == 300 and cfg["uncertainty"] == "gp"
+    assert xRFMTree.from_config(cfg).config == model.config
+    # configs written before the model took its TreeConfig name the settings beside the kernel
+    flat = {k: v for k, v in cfg.items() if k != "config"}
+    flat.update({k: v for k, v in cfg["config"].items() if k != "_target_"})
+    assert xRFMTree.from_config(flat).config == model.config
 
 
 def test_the_config_is_frozen_and_validated():

@@ -30,17 +30,23 @@ def evil(victim) -> dict:
     return {"_target_": "builtins.open", "file": str(victim), "mode": "w"}
 
 
-PLACES = ["top", "kernel", "leaf", "split_rule", "list"]
+PLACES = ["top", "kernel", "config", "leaf", "split_rule", "list"]
 
 
 def craft(cfg: dict, place: str, victim) -> dict:
     cfg = copy.deepcopy(cfg)
     if place == "top":
         return {**evil(victim), "x": cfg}
+    tree = cfg
+    while "config" not in tree:  # an ensemble's config holds its tree's
+        tree = tree.get("model") or tree["tree"]
+    settings = tree["config"]  # the tree's settings, a TreeConfig
     if place == "list":
-        cfg["temperature_grid"] = [0.0, evil(victim)]
+        settings["temperature_grid"] = [0.0, evil(victim)]
+    elif place in ("leaf", "split_rule"):
+        settings[place] = evil(victim)
     else:
-        cfg[place] = evil(victim)
+        tree[place] = evil(victim)
     return cfg
 
 

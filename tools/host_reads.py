@@ -35,6 +35,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from bench.common import DATASETS
+from xrfm_torch.numerics.context import watching
 
 #: Operations whose output size depends on the values (the host needs the size to allocate;
 #: a GPU's ``bincount`` reads its input's maximum even with ``minlength``).
@@ -116,7 +117,7 @@ def counting() -> Iterator[HostReads]:
     real = torch.Tensor.tolist
     torch.Tensor.tolist = _tolist_counted(real)  # type: ignore[method-assign]
     try:
-        with HostReads() as mode:
+        with watching(HostReads()) as mode:  # the lockstep's leaf threads count too
             yield mode
     finally:
         torch.Tensor.tolist = real  # type: ignore[method-assign]

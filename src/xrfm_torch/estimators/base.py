@@ -7,9 +7,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -18,7 +17,6 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from xrfm_torch.data.tabular import (
-    CategoricalSpec,
     TableEncoder,
     categorical_columns,
     plain_frame,
@@ -37,7 +35,7 @@ from xrfm_torch.models.ladder import check_time_limit
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.progress import FitBar, on_iteration
 from xrfm_torch.numerics.threads import check_threads
-from xrfm_torch.tree.config import DEFAULTS
+from xrfm_torch.tree.config import DEFAULTS, TreeConfig
 from xrfm_torch.tree.targets import Task
 
 log = logging.getLogger(__name__)
@@ -45,17 +43,36 @@ log = logging.getLogger(__name__)
 # the defaults come from the configs' own (tree.config.DEFAULTS), never repeated here
 _TREE = DEFAULTS
 _LEAF = DEFAULTS.leaf
-#: The leaf settings the estimators expose; the others keep LeafConfig's defaults.
-LEAF_PARAMS = ("n_iters", "reg", "diag", "linear_mix")
-#: The tree arguments the estimators expose.
-TREE_PARAMS = (
-    "max_leaf_size",
-    "input_transform",
-    "n_trees",
-    "temperature",
-    "val_fraction",
-    "value_levels",
-)
+
+#: Where a parameter goes: a field of every leaf's ``LeafConfig`` (``"leaf"``), of the tree's
+#: ``TreeConfig`` (``"tree"``), another ``xRFMTree`` argument (``"model"``) or the estimator's
+#: own use (``"fit"``: kernels, bags, table reading, time limit, seed, device).
+Destination = Literal["leaf", "tree", "model", "fit"]
+
+#: The one table of the parameters both estimators share, in signature order, and where each
+#: goes. Each estimator's signature lists them (scikit-learn reads parameters from the
+#: signature) with their defaults read from the configs; ``tests/test_sklearn.py`` checks the
+#: signatures against this table and the configs.
+PARAMS: dict[str, Destination] = {
+    "kernel": "fit",
+    "max_leaf_size": "tree",
+    "n_iters": "leaf",
+    "reg": "leaf",
+    "diag": "leaf",
+    "linear_mix": "leaf",
+    "input_transform": "tree",
+    "n_trees": "tree",
+    "temperature": "tree",
+    "val_fraction": "tree",
+    "n_bags": "fit",
+    "categorical_features": "fit",  # a table's columns; the tree gets their encoded indices
+    "value_levels": "tree",
+    "time_limit": "fit",
+    "random_state": "fit",
+    "verbose": "fit",
+    "device": "fit",
+    "dtype": "fit",
+}
 
 
 class _XRFMEstimator(BaseEstimator):
@@ -125,47 +142,22 @@ class _XRFMEstimator(BaseEstimator):
     """
 
     _task: Task = "regression"
+    #: The estimator's own parameters besides :data:`PARAMS`, and where each goes.
+    _OWN_PARAMS: ClassVar[dict[str, Destination]] = {}
 
-    def __init__(
-        self,
-        kernel: str | Kernel | tuple[str, ...] = "laplace",
-        *,
-        max_leaf_size: int = _TREE.max_leaf_size,
-        n_iters: int = _LEAF.n_iters,
-        reg: float = _LEAF.reg,
-        diag: bool | str = _LEAF.diag,
-        linear_mix: float = _LEAF.linear_mix,
-        input_transform: str | Sequence[str] = _TREE.input_transform,
-        n_trees: int | None = _TREE.n_trees,
-        temperature: float | None = _TREE.temperature,
-        val_fraction: float = _TREE.val_fraction,
-        n_bags: int | str = 1,
-        categorical_features: CategoricalSpec = "auto",
-        value_levels: bool = _TREE.value_levels,
-        time_limit: float | None = None,
-        random_state: int | np.random.RandomState | None = None,
-        verbose: bool = False,
-        device: str = "cpu",
-        dtype: str = "float32",
-    ) -> None:
-        self.kernel = kernel
-        self.max_leaf_size = max_leaf_size
-        self.n_iters = n_iters
-        self.reg = reg
-        self.diag = diag
-        self.linear_mix = linear_mix
-        self.input_transform = input_transform
-        self.n_trees = n_trees
-        self.temperature = temperature
-        self.val_fraction = val_fraction
-        self.n_bags = n_bags
-        self.categorical_features = categorical_features
-        self.value_levels = value_levels
-        self.time_limit = time_limit
-        self.random_state = random_state
-        self.verbose = verbose
-        self.device = device
-        self.dtype = dtype
+    @classmethod
+    def _param_table(cls) -> dict[str, Destination]:
+        """Every parameter of this estimator and where it goes (:data:`PARAMS` and its own)."""
+        return {**PARAMS, **cls._OWN_PARAMS}
+
+    def _keep(self, args: dict[str, Any]) -> None:
+        """Store the constructor's arguments as they came (scikit-learn's ``__init__`` rule)."""
+        for name in self._param_table():
+            setattr(self, name, args[name])
+
+    def _params(self, destination: Destination) -> dict[str, Any]:
+        """The parameters that go to ``destination``, by name."""
+        return {k: getattr(self, k) for k, to in self._param_table().items() if to == destination}
 
     # ---- conversions ---------------------------------------------------------------------------
     def _torch_dtype(self) -> torch.dtype:
@@ -210,17 +202,17 @@ class _XRFMEstimator(BaseEstimator):
     def _new_tree(self, y: np.ndarray) -> Model:
         kernels = self._kernels()
         n_bags = self._bags(y)
-        leaf = LeafConfig(**{k: getattr(self, k) for k in LEAF_PARAMS})
-        tree_args = {k: getattr(self, k) for k in TREE_PARAMS}
-        categorical = self.encoder_.categorical or None
+        config = TreeConfig(
+            leaf=LeafConfig(**self._params("leaf")),
+            categorical_features=self.encoder_.categorical or None,
+            **self._params("tree"),
+        )
         tree = xRFMTree(
             kernels[0],
+            config,
             task=self._task,
-            leaf=leaf,
-            categorical_features=categorical,
             missing_values="any",  # tables: a missing cell may turn up in any column
-            **tree_args,
-            **self._task_args(),
+            **self._params("model"),
         )
         blend = None if len(kernels) == 1 else [str(k) for k in kernels]
         return build_model(tree, n_bags, blend, check_time_limit(self.time_limit))
@@ -228,10 +220,6 @@ class _XRFMEstimator(BaseEstimator):
     def _budget(self) -> AbstractContextManager[None]:
         """The fit's time limit, from the start of ``fit`` (reading the table counts)."""
         return deadline.within(check_time_limit(self.time_limit))
-
-    def _task_args(self) -> dict[str, Any]:
-        """Tree arguments only one task has."""
-        return {}
 
     def _generator(self) -> torch.Generator:
         if isinstance(self.random_state, (int, np.integer)):

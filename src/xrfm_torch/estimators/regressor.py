@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -16,6 +16,7 @@ from xrfm_torch.data.tabular import (
 from xrfm_torch.estimators.base import (
     _LEAF,
     _TREE,
+    Destination,
     _XRFMEstimator,
 )
 from xrfm_torch.kernels import Kernel
@@ -53,6 +54,7 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
     """
 
     _task: Task = "regression"
+    _OWN_PARAMS: ClassVar[dict[str, Destination]] = {"uncertainty": "model"}
 
     def __init__(
         self,
@@ -77,30 +79,7 @@ class XRFMRegressor(RegressorMixin, _XRFMEstimator):
         dtype: str = "float32",
         uncertainty: Uncertainty = "none",
     ) -> None:
-        super().__init__(
-            kernel,
-            max_leaf_size=max_leaf_size,
-            n_iters=n_iters,
-            reg=reg,
-            diag=diag,
-            linear_mix=linear_mix,
-            input_transform=input_transform,
-            n_trees=n_trees,
-            temperature=temperature,
-            val_fraction=val_fraction,
-            n_bags=n_bags,
-            categorical_features=categorical_features,
-            value_levels=value_levels,
-            time_limit=time_limit,
-            random_state=random_state,
-            verbose=verbose,
-            device=device,
-            dtype=dtype,
-        )
-        self.uncertainty = uncertainty
-
-    def _task_args(self) -> dict[str, Any]:
-        return {"uncertainty": self.uncertainty}
+        self._keep(locals())
 
     def fit(
         self,

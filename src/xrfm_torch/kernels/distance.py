@@ -54,16 +54,20 @@ def transform(x: Tensor, sqrt_m: Tensor | None) -> Tensor:
     """Map inputs into the learned feature space ``x -> S x``.
 
     Args:
-        x: Inputs, shape (n, d).
-        sqrt_m: ``None`` (identity), shape (d,) (diagonal ``M``) or (d, d) (full ``M``, symmetric).
+        x: Inputs, shape (n, d), or a batch of row sets (..., n, d).
+        sqrt_m: ``None`` (identity), shape (d,) (diagonal ``M``) or (d, d) (full ``M``,
+            symmetric); for a batch, one root per row set, (..., d) or (..., d, d) (a root with
+            one dimension fewer than ``x`` is diagonal).
 
     Returns:
-        Transformed inputs, shape (n, d).
+        Transformed inputs, shape (n, d) or (..., n, d).
     """
     if sqrt_m is None:
         return x
     if sqrt_m.ndim == 1:
         return x * sqrt_m
+    if sqrt_m.ndim == x.ndim - 1:  # a batch's diagonal roots
+        return x * sqrt_m[..., None, :]
     return x @ sqrt_m
 
 

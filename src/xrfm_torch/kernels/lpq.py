@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from xrfm_torch.kernels.distance import (
     DEFAULT_CHUNK_BYTES,
+    batched_distance,
     cache_blocks,
     chain_rule,
     needs_graph,
@@ -107,7 +108,22 @@ class Kernel(nn.Module):
 
     # ---- values -------------------------------------------------------------------------------
     def distance(self, x: Tensor, z: Tensor, *, out: Tensor | None = None) -> Tensor:
-        """``||x_i - z_j||_p`` in the (already transformed) space, shape (n, m)."""
+        """``||x_i - z_j||_p`` in the (already transformed) space, shape (n, m).
+
+        A batch, ``x`` (..., n, d) and ``z`` (..., m, d), gives (..., n, m): for ``p = 2`` the
+        expansion of :func:`~xrfm_torch.kernels.distance.batched_distance` centred at each row
+        set's ``z`` mean, else ``torch.cdist``.
+        """
+        if x.ndim > 2 or z.ndim > 2:
+            batch = torch.broadcast_shapes(x.shape[:-2], z.shape[:-2])
+            x3 = x.expand(*batch, *x.shape[-2:]).reshape(-1, *x.shape[-2:])
+            z3 = x3 if x is z else z.expand(*batch, *z.shape[-2:]).reshape(-1, *z.shape[-2:])
+            if self.p == 2.0:
+                r = batched_distance(x3, z3, z3.mean(-2, keepdim=True))
+            else:
+                r = torch.cdist(x3, z3, p=self.p)
+            r = r.reshape(*batch, *r.shape[-2:])
+            return r if out is None else out.copy_(r)
         return pairwise_distance(x, z, self.p, out=out)
 
     def from_distance(self, r: Tensor, *, out: Tensor | None = None) -> Tensor:
@@ -123,23 +139,23 @@ class Kernel(nn.Module):
             for b in blocks:
                 self.from_distance(r[b], out=out[b])
             return out
-        scaled = torch.div(r, self.bandwidth.to(r.dtype), out=out)
-        if self.q != 1.0:
-            scaled.pow_(self.q)
-        return scaled.neg_().exp_()
+        return kernel_values(r, self.bandwidth.to(r.dtype), self.q, out=out)
 
     def forward(self, x: Tensor, z: Tensor, sqrt_m: Tensor | None = None) -> Tensor:
-        """Kernel matrix ``K(x, z)``.
+        """Kernel matrix ``K(x, z)``, of one row set or of a batch of them.
 
         Args:
-            x: Inputs, shape (n, d).
-            z: Centres, shape (m, d).
-            sqrt_m: Optional feature-matrix root applied to both, shape (d,) or (d, d).
+            x: Inputs, shape (n, d), or (..., n, d) for a batch (as gpytorch's kernels take).
+            z: Centres, shape (m, d) or (..., m, d).
+            sqrt_m: Optional feature-matrix root applied to both: (d,) or (d, d); in a batch,
+                one per row set, (..., d) or (..., d, d) (:func:`~xrfm_torch.kernels.distance.transform`).
 
         Returns:
-            Kernel matrix, shape (n, m).
+            Kernel matrix, shape (n, m), or (..., n, m); a batch's is made in one block.
         """
         xs, zs = transform(x, sqrt_m), transform(z, sqrt_m)
+        if xs.ndim > 2 or zs.ndim > 2:
+            return self.from_distance(self.distance(xs, zs))
         if self.in_one_block(xs, zs):
             return self.from_distance(self.distance(xs, zs))
         per_row = zs.shape[0] * xs.element_size() * 3
@@ -400,14 +416,17 @@ def make_kernel(kernel: Kernel | str | Callable[[], Kernel] | None) -> Kernel:
     raise TypeError(f"kernel must be a Kernel, a name or a factory, got {type(kernel).__name__}")
 
 
-def batched_values(R: Tensor, bandwidth: Tensor, q: float | Tensor) -> Tensor:
-    """``exp(-(R / L)^q)`` per batch of distances ``R`` (B, n, m), in place.
+def kernel_values(
+    r: Tensor, bandwidth: Tensor | float, q: float | Tensor, *, out: Tensor | None = None
+) -> Tensor:
+    """``exp(-(r / L)^q)`` of distances ``r`` (any shape): the family's values, in one place.
 
-    As :meth:`LpqLaplaceKernel.from_distance` with one bandwidth per batch, ``bandwidth``
-    (B, 1, 1), and one exponent ``q`` or one per batch (B, 1, 1): the kernels of a batch of
-    leaves (a blend's Laplace and Gaussian leaves batch together).
+    ``bandwidth`` and ``q`` are numbers or tensors that broadcast against ``r``: a kernel's own
+    (:meth:`Kernel.from_distance`), or one per row set of a batch, (B, 1, 1) against (B, n, m)
+    (the lockstep's leaves, whose Laplace and Gaussian kernels batch together). Written into
+    ``out`` when given (it may be ``r``).
     """
-    s = R / bandwidth
+    scaled = torch.div(r, bandwidth, out=out)
     if isinstance(q, Tensor) or q != 1.0:
-        s = s.pow_(q)
-    return s.neg_().exp_()
+        scaled.pow_(q)
+    return scaled.neg_().exp_()

@@ -23,7 +23,7 @@ from torch import Tensor
 from xrfm_torch.kernels import Kernel
 from xrfm_torch.kernels.distance import batched_distance, needs_graph
 from xrfm_torch.kernels.linear import batched_features
-from xrfm_torch.kernels.lpq import batched_values
+from xrfm_torch.kernels.lpq import kernel_values
 from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.leaf.criteria import class_probabilities, row_logloss
 
@@ -189,7 +189,7 @@ def batch_losses(
 
 def masked_kernel(R: Tensor, bw: Tensor, q: float | Tensor, rows: BatchRows) -> Tensor:
     """Kernel values of the training pairs, padded rows made identity rows and columns."""
-    K = batched_values(R, bw, q)
+    K = kernel_values(R, bw, q)
     if rows.keep is not None and rows.pad is not None:
         K = K.masked_fill_(~rows.keep, 0.0)
         K.diagonal(dim1=1, dim2=2).add_(rows.pad)
@@ -296,7 +296,7 @@ def solve_and_score(
     U = linear_features(xs, rows, cfg.linear_mix, training=True)
     alpha, unsure = solve_batch(K, U, rows, reg, cfg.solve_dtype)
     v = None if U is None else U.mT @ alpha
-    pred = batched_values(Rv, bw, q) @ alpha
+    pred = kernel_values(Rv, bw, q) @ alpha
     Uv = linear_features(xv, rows, cfg.linear_mix, training=False)
     if Uv is not None and v is not None:
         pred = torch.baddbmm(pred, Uv, v)

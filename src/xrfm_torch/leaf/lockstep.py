@@ -35,8 +35,6 @@ from typing import Any, TypeVar, cast
 
 import torch
 from torch import Tensor
-from torch.overrides import _get_current_function_mode_stack
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from xrfm_torch.leaf.batch_ops import BatchRows, batch_rows
 from xrfm_torch.leaf.batched_search import batched_solve, solve_key
@@ -354,13 +352,12 @@ class Lockstep:
 def _caller_state() -> Callable[[contextlib.ExitStack], None]:
     """What enters the calling thread's torch state in a leaf's thread.
 
-    Grad mode, the current CUDA stream and the torch-function and dispatch modes (a
-    ``torch.device`` block, an operation counter) are per thread; the leaves' threads work as
-    if in the caller's.
+    Grad mode, the current CUDA stream and torch's modes are per thread; the leaves' threads
+    work as if in the caller's, and enter the modes that watch the fit
+    (:func:`~xrfm_torch.numerics.context.watching`).
     """
     grad = torch.is_grad_enabled()
-    functions = _get_current_function_mode_stack()
-    dispatches = _get_current_dispatch_mode_stack()
+    modes = context.current().thread_modes
     # the current CUDA stream is per thread too: the leaves' work queues behind the caller's
     stream = torch.cuda.current_stream() if torch.cuda.is_initialized() else None
 
@@ -368,7 +365,7 @@ def _caller_state() -> Callable[[contextlib.ExitStack], None]:
         stack.enter_context(torch.set_grad_enabled(grad))
         if stream is not None:
             stack.enter_context(torch.cuda.stream(stream))
-        for mode in [*functions, *dispatches]:
+        for mode in modes:
             stack.enter_context(mode)
 
     return enter

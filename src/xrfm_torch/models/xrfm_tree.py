@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -16,20 +16,17 @@ from xrfm_torch.inputs.input_map import (
     MissingValues,
 )
 from xrfm_torch.kernels import KERNELS, Kernel, make_kernel
-from xrfm_torch.leaf.config import LeafConfig
 from xrfm_torch.models.contract import Recipe
 from xrfm_torch.models.fit_steps import fit_rows, honest_outputs, prepare_fit
 from xrfm_torch.models.routed_trees import RoutedTrees
 from xrfm_torch.numerics.config import to_config
 from xrfm_torch.numerics.events import summarize_fallbacks
 from xrfm_torch.numerics.rng import own_generator
-from xrfm_torch.tree.config import DEFAULTS, SETTINGS, TreeConfig
+from xrfm_torch.tree.config import SETTINGS, TreeConfig, tree_config
 from xrfm_torch.tree.fit import fit_trees, refit_trees
 from xrfm_torch.tree.grow import Progress
-from xrfm_torch.tree.memory import MemoryBudget
 from xrfm_torch.tree.parallel import broadcast_module
 from xrfm_torch.tree.plan import FitPlan
-from xrfm_torch.tree.splits import AGOPSplit, SplitRule
 from xrfm_torch.tree.targets import Calibration, ClassCoding, TargetCoding, Task
 from xrfm_torch.tree.uncertainty import (
     Uncertainty,
@@ -51,16 +48,17 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
     (kernel ridge regression + ``n_iters`` AGOP updates, best iteration by validation error) in each
     leaf. ``forward`` routes rows hard (``temperature == 0``) or softly through every leaf.
 
-    The keyword arguments other than those below are the fields of
-    :class:`~xrfm_torch.tree.config.TreeConfig`, defaulted and documented there: ``leaf`` (every
-    leaf's :class:`~xrfm_torch.leaf.config.LeafConfig`; ``tau = leaf.n_iters``),
-    ``max_leaf_size`` (``L_max``), the split rule, overlap and trees, the routing temperature,
-    validation borrowing, input maps, categorical columns, large and distributed fits, the memory
-    budget, leaves in lockstep. The model holds them in :attr:`config` (read, and set, as its
-    attributes too).
+    Its settings are one :class:`~xrfm_torch.tree.config.TreeConfig` (``config``), defaulted and
+    documented there: ``leaf`` (every leaf's :class:`~xrfm_torch.leaf.config.LeafConfig`;
+    ``tau = leaf.n_iters``), ``max_leaf_size`` (``L_max``), the split rule, overlap and trees, the
+    routing temperature, validation borrowing, input maps, categorical columns, large and
+    distributed fits, the memory budget, leaves in lockstep. Any of its fields may also be given
+    as a keyword argument (``xRFMTree(max_leaf_size=500)``), which replaces that field of
+    ``config``. The model holds them in :attr:`config` (read, and set, as its attributes too).
 
     Args:
         kernel: Kernel prototype (each leaf gets a copy), a name from ``KERNELS``, or a factory.
+        config: The tree's settings (``None``: ``TreeConfig()``).
         task: ``"regression"`` (targets (n,) or (n, c), in any units; ``forward`` predicts in
             them) or ``"classification"`` (labels ``0 .. K-1``; the leaves fit one-hot codes,
             ``forward`` gives class scores (n, K) and :meth:`predict_proba` probabilities).
@@ -81,13 +79,19 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
             ``forward(x, return_std=True)`` and :meth:`predict_interval`; the fit pays about one
             more factorization per leaf (two with held-out validation rows) and keeps each leaf's
             Cholesky factor in memory (not in the state dict).
+        **settings: Fields of :class:`~xrfm_torch.tree.config.TreeConfig` that replace
+            ``config``'s (``TypeError`` for a name that is none).
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
         >>> X = torch.randn(600, 4, generator=g); y = X[:, 0] ** 2
-        >>> model = xRFMTree(leaf=LeafConfig(n_iters=2), max_leaf_size=200).fit(X, y, generator=g)
+        >>> from xrfm_torch import LeafConfig, TreeConfig
+        >>> config = TreeConfig(leaf=LeafConfig(n_iters=2), max_leaf_size=200)
+        >>> model = xRFMTree("laplace", config).fit(X, y, generator=g)
         >>> model.n_leaves >= 3, model(X[:5]).shape
         (True, torch.Size([5, 1]))
+        >>> xRFMTree("laplace", config, max_leaf_size=300).config == config.replace(max_leaf_size=300)
+        True
     """
 
     fitted_temperature_: Tensor
@@ -95,50 +99,17 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
     def __init__(
         self,
         kernel: Kernel | str | Callable[[], Kernel] | None = None,
+        config: TreeConfig | None = None,
         *,
         task: Task = "regression",
         class_coding: ClassCoding = "one_hot",
         calibration: Calibration = "platt",
-        leaf: LeafConfig | None = None,
-        max_leaf_size: int = DEFAULTS.max_leaf_size,
-        split_rule: SplitRule | None = None,
-        overlap_fraction: float | None = DEFAULTS.overlap_fraction,
-        n_trees: int | None = DEFAULTS.n_trees,
-        shared_plan: bool = DEFAULTS.shared_plan,
-        temperature: float | None = DEFAULTS.temperature,
-        temperature_grid: Sequence[float] | None = None,
-        keep_mass: float = DEFAULTS.keep_mass,
-        max_soft_leaves: int = DEFAULTS.max_soft_leaves,
-        temperature_rows: int | None = DEFAULTS.temperature_rows,
-        temperature_patience: int | None = DEFAULTS.temperature_patience,
-        val_fraction: float = DEFAULTS.val_fraction,
-        min_leaf_val: int = DEFAULTS.min_leaf_val,
-        max_borrow_fraction: float = DEFAULTS.max_borrow_fraction,
-        refit_borrowed: bool = DEFAULTS.refit_borrowed,
-        trainable_routing: bool = DEFAULTS.trainable_routing,
-        input_transform: InputTransform = DEFAULTS.input_transform,
-        input_margin: float = DEFAULTS.input_margin,
-        max_input_maps: int | None = DEFAULTS.max_input_maps,
-        set_leaf_fraction: float = DEFAULTS.set_leaf_fraction,
-        categorical_features: Sequence[int] | None = DEFAULTS.categorical_features,
-        value_levels: bool = DEFAULTS.value_levels,
         missing_values: MissingValues = "seen",
         uncertainty: Uncertainty = "none",
-        large_fit_rows: int | None = DEFAULTS.large_fit_rows,
-        large_fit_iter_rows: int = DEFAULTS.large_fit_iter_rows,
-        distributed: bool = DEFAULTS.distributed,
-        memory_budget: MemoryBudget = DEFAULTS.memory_budget,
-        batch_steps: bool | Literal["auto"] = DEFAULTS.batch_steps,
+        **settings: Any,
     ) -> None:
         super().__init__()
-        # The settings are the arguments TreeConfig names (tests/test_tree_config.py checks the
-        # signature against its fields and defaults); three take a fresh default object here.
-        settings = {name: value for name, value in locals().items() if name in SETTINGS}
-        settings["leaf"] = LeafConfig() if leaf is None else leaf
-        settings["split_rule"] = AGOPSplit() if split_rule is None else split_rule
-        if temperature_grid is None:
-            settings["temperature_grid"] = DEFAULTS.temperature_grid
-        self.config = TreeConfig(**settings)
+        self.config = tree_config(config, settings)
         self.kernel = make_kernel(kernel)
         self.input_map = InputMap(missing_values=missing_values)
         self.targets = TargetCoding(task, class_coding, calibration)

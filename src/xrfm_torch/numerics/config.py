@@ -24,13 +24,14 @@ import torch
 
 PLAIN = (str, int, float, bool, type(None))
 
-#: The parts a model's config may name: its leaf settings, kernels and split rules (with the
+#: The parts a model's config may name: its tree and leaf settings, kernels and split rules (with the
 #: registered model classes, exactly what the models' ``get_config`` can emit;
 #: ``tests/test_untrusted_files.py`` checks both directions). Names only: checking a target
 #: imports nothing. The model classes themselves are allowed by registration, in one place
 #: (:func:`~xrfm_torch.models.factory.register_model`).
 CONFIG_TARGETS: frozenset[str] = frozenset(
     {
+        "xrfm_torch.tree.config.TreeConfig",
         "xrfm_torch.leaf.config.LeafConfig",
         "xrfm_torch.kernels.lpq.LpqLaplaceKernel",
         "xrfm_torch.kernels.lpq.LaplaceKernel",

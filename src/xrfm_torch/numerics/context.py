@@ -11,6 +11,9 @@ them without being passed through every signature between:
   this thread's job id) and what runs the thread's RFM steps (``step_runner``), rounds of calls
   (``round_runner``) and post-hoc search candidates (``solve_runner``); ``None`` everywhere
   else: each leaf runs its own, one by one.
+- ``thread_modes``: torch modes that watch a fit (an operation counter, a
+  ``TorchDispatchMode``) and that the fit's worker threads enter too (:func:`watching`): torch
+  keeps its modes per thread, and a new thread starts with none.
 
 They are the fields of one frozen :class:`FitContext` in one ``contextvars`` variable: nothing is
 global, nested or concurrent fits each see their own, and a thread started through
@@ -23,10 +26,10 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class FitContext:
         step_runner: What runs this thread's RFM steps (``None``: ``rfm_step``).
         round_runner: Runs calls as jobs of this thread's lockstep, in the same rounds.
         solve_runner: What runs this thread's post-hoc search candidates (``None``: at once).
+        thread_modes: Modes every worker thread of the fit enters (:func:`watching`).
     """
 
     deadline: Deadline | None = None
@@ -58,7 +62,10 @@ class FitContext:
     step_runner: Callable[..., Any] | None = None
     round_runner: Callable[[list[Callable[[], Any]]], list[Any]] | None = None
     solve_runner: Callable[[Any], Any] | None = None
+    thread_modes: tuple[AbstractContextManager[Any], ...] = ()
 
+
+M = TypeVar("M", bound=AbstractContextManager[Any])
 
 # a frozen dataclass: the shared default cannot be changed in place
 _CONTEXT: ContextVar[FitContext] = ContextVar("xrfm_torch_fit_context", default=FitContext())  # noqa: B039
@@ -81,3 +88,15 @@ def using(**changes: Any) -> Iterator[FitContext]:
         yield _CONTEXT.get()
     finally:
         _CONTEXT.reset(token)
+
+
+@contextmanager
+def watching(mode: M) -> Iterator[M]:
+    """Enter ``mode`` (a torch dispatch or function mode) here and in the fit's worker threads.
+
+    A mode entered with a plain ``with`` sees only this thread's operations; the leaves a
+    lockstep fits run in threads of their own (:mod:`xrfm_torch.leaf.lockstep`), which enter
+    every mode of :attr:`FitContext.thread_modes` for as long as they work.
+    """
+    with using(thread_modes=(*current().thread_modes, mode)), mode:
+        yield mode

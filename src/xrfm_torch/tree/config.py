@@ -4,8 +4,8 @@ One config object per level: :class:`~xrfm_torch.leaf.config.LeafConfig` for a l
 :class:`TreeConfig` (which holds the leaves' ``LeafConfig`` as ``leaf``) for everything the tree
 decides: how it grows, how its leaves borrow validation rows, how it routes, which input maps it
 sees, how a large fit is cut down, where its leaves are fitted. :class:`~xrfm_torch.xRFMTree`
-builds one from its keyword arguments (whose defaults are read from here) and passes it down
-whole, so each setting is named in its signature and here, and nowhere in between. The objects
+takes one (``config``, with any field also accepted as a keyword: :func:`tree_config`) and
+passes it down whole, so each setting is named here and nowhere else. The objects
 with state of their own (kernel, target coding, input map, variance model) are modules of the
 tree, not settings.
 """
@@ -13,7 +13,7 @@ tree, not settings.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -32,7 +32,8 @@ from xrfm_torch.tree.temperature import DEFAULT_TEMPERATURE_GRID
 class TreeConfig:
     """Settings of an :class:`~xrfm_torch.xRFMTree` fit (validated on construction; immutable).
 
-    :class:`~xrfm_torch.xRFMTree` takes each field as a keyword argument of the same name.
+    :class:`~xrfm_torch.xRFMTree` takes one as ``config``, and each field as a keyword argument
+    of the same name (which replaces the config's).
     ``temperature_grid`` and ``categorical_features`` are held as tuples.
 
     Attributes:
@@ -273,5 +274,33 @@ OVERLAP_FRACTION = 0.1
 MAX_INPUT_MAPS = 2
 #: The defaults, for signatures that repeat a setting (``xRFMTree``, the estimators).
 DEFAULTS = TreeConfig()
-#: The names of the settings (every one is also a keyword argument of ``xRFMTree``).
+#: The names of the settings (each also a keyword argument of ``xRFMTree``, through ``**settings``).
 SETTINGS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TreeConfig))
+#: Settings whose ``None`` stands for a fresh default object (configs written with ``None``).
+_DEFAULT_OBJECTS = ("leaf", "split_rule", "temperature_grid")
+
+
+def tree_config(
+    config: TreeConfig | None = None, settings: Mapping[str, Any] | None = None
+) -> TreeConfig:
+    """``config`` (``None``: the defaults) with the named ``settings`` replaced, validated.
+
+    What :class:`~xrfm_torch.xRFMTree` does with its ``config`` and keyword settings: the
+    settings are named once, as this class's fields, and nowhere else.
+
+    Raises:
+        TypeError: ``config`` is not a ``TreeConfig``, or a setting names no field of it.
+        ValueError: A setting's value is out of range (:class:`TreeConfig`'s checks).
+    """
+    given = {k: v for k, v in (settings or {}).items() if not (v is None and k in _DEFAULT_OBJECTS)}
+    unknown = sorted(set(given) - set(SETTINGS))
+    if unknown:
+        raise TypeError(
+            f"unknown tree setting(s) {unknown}: the settings are the fields of TreeConfig, "
+            f"{sorted(SETTINGS)}"
+        )
+    if config is None:
+        return TreeConfig(**given)
+    if not isinstance(config, TreeConfig):
+        raise TypeError(f"config must be a TreeConfig, got {type(config).__name__}")
+    return config.replace(**given) if given else config
