@@ -312,7 +312,7 @@ def test_a_csv_table_with_text_missing_cells_and_text_labels(tmp_path):
     labels = predict_rows(ckpt, path)  # a CSV path: every row, the table's own labels
     assert labels[test_rows].tolist() == np.array(["no", "yes"])[expected.argmax(1)].tolist()
     assert (labels == raw["label"].to_numpy()).mean() > 0.9
-    with pytest.raises(ValueError, match=r"lack columns .*'color'"):
+    with pytest.raises(ValueError, match=r"lacks columns .*'color'"):
         predict_rows(ckpt, new.drop(columns="color"))
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from xrfm_torch.data.tabular import TableEncoder, plain_frame
+from xrfm_torch.data.tabular import TableEncoder, by_name, plain_frame
 
 _SCALARS = (str, int, float, bool)
 
@@ -88,11 +88,7 @@ class RowEncoding:
             ValueError: A column is missing, or a numeric column holds text (naming it).
         """
         if hasattr(rows, "columns"):
-            have = [str(c) for c in rows.columns]
-            missing = [n for n in self.names if n not in have]
-            if missing:
-                raise ValueError(f"the rows lack columns the model was fitted on: {missing[:10]}")
-            rows = plain_frame(rows[[rows.columns[have.index(n)] for n in self.names]])
+            rows = plain_frame(by_name(rows, self.names, "the rows"))
         X = np.asarray(rows, dtype=object)
         if X.ndim != 2 or X.shape[1] != len(self.names):
             raise ValueError(f"rows must have {len(self.names)} columns, got shape {X.shape}")

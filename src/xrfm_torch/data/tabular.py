@@ -10,6 +10,7 @@ DataFrame is read through its columns' dtypes when one is given.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from xrfm_torch.data.registry import read_csv, target_column
+
+log = logging.getLogger(__name__)
 
 #: ``"auto"``: text, category and bool columns of a DataFrame (text cells in an object array).
 CategoricalSpec = str | Sequence[int | str] | None
@@ -76,6 +79,28 @@ def plain_frame(X: Any) -> Any:
     out = pd.DataFrame(cols, index=X.index)
     out.columns = X.columns
     return out
+
+
+def by_name(frame: Any, names: Sequence[str], what: str = "X") -> Any:
+    """``frame``'s columns ``names``, in that order (a DataFrame; anything else as it is).
+
+    A column in ``names`` that ``frame`` lacks is an error naming it; a column ``frame`` has
+    beyond them is dropped with a warning naming it (the model has no use for it).
+
+    Raises:
+        ValueError: ``frame`` lacks some of ``names`` (naming up to ten).
+    """
+    columns = getattr(frame, "columns", None)
+    if columns is None or [str(c) for c in columns] == list(names):
+        return frame
+    have = [str(c) for c in columns]
+    missing = [n for n in names if n not in have]
+    if missing:
+        raise ValueError(f"{what} lacks columns the model was fitted on: {missing[:10]}")
+    extra = [c for c in have if c not in set(names)]
+    if extra:
+        log.warning("%s has columns the model was not fitted on; ignoring %s", what, extra[:10])
+    return frame[[columns[have.index(n)] for n in names]]
 
 
 def _plain_column(col: Any, pd: Any) -> np.ndarray:

@@ -18,6 +18,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from xrfm_torch.data.tabular import (
     TableEncoder,
+    by_name,
     categorical_columns,
     plain_frame,
 )
@@ -321,23 +322,9 @@ class _XRFMEstimator(BaseEstimator):
         return self.encoder_.transform(X)
 
     def _by_name(self, X: Any) -> Any:
-        """A DataFrame's columns in the order ``fit`` saw them (by name; extra ones dropped).
-
-        A column ``fit`` had and ``X`` lacks is an error naming it; a column ``fit`` never saw is
-        dropped with a warning naming it (the model has no use for it).
-        """
+        """A DataFrame's columns in the order ``fit`` saw them (:func:`~xrfm_torch.data.tabular.by_name`)."""
         names = getattr(self, "feature_names_in_", None)
-        columns = getattr(X, "columns", None)
-        if names is None or columns is None or list(columns) == list(names):
-            return X
-        have = [str(c) for c in columns]
-        missing = [n for n in names if n not in have]
-        if missing:
-            raise ValueError(f"X lacks columns the model was fitted on: {missing[:10]}")
-        extra = [c for c in have if c not in set(names)]
-        if extra:
-            log.warning("X has columns the model was not fitted on; ignoring %s", extra[:10])
-        return X[list(names)]
+        return X if names is None else by_name(X, list(names))
 
     def encode(self, X: Any) -> torch.Tensor:
         """The rows ``model_`` reads: ``X`` (array or DataFrame) encoded as ``fit`` learned.
