@@ -91,9 +91,11 @@ def by_name(frame: Any, names: Sequence[str], what: str = "X") -> Any:
         ValueError: ``frame`` lacks some of ``names`` (naming up to ten).
     """
     columns = getattr(frame, "columns", None)
-    if columns is None or [str(c) for c in columns] == list(names):
+    if columns is None:
         return frame
     have = [str(c) for c in columns]
+    if have == list(names):
+        return frame
     missing = [n for n in names if n not in have]
     if missing:
         raise ValueError(f"{what} lacks columns the model was fitted on: {missing[:10]}")

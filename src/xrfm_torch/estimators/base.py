@@ -52,7 +52,7 @@ Destination = Literal["leaf", "tree", "model", "fit"]
 
 #: The one table of the parameters both estimators share, in signature order, and where each
 #: goes. Each estimator's signature lists them (scikit-learn reads parameters from the
-#: signature) with their defaults read from the configs; ``tests/test_sklearn.py`` checks the
+#: signature) with their defaults read from the configs; ``tests/test_estimators.py`` checks the
 #: signatures against this table and the configs.
 PARAMS: dict[str, Destination] = {
     "kernel": "fit",

@@ -154,9 +154,7 @@ class Kernel(nn.Module):
             Kernel matrix, shape (n, m), or (..., n, m); a batch's is made in one block.
         """
         xs, zs = transform(x, sqrt_m), transform(z, sqrt_m)
-        if xs.ndim > 2 or zs.ndim > 2:
-            return self.from_distance(self.distance(xs, zs))
-        if self.in_one_block(xs, zs):
+        if xs.ndim > 2 or zs.ndim > 2 or self.in_one_block(xs, zs):
             return self.from_distance(self.distance(xs, zs))
         per_row = zs.shape[0] * xs.element_size() * 3
         return torch.cat(

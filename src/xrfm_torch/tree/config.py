@@ -272,7 +272,7 @@ def row_share(rows: int, fraction: float) -> int:
 OVERLAP_FRACTION = 0.1
 #: ``max_input_maps=None`` below ``large_fit_rows`` (:meth:`TreeConfig.input_maps_limit`).
 MAX_INPUT_MAPS = 2
-#: The defaults, for signatures that repeat a setting (``xRFMTree``, the estimators).
+#: The defaults, for signatures that repeat a setting (the estimators').
 DEFAULTS = TreeConfig()
 #: The names of the settings (each also a keyword argument of ``xRFMTree``, through ``**settings``).
 SETTINGS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TreeConfig))
