@@ -47,7 +47,7 @@ from xrfm_torch.leaf.data import weighted_rows
 from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.blend import KernelBlend, compose
 from xrfm_torch.models.contract import Model
-from xrfm_torch.models.holder import Holder
+from xrfm_torch.models.holder import Selector
 from xrfm_torch.models.ladder import (
     QUICK_LEAF_SIZE,
     Rung,
@@ -67,12 +67,11 @@ from xrfm_torch.numerics.checks import check_int
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
 from xrfm_torch.tree.honest import mean_loss, row_losses
-from xrfm_torch.tree.interpret import ImportanceSource
 
 log = logging.getLogger(__name__)
 
 
-class Anytime(Holder):
+class Anytime(Selector):
     """The best model found within ``time_limit`` seconds (see the module docstring).
 
     Args:
@@ -160,6 +159,11 @@ class Anytime(Holder):
         }
 
     @property
+    def fit_time_limit(self) -> float | None:
+        """``time_limit``: this fit is limited."""
+        return self.time_limit
+
+    @property
     def distributed(self) -> bool:
         """Whether the candidates spread their work over the default process group's ranks."""
         return self.prototype.distributed
@@ -190,62 +194,6 @@ class Anytime(Holder):
             "n_leaves": self.n_leaves,
             "model": self.chosen().summary(),
         }
-
-    # ---- a selector: the chosen candidate answers ----------------------------------------------
-    @property
-    def fit_time_limit(self) -> float | None:
-        """``time_limit``: this fit is limited."""
-        return self.time_limit
-
-    @property
-    def is_fitted(self) -> bool:
-        """Whether a fitted candidate is held."""
-        return len(self.members) == 1 and cast(Model, self.members[0]).is_fitted
-
-    def chosen(self) -> Model:
-        """The chosen candidate, fitted.
-
-        Raises:
-            RuntimeError: Nothing is fitted yet.
-        """
-        self._check_fitted()
-        return cast(Model, self.members[0])
-
-    @property
-    def n_leaves(self) -> int:
-        """The chosen candidate's leaves (0 before a fit)."""
-        return self.chosen().n_leaves if self.is_fitted else 0
-
-    @property
-    def n_features_in_(self) -> int:
-        """Input columns."""
-        return self.chosen().n_features_in_
-
-    @property
-    def n_outputs_(self) -> int:
-        """Output columns (targets, or classes)."""
-        return self.chosen().n_outputs_
-
-    def _mean(self, x: Tensor, temperature: float | Tensor | None) -> Tensor:
-        return cast(Tensor, self.chosen()(x, temperature))
-
-    def _mean_std(self, x: Tensor, temperature: float | Tensor | None) -> tuple[Tensor, Tensor]:
-        return cast(tuple[Tensor, Tensor], self.chosen()(x, temperature, return_std=True))
-
-    def _mean_agop(self, diag: bool) -> Tensor:
-        return self.chosen().agop(diag=diag)
-
-    def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
-        """The chosen candidate's class probabilities (n, K)."""
-        return self.chosen().predict_proba(x, temperature)
-
-    def feature_importance(self, source: ImportanceSource = "M") -> Tensor:
-        """The chosen candidate's feature importance (d,)."""
-        return self.chosen().feature_importance(source)
-
-    def single_trees(self) -> list[tuple[float, Any]]:
-        """The chosen candidate's single trees with their weights."""
-        return self.chosen().single_trees()
 
     # ---- fitting -------------------------------------------------------------------------------
     @torch.no_grad()

@@ -1,8 +1,8 @@
 """Models made of other models: the held models, their settings, and loading them, written once.
 
 :class:`Holder` is the base of :class:`~xrfm_torch.models.ensemble.Ensemble` (a weighted mean of
-its held models: bags, kernel blends) and of :class:`~xrfm_torch.models.anytime.Anytime` (the one
-candidate it chose). It keeps the settings the held models are built from (an unfitted
+its held models: bags, kernel blends) and of :class:`Selector` (one chosen model answers:
+:class:`~xrfm_torch.models.anytime.Anytime`, the candidate it chose). It keeps the settings the held models are built from (an unfitted
 *prototype*, outside the module tree), holds the fitted models under one name (``members``),
 and loads a saved state into a fresh holder in one way: the holder says which empty models the
 state needs (:meth:`Holder._empty_members`), builds them, and each loads its own keys.
@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from torch import nn
+from torch import Tensor, nn
 
 from xrfm_torch.models.contract import Model
+from xrfm_torch.tree.interpret import ImportanceSource
 
 
 class Holder(Model):
@@ -84,6 +85,65 @@ class Holder(Model):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+
+
+class Selector(Holder):
+    """Base class: a holder of one chosen model (``members[0]``), which answers for it.
+
+    Predictions, probabilities, AGOP, feature importance, leaves and single trees are the chosen
+    model's; a subclass says how it chooses (:class:`~xrfm_torch.models.anytime.Anytime`: the
+    candidate of lowest honest loss within a time limit).
+    """
+
+    @property
+    def is_fitted(self) -> bool:
+        """Whether a fitted model is held."""
+        return len(self.members) == 1 and cast(Model, self.members[0]).is_fitted
+
+    def chosen(self) -> Model:
+        """The chosen model, fitted.
+
+        Raises:
+            RuntimeError: Nothing is fitted yet.
+        """
+        self._check_fitted()
+        return cast(Model, self.members[0])
+
+    @property
+    def n_leaves(self) -> int:
+        """The chosen model's leaves (0 before a fit)."""
+        return self.chosen().n_leaves if self.is_fitted else 0
+
+    @property
+    def n_features_in_(self) -> int:
+        """Input columns."""
+        return self.chosen().n_features_in_
+
+    @property
+    def n_outputs_(self) -> int:
+        """Output columns (targets, or classes)."""
+        return self.chosen().n_outputs_
+
+    def _mean(self, x: Tensor, temperature: float | Tensor | None) -> Tensor:
+        return cast(Tensor, self.chosen()(x, temperature))
+
+    def _mean_std(self, x: Tensor, temperature: float | Tensor | None) -> tuple[Tensor, Tensor]:
+        return cast(tuple[Tensor, Tensor], self.chosen()(x, temperature, return_std=True))
+
+    def _mean_agop(self, diag: bool) -> Tensor:
+        return self.chosen().agop(diag=diag)
+
+    def predict_proba(self, x: Tensor, temperature: float | Tensor | None = None) -> Tensor:
+        """The chosen model's class probabilities (n, K)."""
+        return self.chosen().predict_proba(x, temperature)
+
+    def feature_importance(self, source: ImportanceSource = "M") -> Tensor:
+        """The chosen model's feature importance (d,)."""
+        return self.chosen().feature_importance(source)
+
+    def single_trees(self) -> list[tuple[float, Any]]:
+        """The chosen model's single trees with their weights."""
+        return self.chosen().single_trees()
 
 
 def member_indices(state_dict: dict[str, Any], prefix: str) -> set[int]:
