@@ -6,7 +6,9 @@
     python -m bench.base --cache DIR --half design --seeds 0 --tag leaf2000 \\
         --options '{"max_leaf_size": 2000}'                     # a candidate change, beside "default"
     python -m bench.base --cache DIR --half confirm --seeds 0 1 2 --budgets 3 10
-    python -m bench.base --cache DIR --report [--tag leaf2000]
+    python -m bench.base --cache DIR --half design --seeds 0 --budgets 3 10 --no-default \\
+        --tag mine --control CHECKOUT                           # a code change, paired fit by fit
+    python -m bench.base --cache DIR --report [--tag leaf2000] [--base control]
 
 The tables and their design/confirm split are :mod:`bench.base_tables`. Every (table, seed, model)
 runs in its own process through ``bench.peers --one`` (one protocol: seeded 70/10/20 split, the
@@ -15,8 +17,13 @@ validation rows as ``eval_set`` / early stopping, 2 threads), and its result is 
 table, seed, model, tag, budget), so it resumes where it stopped and the GBDTs are fitted once per
 table and seed, whatever is compared against them. ``--tag``/``--options`` name and give our
 estimators' keyword arguments (tag ``default``: none); ``--budgets K ...`` adds ours with
-``time_limit = K x CatBoost's fit seconds`` on the same table and seed. Tables are visited smallest
-first, so a partial run covers as many tables as it can. The report: :mod:`bench.base_report`.
+``time_limit = K x CatBoost's fit seconds`` on the same table and seed. ``--control CHECKOUT``
+compares this code with another version (a commit checked out beside it): each of ours' fits is
+run with that version's package (tag ``control``) and with this one's, one after the other (in
+an order that alternates between pairs), so that a change's effect on time-limited fits is not mixed with the machine's speed on
+another day (which moves budgeted results: the same code, rerun days later, cut different
+candidates short). Tables are visited smallest first, so a partial run covers as many tables as
+it can. The report: :mod:`bench.base_report`.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +43,8 @@ from bench.common import DATASETS, ROOT
 
 #: A fit still running after this many seconds is recorded as an error.
 TIMEOUT_S = 1800.0
+#: The tag of ``--control``'s fits.
+CONTROL = "control"
 
 
 def key(row: dict[str, Any]) -> tuple:
@@ -57,15 +67,30 @@ def read_results(path: Path) -> list[dict[str, Any]]:
 
 
 def run_child(
-    path: Path, seed: int, model: str, options: dict | None, timeout: float, threads: int = 2
+    path: Path,
+    seed: int,
+    model: str,
+    options: dict | None,
+    timeout: float,
+    threads: int = 2,
+    source: Path | None = None,
 ) -> dict:
-    """``bench.peers --one`` in a fresh process: its scores, or ``{"error": ...}``."""
+    """``bench.peers --one`` in a fresh process: its scores, or ``{"error": ...}``.
+
+    ``source``: a checkout whose ``src/xrfm_torch`` the process imports instead of this one's.
+    """
     args = [sys.executable, "-m", "bench.peers", "--one", str(path), str(seed), model]
     args += ["--threads", str(threads)]
     if options:
         args += ["--options", json.dumps(options)]
+    env = None
+    if source is not None:  # ahead of the installed package (an editable install included)
+        paths = [str(source / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     try:
-        proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+        proc = subprocess.run(
+            args, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timeout after {timeout:.0f}s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -101,19 +126,30 @@ def main() -> None:
     ap.add_argument("--no-default", action="store_true", help="with --budgets: no limit-free fit")
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of ours (GBDTs: 2)")
+    ap.add_argument(
+        "--control",
+        type=Path,
+        help="a checkout of another version (e.g. `git worktree add DIR COMMIT`): each of ours' "
+        "fits is run with its src/ first, tagged 'control', then with this one's",
+    )
     ap.add_argument("--list", action="store_true", help="describe the tables and stop")
     ap.add_argument("--report", action="store_true", help="write the report and stop")
+    ap.add_argument("--base", default="default", help="with --report: the tag --tag is set beside")
     a = ap.parse_args()
     options = json.loads(a.options)
     if options and a.tag == "default":
         raise SystemExit("--options needs a --tag other than 'default'")
+    if a.control is not None and not (a.control / "src" / "xrfm_torch").is_dir():
+        raise SystemExit(f"--control {a.control} has no src/xrfm_torch")
+    if a.control is not None and a.tag in ("default", CONTROL):
+        raise SystemExit("--control needs a --tag for this version other than 'default'")
     a.cache.mkdir(parents=True, exist_ok=True)
     results = a.cache / "results.jsonl"
     chosen = select(a.half, a.tables, a.task)
     if a.report:
         from bench.base_report import write_report
 
-        write_report(read_results(results), a.cache, a.tag)
+        write_report(read_results(results), a.cache, a.tag, a.base)
         return
     sizes = {}
     for t in chosen:  # write every table first: a missing package fails now, not hours later
@@ -134,6 +170,23 @@ def main() -> None:
     with results.open("a") as fh:
 
         def run(t: Table, seed: int, model: str, extra: dict[str, Any]) -> dict[str, Any]:
+            if model != "ours" or a.control is None:
+                return measure(t, seed, model, extra, None, options)
+            # the paired fits one after the other, in an order that alternates between pairs
+            pair = [(extra, None, options), ({**extra, "tag": CONTROL}, a.control, {})]
+            if zlib.crc32(json.dumps([t.name, seed, extra.get("budget_x")]).encode()) % 2:
+                pair.reverse()
+            rows = [measure(t, seed, model, *arm) for arm in pair]
+            return rows[0] if pair[0][1] is None else rows[1]
+
+        def measure(
+            t: Table,
+            seed: int,
+            model: str,
+            extra: dict[str, Any],
+            source: Path | None,
+            options: dict[str, Any],
+        ) -> dict[str, Any]:
             row = {"table": t.name, "seed": seed, "model": model, "task": t.task,
                    "half": t.half, "rows": rows_of[t.name], **extra}  # fmt: skip
             if model != "ours":
@@ -146,7 +199,9 @@ def main() -> None:
             threads = a.threads if model == "ours" else 2
             if threads != 2:
                 row["threads"] = threads
-            row.update(run_child(sizes[t.name], seed, model, opts or None, a.timeout, threads))
+            row.update(
+                run_child(sizes[t.name], seed, model, opts or None, a.timeout, threads, source)
+            )
             fh.write(json.dumps(row) + "\n")
             fh.flush()
             if "error" not in row:

@@ -1,12 +1,13 @@
 """The evaluation base's report: counts per half and task, budgets, and what a change moved.
 
-    python -m bench.base --cache DIR --report [--tag NAME]
+    python -m bench.base --cache DIR --report [--tag NAME] [--base NAME]
 
 Reads ``DIR/results.jsonl`` (``bench.base``) and writes ``DIR/results.md``. Losses are test
 log-loss (classification) or RMSE (regression), averaged over the seeds a table has for *every*
 model compared (a table lacking one is left out of that count, so counts are like for like).
-A change (``--tag``) is set beside ``default`` per table: the relative difference of its loss, and
-the tables where it moved beyond seed noise (``|mean| > max(MIN_MOVE, 2 x standard error)`` over
+A change (``--tag``) is set beside ``default`` (or ``--base``: the paired ``control``) per table and
+time budget: the relative difference of its loss, how many tables each has at or below CatBoost,
+and the tables where it moved beyond seed noise (``|mean| > max(MIN_MOVE, 2 x standard error)`` over
 the seeds both have; with one seed, ``|difference| > MIN_MOVE``).
 """
 
@@ -138,24 +139,35 @@ def budget_use(idx: dict, meta: dict, tag: str, budgets: list[float]) -> list[st
 
 
 def changes(rows: list[dict[str, Any]], tag: str, base: str = "default") -> list[str]:
-    """Markdown lines: per half, the tables where ``tag`` moved the loss against ``base``."""
+    """Markdown lines: per half (and per time budget), the tables where ``tag`` moved the loss
+    against ``base``, and how many of each are at or below CatBoost's."""
     idx = index(rows)
     meta = {r["table"]: (r["half"], r["task"]) for r in rows}
+    budgets = sorted({r["budget_x"] for r in rows if r.get("budget_x") is not None})
     lines = [f"`{tag}` against `{base}` (relative test loss; moves beyond seed noise):", ""]
-    for half in ("design", "confirm"):
-        rel, better, worse = [], [], []
-        for t in sorted(t for t, m in meta.items() if m[0] == half):
-            got = paired(idx, t, [("ours", base, None), ("ours", tag, None)])
-            if got is None:
+    for budget in [None, *budgets]:
+        for half in ("design", "confirm"):
+            rel, better, worse, wins = [], [], [], [0, 0]
+            for t in sorted(t for t, m in meta.items() if m[0] == half):
+                arms = [("ours", base, budget), ("ours", tag, budget), ("catboost", None, None)]
+                got = paired(idx, t, arms)
+                if got is None:
+                    continue
+                old, new, cat = got
+                m, beyond = moved(old, new)
+                rel.append(m)
+                wins[0] += mean_loss(old) <= mean_loss(cat)
+                wins[1] += mean_loss(new) <= mean_loss(cat)
+                if beyond:
+                    (better if m < 0 else worse).append(f"{t} {100 * m:+.1f} %")
+            if not rel:
                 continue
-            m, beyond = moved(*got)
-            rel.append(m)
-            if beyond:
-                (better if m < 0 else worse).append(f"{t} {100 * m:+.1f} %")
-        lines.append(
-            f"- {half}: {len(rel)} tables, median {100 * median(rel):+.2f} %; better: "
-            f"{', '.join(better) or 'none'}; worse: {', '.join(worse) or 'none'}"
-        )
+            where = half if budget is None else f"{half}, {budget:g}x CatBoost's time"
+            lines.append(
+                f"- {where}: {len(rel)} tables, median {100 * median(rel):+.2f} %, at or below "
+                f"CatBoost {wins[1]} ({base}: {wins[0]}); better: {', '.join(better) or 'none'}; "
+                f"worse: {', '.join(worse) or 'none'}"
+            )
     return lines
 
 
@@ -181,11 +193,14 @@ def per_table(rows: list[dict[str, Any]], tag: str) -> list[str]:
     return lines
 
 
-def write_report(rows: list[dict[str, Any]], out: Path, tag: str = "default") -> None:
-    """``out/results.md``: the summary, the change against default (if ``tag``), every table."""
+def write_report(
+    rows: list[dict[str, Any]], out: Path, tag: str = "default", base: str = "default"
+) -> None:
+    """``out/results.md``: the summary, the change against ``base`` (if ``tag`` is another
+    one), every table."""
     lines = ["# Evaluation base", "", *summary(rows, tag), ""]
-    if tag != "default":
-        lines += [*changes(rows, tag), ""]
+    if tag != base:
+        lines += [*changes(rows, tag, base), ""]
     lines += per_table(rows, tag)
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -119,3 +122,42 @@ def test_budget_use_compares_with_the_default_where_the_budget_covers_it():
     out = base_report.budget_use(idx, meta, "default", [1.0, 3.0])
     assert "at or below the default (+0.5 %) on 0/0" in out[0] and "used 0.50 (1 pairs)" in out[0]
     assert "on 1/1 (table, seed) pairs" in out[1]
+
+
+def test_a_change_is_set_beside_its_paired_control_at_every_budget():
+    rows = []
+    for seed in (0, 1):
+        rows += [_row("a", seed, "catboost", 1.0), _row("b", seed, "catboost", 1.0)]
+        for tag, a3, b3 in (("control", 1.05, 0.99), ("mine", 0.98, 0.99)):
+            rows += [_row("a", seed, "ours", a3, tag=tag, budget_x=3.0),
+                     _row("b", seed, "ours", b3 * (1 + 0.001 * seed), tag=tag, budget_x=3.0)]  # fmt: skip
+    lines = base_report.changes(rows, "mine", base="control")
+    three = next(ln for ln in lines if ln.startswith("- confirm, 3x"))
+    # a: 1.05 -> 0.98 on both seeds, now at or below CatBoost; b unchanged
+    assert "2 tables" in three and "at or below CatBoost 2 (control: 1)" in three
+    assert "better: a -6.7 %" in three and "worse: none" in three
+    assert not any(ln.startswith("- confirm:") for ln in lines)  # no limit-free pairs: no line
+
+
+def test_a_control_checkout_is_imported_ahead_of_the_installed_package(monkeypatch, tmp_path):
+    fake = tmp_path / "control" / "src" / "xrfm_torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    seen: dict = {}
+
+    def run(args, **kwargs):
+        seen.update(kwargs)
+        return subprocess.CompletedProcess(args, 0, stdout='{"rmse": 2.0}\n', stderr="")
+
+    monkeypatch.setattr(base.subprocess, "run", run)
+    assert base.run_child(tmp_path / "t.csv", 0, "ours", None, 5.0) == {"rmse": 2.0}
+    assert seen["env"] is None  # this checkout's package
+    base.run_child(tmp_path / "t.csv", 0, "ours", None, 5.0, source=tmp_path / "control")
+    path = seen["env"]["PYTHONPATH"].split(os.pathsep)
+    assert path[:2] == [str(fake.parent), str(base.ROOT)]
+    monkeypatch.undo()
+    # and a process given that path imports the control's package, not the installed one
+    code = "import xrfm_torch; print(xrfm_torch.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=seen["env"], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    assert out.stdout.strip() == str(fake / "__init__.py")
