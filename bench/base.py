@@ -20,10 +20,10 @@ estimators' keyword arguments (tag ``default``: none); ``--budgets K ...`` adds 
 ``time_limit = K x CatBoost's fit seconds`` on the same table and seed. ``--control CHECKOUT``
 compares this code with another version (a commit checked out beside it): each of ours' fits is
 run with that version's package (tag ``control``) and with this one's, one after the other (in
-an order that alternates between pairs), so that a change's effect on time-limited fits is not mixed with the machine's speed on
-another day (which moves budgeted results: the same code, rerun days later, cut different
-candidates short). Tables are visited smallest first, so a partial run covers as many tables as
-it can. The report: :mod:`bench.base_report`.
+an order that alternates between pairs), so that a change's effect on time-limited fits is not
+mixed with the machine's speed on another day (which moves budgeted results: the same code,
+rerun days later, cut different candidates short). Tables are visited smallest first, so a
+partial run covers as many tables as it can. The report: :mod:`bench.base_report`.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def main() -> None:
         "--control",
         type=Path,
         help="a checkout of another version (e.g. `git worktree add DIR COMMIT`): each of ours' "
-        "fits is run with its src/ first, tagged 'control', then with this one's",
+        "fits is also run with its src/, tagged 'control', just before or after this one's",
     )
     ap.add_argument("--list", action="store_true", help="describe the tables and stop")
     ap.add_argument("--report", action="store_true", help="write the report and stop")
@@ -142,7 +142,9 @@ def main() -> None:
     if a.control is not None and not (a.control / "src" / "xrfm_torch").is_dir():
         raise SystemExit(f"--control {a.control} has no src/xrfm_torch")
     if a.control is not None and a.tag in ("default", CONTROL):
-        raise SystemExit("--control needs a --tag for this version other than 'default'")
+        raise SystemExit(
+            f"--control needs a --tag for this version other than 'default' and {CONTROL!r}"
+        )
     a.cache.mkdir(parents=True, exist_ok=True)
     results = a.cache / "results.jsonl"
     chosen = select(a.half, a.tables, a.task)
@@ -171,22 +173,20 @@ def main() -> None:
 
         def run(t: Table, seed: int, model: str, extra: dict[str, Any]) -> dict[str, Any]:
             if model != "ours" or a.control is None:
-                return measure(t, seed, model, extra, None, options)
+                return measure(t, seed, model, extra)
             # the paired fits one after the other, in an order that alternates between pairs
-            pair = [(extra, None, options), ({**extra, "tag": CONTROL}, a.control, {})]
+            control = {**extra, "tag": CONTROL}
             if zlib.crc32(json.dumps([t.name, seed, extra.get("budget_x")]).encode()) % 2:
-                pair.reverse()
-            rows = [measure(t, seed, model, *arm) for arm in pair]
-            return rows[0] if pair[0][1] is None else rows[1]
+                measure(t, seed, model, control, a.control)
+                return measure(t, seed, model, extra)
+            row = measure(t, seed, model, extra)
+            measure(t, seed, model, control, a.control)
+            return row
 
         def measure(
-            t: Table,
-            seed: int,
-            model: str,
-            extra: dict[str, Any],
-            source: Path | None,
-            options: dict[str, Any],
+            t: Table, seed: int, model: str, extra: dict[str, Any], source: Path | None = None
         ) -> dict[str, Any]:
+            """One fit of ``model`` (ours: with ``source``'s package, there without --options)."""
             row = {"table": t.name, "seed": seed, "model": model, "task": t.task,
                    "half": t.half, "rows": rows_of[t.name], **extra}  # fmt: skip
             if model != "ours":
@@ -195,7 +195,8 @@ def main() -> None:
                 return done[key(row)]
             # runnable tasks when the fit starts: a fit timed beside other work is flagged
             row["load_1m"] = round(os.getloadavg()[0], 2)
-            opts = {**options, **({"time_limit": extra["time_limit"]} if "time_limit" in extra else {})}  # fmt: skip
+            own = options if source is None else {}  # (the other version may not take them)
+            opts = {**own, **({"time_limit": extra["time_limit"]} if "time_limit" in extra else {})}  # fmt: skip
             threads = a.threads if model == "ours" else 2
             if threads != 2:
                 row["threads"] = threads

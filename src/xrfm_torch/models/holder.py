@@ -2,10 +2,11 @@
 
 :class:`Holder` is the base of :class:`~xrfm_torch.models.ensemble.Ensemble` (a weighted mean of
 its held models: bags, kernel blends) and of :class:`Selector` (one chosen model answers:
-:class:`~xrfm_torch.models.anytime.Anytime`, the candidate it chose). It keeps the settings the held models are built from (an unfitted
-*prototype*, outside the module tree), holds the fitted models under one name (``members``),
-and loads a saved state into a fresh holder in one way: the holder says which empty models the
-state needs (:meth:`Holder._empty_members`), builds them, and each loads its own keys.
+:class:`~xrfm_torch.models.anytime.Anytime`, the candidate it chose). It keeps the settings the
+held models are built from (an unfitted *prototype*, outside the module tree), holds the fitted
+models under one name (``members``), and loads a saved state into a fresh holder in one way:
+the holder says which empty models the state needs (:meth:`Holder._empty_members`), builds
+them, and each loads its own keys.
 """
 
 from __future__ import annotations
