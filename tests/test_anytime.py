@@ -30,7 +30,9 @@ from xrfm_torch import (
     save_model,
     xRFMTree,
 )
+from xrfm_torch.inputs import choice as choice_module
 from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.models import anytime as anytime_module
 from xrfm_torch.models import ladder as ladder_module
 from xrfm_torch.models.factory import build_model, model_from_config
 from xrfm_torch.models.ladder import (
@@ -235,6 +237,59 @@ def test_it_keeps_the_candidate_of_lowest_honest_loss_as_fitted_alone():
     assert summary["unused_share"] == pytest.approx(1 - summary["fit_seconds"] / 600.0)
     # its honest outputs are the chosen candidate's (as a blend would mix them)
     torch.testing.assert_close(model.honest_outputs().outputs, alone.honest_outputs().outputs)
+
+
+def test_each_kernel_is_probed_once_and_every_candidate_is_as_fitted_alone(monkeypatch):
+    """The later rungs of a kernel grow on its first rung's probe: the same models, one probe."""
+    probed: list[str] = []
+    real = choice_module.probe_input_maps
+
+    def spy(*args, **kwargs):
+        probed.append(type(kwargs["kernel"]).__name__)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(choice_module, "probe_input_maps", spy)
+    X, y = planted(500, d=5, seed=1, noise=0.1)
+    model = _anytime().fit(X, y, generator=torch.Generator().manual_seed(7))
+    # quick tree laplace, tree laplace, tree gaussian, mix tree: two kernels, two probes
+    assert probed == ["LaplaceKernel", "GaussianKernel"]
+    for i in range(3):  # each fitted alone, probing for itself: the same honest loss, exactly
+        probed.clear()
+        alone = model._candidate(i).fit(X, y, generator=torch.Generator().manual_seed(7))
+        assert len(probed) == 1
+        h = alone.honest_outputs()
+        loss = float(mean_loss(row_losses(h.outputs.double(), h.targets, "regression"), h.weights))
+        assert loss == pytest.approx(float(model.trials_[i, 0]), rel=1e-12)  # (row order)
+        if i == int(model.chosen_):
+            assert torch.equal(model(X), alone(X))
+
+
+def test_estimates_take_each_rung_as_alone_less_the_probe_it_reuses(monkeypatch):
+    seen: dict[str, list[float]] = {}
+    grown: list[tuple[object, float]] = []
+    real_estimate, real_grown = anytime_module.estimate, anytime_module._grown_maps
+
+    def spy_estimate(rung, rungs, seconds):
+        seen[rung.name] = list(seconds)
+        return real_estimate(rung, rungs, seconds)
+
+    def spy_grown(model):
+        out = real_grown(model)
+        grown.append(out)
+        return out
+
+    monkeypatch.setattr(anytime_module, "estimate", spy_estimate)
+    monkeypatch.setattr(anytime_module, "_grown_maps", spy_grown)
+    X, y = planted(500, d=5, seed=1, noise=0.1)
+    model = _anytime().fit(X, y, generator=torch.Generator().manual_seed(7))
+    took = model.trials_[:, 1].tolist()
+    # read once per kernel, from its first rung: the quick Laplace tree, the Gaussian tree
+    assert len(grown) == 2 and all(s > 0 for _, s in grown)
+    probe = grown[0][1]  # the quick tree's own probe, which the full Laplace tree reused
+    assert probe < took[0]
+    assert seen["tree laplace"][0] == took[0]  # the quick tree probed for itself: as measured
+    # the full Laplace tree is seen as alone: its seconds and the probe it skipped, exactly
+    assert seen["tree gaussian"][1] == pytest.approx(took[1] + probe, rel=1e-6)
 
 
 def test_a_fit_too_small_to_split_takes_the_quick_fit_for_its_twin():

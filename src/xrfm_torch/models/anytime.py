@@ -20,6 +20,9 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
    *detour*): that quick candidate with the other kernel, then their mix. It costs what the
    quick candidate cost, so a budget too short for a full tree still buys the blend, in small.
 
+The input maps are chosen once per kernel: the later candidates of a kernel grow on its first
+candidate's choice (:func:`_grown_maps`), the same models without the probe's cost.
+
 Each candidate is fitted on the same rows from the same generator state, so their honest outputs
 (validation rows of a single tree, out-of-fold rows of the bags) cover common rows, on which
 their losses are compared (log-loss or mean squared error, :mod:`xrfm_torch.tree.honest`); the
@@ -43,6 +46,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from xrfm_torch.inputs.input_map import InputTransform
 from xrfm_torch.leaf.data import weighted_rows
 from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.blend import KernelBlend, compose
@@ -127,8 +131,12 @@ class Anytime(Selector):
             return [Rung("target", 0, 1)]
         return ladder(t.tree, t.kernels, t.n_bags, self.quick_leaf_size)
 
-    def _candidate(self, index: int) -> Model:
-        """Rung ``index`` as an unfitted model (a mix: an empty ``KernelBlend``)."""
+    def _candidate(self, index: int, maps: dict[int, InputTransform] | None = None) -> Model:
+        """Rung ``index`` as an unfitted model (a mix: an empty ``KernelBlend``).
+
+        ``maps``: the input maps chosen so far per kernel index (:func:`_grown_maps`); a
+        candidate of such a kernel grows on them instead of probing again.
+        """
         t = target_parts(self.prototype)
         if t is None:
             return type(self.prototype).from_config(self.prototype.get_config())
@@ -145,6 +153,8 @@ class Anytime(Selector):
             return compose(t.tree, rung.bags, mixed, t.bag, t.blend)
         own = t.kernels is None and rung.kernel == 0  # the target's tree as it is
         one = t.tree if own else t.tree.with_kernel(names[rung.kernel])
+        if maps is not None and rung.kernel in maps:
+            one = one.with_settings(input_transform=maps[rung.kernel])
         if not rung.quick:
             return compose(one, rung.bags, bag=t.bag)
         return compose(quick_tree(one, self.quick_leaf_size), rung.bags, bag=quick_bag)
@@ -227,6 +237,10 @@ class Anytime(Selector):
         rungs = self.rungs()
         fitted: dict[int, Model] = {}
         seconds = [math.nan] * len(rungs)
+        # what each rung took or would have taken alone: with the input-map probe it reused
+        alone = [math.nan] * len(rungs)
+        maps: dict[int, InputTransform] = {}  # per kernel index, the first rung's chosen maps
+        probes: dict[int, float] = {}  # per kernel index, the seconds that rung's probe took
         unsplit = self._one_leaf(len(X) + (0 if X_val is None else len(X_val)))
 
         def attempt(i: int) -> str | None:
@@ -234,7 +248,7 @@ class Anytime(Selector):
             rung, left = rungs[i], end - time.perf_counter()
             twin = quick_twin(rungs, i, fitted) if unsplit else None
             if twin is not None:  # the same model as the quick one: its fit, its seconds
-                fitted[i], seconds[i] = fitted[twin], seconds[twin]
+                fitted[i], seconds[i], alone[i] = fitted[twin], seconds[twin], alone[twin]
                 return None
             if rung.mixes:
                 if all(j in fitted for j in rung.mixes):
@@ -242,11 +256,15 @@ class Anytime(Selector):
                     fitted[i] = blend.mix([cast(Any, fitted[j]) for j in rung.mixes])
                     seconds[i] = sum(seconds[j] for j in rung.mixes)
                 return None
-            cost = estimate(rung, rungs, seconds)
+            # bags without validation rows hold them out for their probe from the bags'
+            # generator, so growing them on given maps would change their folds: they probe
+            shared = maps if rung.bags == 1 or X_val is not None else {}
+            reused = probes.get(rung.kernel, 0.0) if rung.kernel in shared else 0.0
+            cost = estimate(rung, rungs, alone) - reused  # as if alone, less the probe it skips
             if fitted and cost > left:
                 log.info("anytime: %s skipped (about %.1fs, %.1fs left)", rung.name, cost, left)
                 return "skipped"
-            model = self._candidate(i)
+            model = self._candidate(i, shared)
             draws = torch.Generator()
             draws.set_state(state)
             began = time.perf_counter()
@@ -260,6 +278,9 @@ class Anytime(Selector):
                 log.info("anytime: %s dropped at the time limit after %.1fs", rung.name, seconds[i])
                 return "dropped"
             seconds[i] = time.perf_counter() - began
+            alone[i] = seconds[i] + reused
+            if rung.kernel not in maps and (grown := _grown_maps(model)) is not None:
+                maps[rung.kernel], probes[rung.kernel] = grown
             fitted[i] = model
             return None
 
@@ -345,6 +366,24 @@ class Anytime(Selector):
         if isinstance(trials, Tensor):
             self.trials_ = torch.zeros_like(trials)
         return [self._candidate(int(index))]
+
+
+def _grown_maps(model: Model) -> tuple[InputTransform, float] | None:
+    """The input maps a fitted candidate grew on, and the seconds its probe took.
+
+    The choice depends on the kernel, the leaf settings and the rows, which an anytime fit's
+    rungs of one kernel share, and the probe draws from its own generator; so the later rungs
+    of that kernel grow on it as given: the same models without the probe's cost (most of a
+    quick tree's on a few thousand rows). ``None`` for a model of another kind.
+    """
+    if isinstance(model, BaggedTree):
+        tree = cast(xRFMTree, model.members[0])
+    elif isinstance(model, xRFMTree):
+        tree = model
+    else:
+        return None
+    names = list(dict.fromkeys(tree.input_map.names))  # (a map grows n_trees trees)
+    return (names[0] if len(names) == 1 else tuple(names)), model.probe_seconds_
 
 
 def _num(v: float) -> float | None:

@@ -119,6 +119,7 @@ class BaggedTree(Ensemble):
         self.register_buffer("oof_", torch.zeros(0), persistent=False)
         self.register_buffer("folds_", torch.zeros(0, dtype=torch.long), persistent=False)
         self.fit_seconds_: float | None = None
+        self.probe_seconds_ = 0.0  # of the last fit's input-map choice
         self._pending: _Pending | None = None
 
     # ---- settings ------------------------------------------------------------------------------
@@ -283,6 +284,7 @@ class BaggedTree(Ensemble):
                     "per class (every bag must train on every class)"
                 )
         maps = None  # "auto": the probe runs once, on the rows as given; every bag takes its choice
+        began = time.perf_counter()
         if self.prototype.config.input_transform == "auto":
             maps = self.prototype.choose_input_maps(
                 X,
@@ -293,6 +295,7 @@ class BaggedTree(Ensemble):
                 val_sample_weight=val_sample_weight,
                 generator=generator,
             )
+        self.probe_seconds_ = time.perf_counter() - began
         folds = cross_folds(n, self.n_bags, generator, labels).to(Xp.device)
         seeds = leaf_seeds(generator, self.n_bags)
         bags = [self._new_bag(world(self.distributed)[1] > 1, maps) for _ in range(self.n_bags)]

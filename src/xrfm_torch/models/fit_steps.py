@@ -10,6 +10,7 @@ grow on (the probe of ``input_transform="auto"``). After the trees are fitted,
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from torch import Tensor
@@ -54,6 +55,7 @@ def prepare_fit(
     )
     # only categorical columns: nothing for a quantile map to map
     spec = "identity" if model.input_map.numeric_.numel() == 0 else model.config.input_transform
+    began = time.perf_counter()
     maps = choose_maps(
         spec,
         model.input_map,
@@ -65,6 +67,7 @@ def prepare_fit(
         generator=generator,
         batched=model.config.steps_batched(data.X.device),
     )
+    model.probe_seconds_ = time.perf_counter() - began  # (an anytime fit's cost estimates)
     return data, raw_y_val, raw_w_val, maps
 
 

@@ -206,9 +206,11 @@ def kernel_name(tree: xRFMTree) -> str:
 def estimate(rung: Rung, rungs: list[Rung], seconds: list[float]) -> float:
     """Seconds ``rung`` should take, from the measured ``seconds`` of the rungs before it.
 
-    A mix costs nothing; a further kernel what the candidate of the same kind (quick or not,
-    bags) took with another kernel; the first full candidate ``TREE_COST`` times the quick one;
-    quick bags ``BAG_COST * n_bags`` times the quick single tree.
+    ``seconds``: what each rung took or would have taken alone, with its input-map probe (NaN
+    where not fitted); the anytime fit subtracts the probe a rung reuses. A mix costs nothing; a
+    further kernel what the candidate of the same kind (quick or not, bags) took with another
+    kernel; the first full candidate ``TREE_COST`` times the quick one; quick bags
+    ``BAG_COST * n_bags`` times the quick single tree.
     """
     if rung.mixes:
         return 0.0
