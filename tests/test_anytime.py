@@ -182,7 +182,9 @@ def test_cost_estimates_come_from_the_candidates_before():
     # a detour's quick second kernel: what the quick first kernel took, not the full tree
     assert estimate(rungs[4], rungs, [2.0, 5.0, nan, nan, nan, nan]) == 2.0
     bagged = ladder(xRFMTree(), ["laplace", "gaussian"], 5, 2000)
-    assert estimate(bagged[1], bagged, [2.0] + [nan] * 8) == pytest.approx(9.0)  # 0.9 x 5 trees
+    assert estimate(bagged[1], bagged, [2.0] + [nan] * 8) == pytest.approx(10.0)  # 5 trees
+    # the quick tree's probe (1.5 of its 2.0 s) runs once for the bags: 1.5 + 5 x 0.5
+    assert estimate(bagged[1], bagged, [2.0] + [nan] * 8, [1.5] + [0.0] * 8) == pytest.approx(4.0)
     assert estimate(bagged[2], bagged, [2.0, 8.0] + [nan] * 7) == pytest.approx(24.0)
     assert estimate(bagged[7], bagged, [2.0, 8.0] + [nan] * 7) == 8.0  # quick bags, gaussian
 

@@ -239,6 +239,7 @@ class Anytime(Selector):
         seconds = [math.nan] * len(rungs)
         # what each rung took or would have taken alone: with the input-map probe it reused
         alone = [math.nan] * len(rungs)
+        probed = [0.0] * len(rungs)  # the input-map probe's seconds within each of ``alone``
         maps: dict[int, InputTransform] = {}  # per kernel index, the first rung's chosen maps
         probes: dict[int, float] = {}  # per kernel index, the seconds that rung's probe took
         unsplit = self._one_leaf(len(X) + (0 if X_val is None else len(X_val)))
@@ -249,6 +250,7 @@ class Anytime(Selector):
             twin = quick_twin(rungs, i, fitted) if unsplit else None
             if twin is not None:  # the same model as the quick one: its fit, its seconds
                 fitted[i], seconds[i], alone[i] = fitted[twin], seconds[twin], alone[twin]
+                probed[i] = probed[twin]
                 return None
             if rung.mixes:
                 if all(j in fitted for j in rung.mixes):
@@ -260,7 +262,8 @@ class Anytime(Selector):
             # generator, so growing them on given maps would change their folds: they probe
             shared = maps if rung.bags == 1 or X_val is not None else {}
             reused = probes.get(rung.kernel, 0.0) if rung.kernel in shared else 0.0
-            cost = estimate(rung, rungs, alone) - reused  # as if alone, less the probe it skips
+            # as if alone, less the probe it skips
+            cost = estimate(rung, rungs, alone, probed) - reused
             if fitted and cost > left:
                 log.info("anytime: %s skipped (about %.1fs, %.1fs left)", rung.name, cost, left)
                 return "skipped"
@@ -279,6 +282,7 @@ class Anytime(Selector):
                 return "dropped"
             seconds[i] = time.perf_counter() - began
             alone[i] = seconds[i] + reused
+            probed[i] = reused or float(getattr(model, "probe_seconds_", 0.0))
             if rung.kernel not in maps and (grown := _grown_maps(model)) is not None:
                 maps[rung.kernel], probes[rung.kernel] = grown
             fitted[i] = model

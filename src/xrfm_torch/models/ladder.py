@@ -25,9 +25,6 @@ from xrfm_torch.tree.splits import with_sample_at_most
 QUICK_LEAF_SIZE = 2000
 #: The quick candidate's split models fit on at most this many rows (:func:`quick_tree`).
 QUICK_SPLIT_ROWS = 1000
-#: Quick bags' cost as a multiple of ``n_bags`` quick single trees (each bag trains on
-#: ``(K - 1) / K`` of the pooled rows).
-BAG_COST = 0.9
 #: The first full tree's cost as a multiple of the quick tree's, before either was timed on the
 #: table (leaves of up to 5x the rows, two trees per map for classification).
 TREE_COST = 3.0
@@ -203,30 +200,40 @@ def kernel_name(tree: xRFMTree) -> str:
     return next((n for n, c in KERNELS.items() if c is kind), kind.__name__)
 
 
-def estimate(rung: Rung, rungs: list[Rung], seconds: list[float]) -> float:
+def estimate(
+    rung: Rung, rungs: list[Rung], seconds: list[float], probes: list[float] | None = None
+) -> float:
     """Seconds ``rung`` should take, from the measured ``seconds`` of the rungs before it.
 
     ``seconds``: what each rung took or would have taken alone, with its input-map probe (NaN
-    where not fitted); the anytime fit subtracts the probe a rung reuses. A mix costs nothing; a
-    further kernel what the candidate of the same kind (quick or not, bags) took with another
-    kernel; the first full candidate ``TREE_COST`` times the quick one; quick bags
-    ``BAG_COST * n_bags`` times the quick single tree.
+    where not fitted); ``probes``: the probe's seconds within each (none if not given). The
+    anytime fit subtracts the probe a rung reuses. A mix costs nothing; a further kernel what
+    the candidate of the same kind (quick or not, bags) took with another kernel; the first full
+    candidate ``TREE_COST`` times the quick one; the first bags ``n_bags`` quick single trees
+    without their probe, and the probe once (the bags grow on one choice of maps).
     """
     if rung.mixes:
         return 0.0
-    done = [(r, s) for r, s in zip(rungs, seconds) if math.isfinite(s) and not r.mixes]
+    probes = probes or [0.0] * len(rungs)
+    done = [(r, s, p) for r, s, p in zip(rungs, seconds, probes) if math.isfinite(s)]
+    done = [(r, s, p) for r, s, p in done if not r.mixes]
     kind = (rung.quick, rung.bags, rung.fallback)
-    same = [s for r, s in done if (r.quick, r.bags, r.fallback) == kind and r.kernel != rung.kernel]
+    same = [
+        s for r, s, _ in done if (r.quick, r.bags, r.fallback) == kind and r.kernel != rung.kernel
+    ]
     if same:
         return same[0]
-    full = [s for r, s in done if not r.quick and not r.fallback]
+    full = [s for r, s, _ in done if not r.quick and not r.fallback]
     if full:
         return full[0]
-    quick = [s for r, s in done if r.quick and not r.fallback]
+    quick = [s for r, s, _ in done if r.quick and not r.fallback]
     if quick:
         return TREE_COST * quick[0]
-    single = [s for r, s in done if r.fallback]
-    return BAG_COST * rung.bags * single[0] if single else 0.0
+    single = [(s, p) for r, s, p in done if r.fallback]
+    if not single:
+        return 0.0
+    tree, probe = single[0]
+    return probe + rung.bags * (tree - probe)
 
 
 def common_rows(parts: list[HonestOutputs]) -> list[HonestOutputs]:
