@@ -271,9 +271,9 @@ def test_estimates_take_each_rung_as_alone_less_the_probe_it_reuses(monkeypatch)
     grown: list[tuple[object, float]] = []
     real_estimate, real_grown = anytime_module.estimate, anytime_module._grown_maps
 
-    def spy_estimate(rung, rungs, seconds):
+    def spy_estimate(rung, rungs, seconds, probes=None):
         seen[rung.name] = list(seconds)
-        return real_estimate(rung, rungs, seconds)
+        return real_estimate(rung, rungs, seconds, probes)
 
     def spy_grown(model):
         out = real_grown(model)
@@ -292,6 +292,36 @@ def test_estimates_take_each_rung_as_alone_less_the_probe_it_reuses(monkeypatch)
     assert seen["tree laplace"][0] == took[0]  # the quick tree probed for itself: as measured
     # the full Laplace tree is seen as alone: its seconds and the probe it skipped, exactly
     assert seen["tree gaussian"][1] == pytest.approx(took[1] + probe, rel=1e-6)
+
+
+def test_the_first_bags_are_estimated_with_the_quick_trees_probe_once(monkeypatch):
+    """Bags without validation rows probe once for all: the estimate counts the probe once."""
+    calls: list[tuple[str, float]] = []
+    grown: list[float] = []
+    real_estimate, real_grown = anytime_module.estimate, anytime_module._grown_maps
+
+    def spy_estimate(rung, rungs, seconds, probes=None):
+        out = real_estimate(rung, rungs, seconds, probes)
+        calls.append((rung.name, out))
+        return out
+
+    def spy_grown(model):
+        out = real_grown(model)
+        grown.append(out[1])
+        return out
+
+    monkeypatch.setattr(anytime_module, "estimate", spy_estimate)
+    monkeypatch.setattr(anytime_module, "_grown_maps", spy_grown)
+    X, y = planted(300, d=4, seed=5)
+    labels = (y > y.median()).long()
+    tree = xRFMTree(task="classification", max_leaf_size=300, leaf=LeafConfig(n_iters=1))
+    model = Anytime(BaggedTree(tree, n_bags=3), time_limit=600.0, quick_leaf_size=60)
+    model.fit(X, labels, generator=torch.Generator().manual_seed(0))
+    quick = float(model.trials_[0, 1])  # the fallback quick tree, which probed for itself
+    probe = grown[0]
+    assert 0 < probe < quick
+    assert calls[1][0] == "quick bags laplace"
+    assert calls[1][1] == pytest.approx(probe + 3 * (quick - probe), rel=1e-9)
 
 
 def test_a_fit_too_small_to_split_takes_the_quick_fit_for_its_twin():
