@@ -131,11 +131,11 @@ class Anytime(Selector):
             return [Rung("target", 0, 1)]
         return ladder(t.tree, t.kernels, t.n_bags, self.quick_leaf_size)
 
-    def _candidate(self, index: int, maps: dict[int, InputTransform] | None = None) -> Model:
+    def _candidate(self, index: int, maps: InputTransform | None = None) -> Model:
         """Rung ``index`` as an unfitted model (a mix: an empty ``KernelBlend``).
 
-        ``maps``: the input maps chosen so far per kernel index (:func:`_grown_maps`); a
-        candidate of such a kernel grows on them instead of probing again.
+        ``maps``: the input maps an earlier rung of its kernel chose (:func:`_grown_maps`), to
+        grow on instead of probing again.
         """
         t = target_parts(self.prototype)
         if t is None:
@@ -153,8 +153,8 @@ class Anytime(Selector):
             return compose(t.tree, rung.bags, mixed, t.bag, t.blend)
         own = t.kernels is None and rung.kernel == 0  # the target's tree as it is
         one = t.tree if own else t.tree.with_kernel(names[rung.kernel])
-        if maps is not None and rung.kernel in maps:
-            one = one.with_settings(input_transform=maps[rung.kernel])
+        if maps is not None:
+            one = one.with_settings(input_transform=maps)
         if not rung.quick:
             return compose(one, rung.bags, bag=t.bag)
         return compose(quick_tree(one, self.quick_leaf_size), rung.bags, bag=quick_bag)
@@ -240,8 +240,8 @@ class Anytime(Selector):
         # what each rung took or would have taken alone: with the input-map probe it reused
         alone = [math.nan] * len(rungs)
         probed = [0.0] * len(rungs)  # the input-map probe's seconds within each of ``alone``
-        maps: dict[int, InputTransform] = {}  # per kernel index, the first rung's chosen maps
-        probes: dict[int, float] = {}  # per kernel index, the seconds that rung's probe took
+        # per kernel index, the first rung's chosen maps and the seconds its probe took
+        grown: dict[int, tuple[InputTransform, float]] = {}
         unsplit = self._one_leaf(len(X) + (0 if X_val is None else len(X_val)))
 
         def attempt(i: int) -> str | None:
@@ -260,14 +260,14 @@ class Anytime(Selector):
                 return None
             # bags without validation rows hold them out for their probe from the bags'
             # generator, so growing them on given maps would change their folds: they probe
-            shared = maps if rung.bags == 1 or X_val is not None else {}
-            reused = probes.get(rung.kernel, 0.0) if rung.kernel in shared else 0.0
+            shares = rung.kernel in grown and (rung.bags == 1 or X_val is not None)
+            reused = grown[rung.kernel][1] if shares else 0.0
             # as if alone, less the probe it skips
             cost = estimate(rung, rungs, alone, probed) - reused
             if fitted and cost > left:
                 log.info("anytime: %s skipped (about %.1fs, %.1fs left)", rung.name, cost, left)
                 return "skipped"
-            model = self._candidate(i, shared)
+            model = self._candidate(i, grown[rung.kernel][0] if shares else None)
             draws = torch.Generator()
             draws.set_state(state)
             began = time.perf_counter()
@@ -283,8 +283,8 @@ class Anytime(Selector):
             seconds[i] = time.perf_counter() - began
             alone[i] = seconds[i] + reused
             probed[i] = reused or float(getattr(model, "probe_seconds_", 0.0))
-            if rung.kernel not in maps and (grown := _grown_maps(model)) is not None:
-                maps[rung.kernel], probes[rung.kernel] = grown
+            if rung.kernel not in grown and (own := _grown_maps(model)) is not None:
+                grown[rung.kernel] = own
             fitted[i] = model
             return None
 
