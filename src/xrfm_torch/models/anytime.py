@@ -7,7 +7,7 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
 1. ``quick``: the target's tree (or its bags, after one quick single tree as a fallback) for
    the first kernel with leaves of at most ``quick_leaf_size`` rows, one tree per input map and
    smaller split models (:func:`~xrfm_torch.models.ladder.quick_tree`; a leaf's solve grows as
-   its rows cubed, so small leaves are the cheapest lever; docs/design.md, "A time budget: the
+   its rows cubed, so small leaves are the cheapest lever; docs/design-use.md, "A time budget: the
    anytime fit");
 2. the target's tree (or bags) once per kernel;
 3. with two kernels, their mix (:meth:`KernelBlend.mix <xrfm_torch.models.blend.KernelBlend.mix>`,

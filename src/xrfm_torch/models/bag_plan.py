@@ -83,7 +83,7 @@ def bag_settings(config: TreeConfig, size_fraction: float) -> TreeConfig:
     if config.n_trees is None:
         # the bags already average several trees; a second tree per map in each bag cost
         # 1.3-2.1x the fit for log-loss within one seed sd (pol, house_16H, california;
-        # docs/design.md, "Where a default fit's time goes")
+        # docs/design-use.md, "Where a default fit's time goes")
         config = config.replace(n_trees=1)
     if size_fraction < 1.0:
         rule = config.split_rule

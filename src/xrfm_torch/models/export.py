@@ -12,7 +12,7 @@ outputs. It shares the fitted model's buffers and tensor functions, so its predi
 eager ones up to float rounding. An exported graph does not chunk rows: bound memory by the
 batch size.
 
-Recipe (``docs/design.md``, "Export")::
+Recipe (``docs/design-use.md``, "Export")::
 
     program = export_program(model, x_example)            # torch.export.ExportedProgram
     torch.export.save(program, "model.pt2")

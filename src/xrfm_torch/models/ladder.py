@@ -2,7 +2,7 @@
 
 What :class:`~xrfm_torch.models.anytime.Anytime` fits, in which order and at what expected
 cost, and how their honest outputs are put on common rows; the class itself holds the fit.
-docs/design.md, "A time budget: the anytime fit", says why each choice.
+docs/design-use.md, "A time budget: the anytime fit", says why each choice.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.splits import with_sample_at_most
 
-#: The first candidate's largest leaf (``quick_leaf_size``; measured in docs/design.md).
+#: The first candidate's largest leaf (``quick_leaf_size``; measured in docs/design-use.md).
 QUICK_LEAF_SIZE = 2000
 #: The quick candidate's split models fit on at most this many rows (:func:`quick_tree`).
 QUICK_SPLIT_ROWS = 1000

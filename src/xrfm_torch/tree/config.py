@@ -112,7 +112,7 @@ class TreeConfig:
             them, and an ``AGOPSplit`` fits its split models on at most as many rows. The fit
             then costs about one solve per leaf instead of ``tau`` plus the searches.
             ``None``: never. Smaller fits keep the full iterations, which are more accurate on
-            some tables (docs/design.md, "Large fits and leaves across processes").
+            some tables (docs/design-use.md, "Large fits and leaves across processes").
         large_fit_iter_rows: The subsample of a large fit's iterations (a large fit's accuracy
             follows its final solves' size, not its iterations').
         distributed: Fit the leaves across the ranks of the default ``torch.distributed``
