@@ -6,7 +6,8 @@ own prediction nearly interpolates its target, so its gradient would only pull t
 stale features). :class:`RefitXRFM` re-fits the tree on the current features every few epochs.
 With ``sgd_loss="linear"`` the encoder is trained through a linear layer (softmax cross-entropy for
 classes) on every training row, and the closed-form head replaces that layer when training ends:
-the features are those of the usual network, the head is fitted to them (``docs/design-use.md``, "Head use").
+the features are those of the usual network, the head is fitted to them
+(``docs/design-use.md``, "Head use").
 """
 
 from __future__ import annotations
