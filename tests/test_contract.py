@@ -41,6 +41,8 @@ def test_every_model_class_implements_each_member_alike(cls, member):
     assert ours is not None, f"{cls.__name__} lacks {member}"
     if isinstance(contract, property):
         assert isinstance(ours, property) or not callable(ours), f"{cls.__name__}.{member}"
+    elif not callable(contract):  # a data member with the base's default
+        assert isinstance(ours, type(contract)), f"{cls.__name__}.{member}"
     elif member != "state_dict":  # nn.Module's own
         assert parameters(ours) == parameters(contract), f"{cls.__name__}.{member}"
 
@@ -64,6 +66,10 @@ def test_what_build_model_returns_keeps_the_contract_when_fitted(n_bags, kernels
     fitted = model.fit(X, y, generator=torch.Generator().manual_seed(0))
     # (isinstance reads the properties on Python < 3.12, and an unfitted model's raise)
     assert fitted is model and isinstance(model, Model) and model.n_features_in_ == 3
+    # the input-map choice's share of the fit: a tree's or bags' own; a blend chooses none itself
+    spent = model.fit_seconds_
+    assert spent is not None and 0.0 <= model.probe_seconds_ < spent
+    assert (model.probe_seconds_ > 0.0) == (kernels is None)
     torch.testing.assert_close(model.get_grads(X[:3]), model.input_grads(X[:3]))
     assert model.feature_importance().sum().item() == pytest.approx(1.0, rel=1e-5)
     # its single trees mix to its predictions (a kernel of weight 0 is dropped from a blend)

@@ -282,7 +282,7 @@ class Anytime(Selector):
                 return "dropped"
             seconds[i] = time.perf_counter() - began
             alone[i] = seconds[i] + reused
-            probed[i] = reused or float(getattr(model, "probe_seconds_", 0.0))
+            probed[i] = reused or model.probe_seconds_
             if rung.kernel not in grown and (own := _grown_maps(model)) is not None:
                 grown[rung.kernel] = own
             fitted[i] = model

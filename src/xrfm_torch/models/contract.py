@@ -62,10 +62,14 @@ class Model(HasHonestOutputs, nn.Module):
     Attributes:
         distributed: Whether ``fit`` spreads its work over the default process group's ranks.
         fit_seconds_: Seconds the last ``fit`` took (``None`` before one).
+        probe_seconds_: Seconds of the last ``fit`` its own input-map choice took (0 for a
+            model that chooses none: an anytime fit's cost estimates leave it out of a rung
+            that reuses the choice).
     """
 
     distributed: bool
     fit_seconds_: float | None
+    probe_seconds_: float = 0.0
 
     # ---- what each kind defines ----------------------------------------------------------------
     @property

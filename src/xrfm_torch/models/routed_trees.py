@@ -71,7 +71,6 @@ class RoutedTrees(Model):
     trees: nn.ModuleList
     fitted_temperature_: Tensor
     raw_temperature: nn.Parameter  # with trainable routing only
-    probe_seconds_: float  # the last fit's input-map choice took (prepare_fit)
 
     @property
     def task(self) -> Task:
