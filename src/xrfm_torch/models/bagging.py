@@ -119,7 +119,6 @@ class BaggedTree(Ensemble):
         self.register_buffer("oof_", torch.zeros(0), persistent=False)
         self.register_buffer("folds_", torch.zeros(0, dtype=torch.long), persistent=False)
         self.fit_seconds_: float | None = None
-        self.probe_seconds_ = 0.0  # of the last fit's input-map choice
         self._pending: _Pending | None = None
 
     # ---- settings ------------------------------------------------------------------------------

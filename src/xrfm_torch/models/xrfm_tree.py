@@ -121,7 +121,6 @@ class xRFMTree(RoutedTrees):  # noqa: N801 (the method's name)
         if self.config.trainable_routing:
             self.raw_temperature = nn.Parameter(torch.tensor(0.0))
         self.fit_seconds_: float | None = None
-        self.probe_seconds_ = 0.0  # of the last fit's input-map choice
 
     # the constructor's arguments that the model's modules hold, read back (get_config)
     @property
