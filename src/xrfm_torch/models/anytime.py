@@ -26,12 +26,15 @@ candidate's choice (:func:`_grown_maps`), the same models without the probe's co
 Each candidate is fitted on the same rows from the same generator state, so their honest outputs
 (validation rows of a single tree, out-of-fold rows of the bags) cover common rows, on which
 their losses are compared (log-loss or mean squared error, :mod:`xrfm_torch.tree.honest`); the
-model kept is the candidate of lowest loss (ties: the cheaper). A bagged target's fallback tree is
-left out of that comparison (it is kept only when no bagged candidate finished), so the bags are
-compared on all their out-of-fold rows. A candidate starts only when its
-cost, estimated from the ones before (:func:`~xrfm_torch.models.ladder.estimate`), fits in the
-time left; it runs under an aborting deadline (:mod:`xrfm_torch.numerics.deadline`) and is
-dropped if the limit comes first. The first candidate runs under a degrading deadline instead
+model kept is the candidate of lowest loss (ties: the cheaper), except that a fitted target is
+kept unless that candidate beats it by :data:`~xrfm_torch.models.ladder.TARGET_MARGIN` paired
+standard errors (:func:`~xrfm_torch.models.ladder.choose`): a cheaper candidate's edge on a few
+hundred honest rows is mostly noise, and a budget that covers the target promises its loss. A
+bagged target's fallback tree is left out of that comparison (it is kept only when no bagged
+candidate finished), so the bags are compared on all their out-of-fold rows. A candidate starts
+only when its cost, estimated from the ones before (:func:`~xrfm_torch.models.ladder.estimate`),
+fits in the time left; it runs under an aborting deadline (:mod:`xrfm_torch.numerics.deadline`)
+and is dropped if the limit comes first. The first candidate runs under a degrading deadline instead
 (its leaves stop iterating), so the fit always ends with a model. What was tried, its loss and
 its seconds are logged, kept in ``trials_`` (saved) and shown by :meth:`Anytime.summary`.
 """
@@ -56,7 +59,7 @@ from xrfm_torch.models.ladder import (
     QUICK_LEAF_SIZE,
     Rung,
     check_time_limit,
-    common_rows,
+    choose,
     detours,
     estimate,
     kernel_names,
@@ -70,7 +73,6 @@ from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.checks import check_int
 from xrfm_torch.numerics.rng import own_generator
 from xrfm_torch.tree.grow import Progress
-from xrfm_torch.tree.honest import mean_loss, row_losses
 
 log = logging.getLogger(__name__)
 
@@ -325,13 +327,7 @@ class Anytime(Selector):
         return n_rows <= min(self.quick_leaf_size, full)
 
     def _choose(self, rungs: list[Rung], fitted: dict[int, Model]) -> dict[int, float]:
-        """Keep the fitted candidate of lowest honest loss on common rows; each one's loss.
-
-        The target's kind comes first: a fallback (a single tree of a bagged target) is kept only
-        when nothing else finished. So the candidates that can be kept are compared on the rows
-        *they* share (the bags' out-of-fold rows), not narrowed to a fallback's validation rows
-        (about a tenth of them); a fallback's loss is its own, on its own rows.
-        """
+        """Keep the candidate :func:`~xrfm_torch.models.ladder.choose` picks; each one's loss."""
         order = sorted(fitted)
         if len(rungs) == 1:  # a target the ladder cannot vary: nothing to compare
             self.members = nn.ModuleList([fitted[0]])
@@ -341,17 +337,8 @@ class Anytime(Selector):
             except RuntimeError:
                 self._honest = None
             return {}
-        pool = [i for i in order if not rungs[i].fallback] or order
-        losses: dict[int, float] = {}
-        for group in (pool, [i for i in order if i not in pool]):
-            if not group:
-                continue
-            parts = common_rows([fitted[i].honest_outputs() for i in group])
-            for i, p in zip(group, parts):
-                rows = row_losses(p.outputs.double(), p.targets, self.task)
-                losses[i] = float(mean_loss(rows, p.weights))
-        losses = dict(sorted(losses.items()))
-        best = min(pool, key=lambda i: (losses[i], i))
+        honest = {i: fitted[i].honest_outputs() for i in order}
+        best, losses = choose(rungs, honest, self.task)
         self.members = nn.ModuleList([fitted[best]])
         self.chosen_ = torch.tensor(best)
         self._honest = fitted[best].honest_outputs()

@@ -16,9 +16,10 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import KERNELS
+from xrfm_torch.leaf.selection import paired_win
 from xrfm_torch.models.contract import Model, Recipe
 from xrfm_torch.models.xrfm_tree import xRFMTree
-from xrfm_torch.tree.honest import HonestOutputs
+from xrfm_torch.tree.honest import HonestOutputs, mean_loss, row_losses
 from xrfm_torch.tree.splits import with_sample_at_most
 
 #: The first candidate's largest leaf (``quick_leaf_size``; measured in docs/design-use.md).
@@ -31,6 +32,9 @@ TREE_COST = 3.0
 #: The kernels a single-kernel target's ladder goes on with once the target is fitted and time
 #: is left: the same tree (or bags) with each other kernel, then their mix with the target.
 SPARE_KERNELS = ("laplace", "gaussian")
+#: Paired standard errors by which a candidate's honest loss must beat the target's, where the
+#: target was fitted, to be kept instead (:func:`choose`).
+TARGET_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,14 @@ def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: i
     return rungs
 
 
+def target_index(rungs: list[Rung]) -> int:
+    """The index of the target itself: the last rung of the main line that is not a spare.
+
+    (The mix of the kernels of a blended target, else the target's tree or bags.)
+    """
+    return max(i for i, r in enumerate(rungs) if r.detour is None and not r.spare)
+
+
 def detours(rungs: list[Rung], base: int | None) -> list[int]:
     """The indices of the rungs whose :attr:`Rung.detour` is ``base`` (``None``: the main line)."""
     return [i for i, r in enumerate(rungs) if r.detour == base]
@@ -234,6 +246,46 @@ def estimate(
         return 0.0
     tree, probe = single[0]
     return probe + rung.bags * (tree - probe)
+
+
+def choose(
+    rungs: list[Rung], honest: dict[int, HonestOutputs], task: str, margin: float = TARGET_MARGIN
+) -> tuple[int, dict[int, float]]:
+    """The fitted rung to keep, and each fitted rung's honest loss (on the rows it is judged on).
+
+    Args:
+        rungs: The ladder.
+        honest: Per fitted rung, its honest outputs (:meth:`Model.honest_outputs`).
+        task: ``"classification"`` (log-loss) or ``"regression"`` (mean squared error).
+        margin: Paired standard errors a candidate must win by to replace a fitted target.
+
+    The target's kind comes first: a fallback (a single tree of a bagged target) is kept only
+    when nothing else finished. So the candidates that can be kept are compared on the rows
+    *they* share (:func:`common_rows`; the bags' out-of-fold rows), not narrowed to a
+    fallback's validation rows (about a tenth of them); a fallback's loss is its own, on its own
+    rows. The candidate of lowest loss is kept (ties: the cheaper), except that a fitted target
+    (:func:`target_index`) is replaced only by one whose per-row losses beat its own by
+    ``margin`` paired standard errors (:func:`~xrfm_torch.leaf.selection.paired_win`; weighted
+    rows scaled so that their mean is the weighted mean): a cheaper candidate's edge on a few
+    hundred honest rows is mostly noise, and a budget that covers the target promises its loss.
+    """
+    order = sorted(honest)
+    pool = [i for i in order if not rungs[i].fallback] or order
+    losses: dict[int, float] = {}
+    per_row: dict[int, Tensor] = {}
+    for group in (pool, [i for i in order if i not in pool]):
+        if not group:
+            continue
+        for i, p in zip(group, common_rows([honest[i] for i in group])):
+            rows = row_losses(p.outputs.double(), p.targets, task)
+            losses[i] = float(mean_loss(rows, p.weights))
+            w = None if p.weights is None else p.weights.double()
+            per_row[i] = rows if w is None else rows * (w / w.mean())
+    best = min(pool, key=lambda i: (losses[i], i))
+    target = target_index(rungs)
+    if target in pool and best != target:  # a fitted target: kept unless clearly beaten
+        best = best if paired_win(per_row[best], per_row[target], margin) else target
+    return best, dict(sorted(losses.items()))
 
 
 def common_rows(parts: list[HonestOutputs]) -> list[HonestOutputs]:
