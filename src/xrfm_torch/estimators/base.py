@@ -123,7 +123,8 @@ class _XRFMEstimator(BaseEstimator):
             limit the fit is anytime (:class:`~xrfm_torch.models.anytime.Anytime`): it fits a
             quick small-leaf tree first, then the model above's cheaper parts (one tree per
             kernel, their mix, the bags, their mix) while the time lasts, and keeps the one
-            with the lowest honest loss; a single kernel's model is followed, with the time it
+            with the lowest honest loss (the model above, where it was fitted, unless another
+            beats it clearly); a single kernel's model is followed, with the time it
             leaves, by the other kernel's and their mix. It ends within 10 % plus a second of
             the limit (``model_.summary()`` says what it tried and the share left unused).
         random_state: Seed (int), ``numpy.random.RandomState``, or ``None`` (numpy's global

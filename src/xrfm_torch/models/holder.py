@@ -93,7 +93,7 @@ class Selector(Holder):
 
     Predictions, probabilities, AGOP, feature importance, leaves and single trees are the chosen
     model's; a subclass says how it chooses (:class:`~xrfm_torch.models.anytime.Anytime`: the
-    candidate of lowest honest loss within a time limit).
+    best candidate fitted within a time limit).
     """
 
     @property
