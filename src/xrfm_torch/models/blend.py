@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from xrfm_torch.kernels import KERNELS
+from xrfm_torch.leaf.criteria import relative
 from xrfm_torch.leaf.lockstep import fit_together
 from xrfm_torch.leaf.selection import paired_win
 from xrfm_torch.models.bagging import BaggedTree
@@ -322,7 +323,7 @@ class KernelBlend(Ensemble):
         w_best = grid[best]
         rows_w = outs[0].weights  # the paired test on per-row losses scaled to the weighted mean
         if rows_w is not None:
-            per_row = per_row * (rows_w.double() / rows_w.double().mean())
+            per_row = per_row * relative(rows_w.double())
         keep = []
         for k in range(len(outs)):
             if w_best[k] > 0:

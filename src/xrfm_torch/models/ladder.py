@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.kernels import KERNELS
+from xrfm_torch.leaf.criteria import relative
 from xrfm_torch.leaf.selection import paired_win
 from xrfm_torch.models.contract import Model, Recipe
 from xrfm_torch.models.xrfm_tree import xRFMTree
@@ -279,8 +280,8 @@ def choose(
         for i, p in zip(group, common_rows([honest[i] for i in group])):
             rows = row_losses(p.outputs.double(), p.targets, task)
             losses[i] = float(mean_loss(rows, p.weights))
-            w = None if p.weights is None else p.weights.double()
-            per_row[i] = rows if w is None else rows * (w / w.mean())
+            w = p.weights
+            per_row[i] = rows if w is None else rows * relative(w.double())
     best = min(pool, key=lambda i: (losses[i], i))
     target = target_index(rungs)
     if target in pool and best != target:  # a fitted target: kept unless clearly beaten
