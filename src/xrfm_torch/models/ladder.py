@@ -280,8 +280,9 @@ def choose(
         for i, p in zip(group, common_rows([honest[i] for i in group])):
             rows = row_losses(p.outputs.double(), p.targets, task)
             losses[i] = float(mean_loss(rows, p.weights))
-            w = p.weights
-            per_row[i] = rows if w is None else rows * relative(w.double())
+            if group is pool:  # (a fallback's rows only report its loss)
+                w = p.weights
+                per_row[i] = rows if w is None else rows * relative(w.double())
     best = min(pool, key=lambda i: (losses[i], i))
     target = target_index(rungs)
     if target in pool and best != target:  # a fitted target: kept unless clearly beaten
