@@ -94,8 +94,7 @@ def test_weighted_rows_are_tested_on_their_weighted_losses():
 def test_an_anytime_fit_keeps_its_target_where_no_candidate_wins_clearly():
     """On a fit where every candidate is fitted, the kept one is the target or a clear winner."""
     X, y = planted(500, d=5, seed=1, noise=0.1)
-    tree = xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=2))
-    model = Anytime(tree, time_limit=600.0, quick_leaf_size=80)
+    model = Anytime(_tree(), time_limit=600.0, quick_leaf_size=80)
     model.fit(X, y, generator=torch.Generator().manual_seed(7))
     rungs = model.rungs()
     target = target_index(rungs)
