@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import cast
 
 import numpy as np
 import pytest
@@ -33,7 +32,6 @@ from xrfm_torch import (
 from xrfm_torch.inputs import choice as choice_module
 from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.models import anytime as anytime_module
-from xrfm_torch.models import ladder as ladder_module
 from xrfm_torch.models.factory import build_model, model_from_config
 from xrfm_torch.models.ladder import (
     QUICK_SPLIT_ROWS,
@@ -426,44 +424,6 @@ def test_bagged_candidates_are_compared_on_all_their_out_of_fold_rows():
     assert f.rows is not None and f.rows.numel() < 100
     own_f = mean_loss(row_losses(f.outputs.double(), f.targets, "classification"), None)
     assert float(model.trials_[0, 0]) == pytest.approx(float(own_f), rel=1e-9)
-
-
-def test_a_main_line_out_of_time_takes_the_detour_to_the_quick_blend(monkeypatch, tmp_path):
-    """The full tree never fits (its estimate is made huge): the quick candidates blend instead."""
-    monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
-    X, y = planted(400, d=5, seed=6, noise=0.1)
-    tree = xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=2))
-    target = KernelBlend(tree, kernels=("laplace", "gaussian"))
-    model = Anytime(target, time_limit=600.0, quick_leaf_size=80)
-    model.fit(X, y, generator=torch.Generator().manual_seed(3))
-    names = [t["candidate"] for t in model.summary()["trials"]]
-    assert names == [
-        "quick tree laplace",
-        "tree laplace",
-        "tree gaussian",
-        "mix tree",
-        "quick tree gaussian",
-        "mix quick tree",
-    ]
-    losses = model.trials_[:, 0]
-    assert losses[1:4].isnan().all() and losses[[0, 4, 5]].isfinite().all()
-    assert losses[5] <= min(losses[0], losses[4]) + 1e-12  # each kernel alone is a weighting
-    assert int(model.chosen_) == min((0, 4, 5), key=lambda i: (float(losses[i]), i))
-    # the quick blend is the blend of quick trees, fitted as a KernelBlend fits it
-    alone = model._candidate(5)
-    assert isinstance(alone, KernelBlend) and alone.kernels == ("laplace", "gaussian")
-    assert cast(xRFMTree, alone.prototype).config.max_leaf_size == 80
-    alone.fit(X, y, generator=torch.Generator().manual_seed(3))
-    h = alone.honest_outputs()
-    own = mean_loss(row_losses(h.outputs.double(), h.targets, "regression"), h.weights)
-    assert float(own) == pytest.approx(float(losses[5]), rel=1e-9)
-    if int(model.chosen_) == 5:
-        torch.testing.assert_close(model(X[:40]), alone(X[:40]))
-    # it is saved and loaded as the candidate it kept
-    save_model(model, tmp_path / "m.pt")
-    loaded = load_model(tmp_path / "m.pt")
-    assert int(loaded.chosen_) == int(model.chosen_)
-    torch.testing.assert_close(loaded(X[:40]), model(X[:40]))
 
 
 def test_a_bagged_target_out_of_time_keeps_its_fallback_tree():

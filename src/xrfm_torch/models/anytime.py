@@ -17,8 +17,10 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
    Kept only where its honest loss is below the target's, so a budget that covers the target's
    fit gives the target or a model of lower honest loss;
 5. with two kernels, where the time left stops the line above after a quick candidate (a
-   *detour*): that quick candidate with the other kernel, then their mix. It costs what the
-   quick candidate cost, so a budget too short for a full tree still buys the blend, in small.
+   *detour*): that quick candidate with the other kernel, then their mix, so a budget too short
+   for a full tree still buys the blend, in small. A quick single tree's detour grows on the
+   input maps its quick candidate chose, so it costs that tree less its probe (most of it on a
+   few thousand rows); quick bags' detours probe for themselves (one probe among their trees).
 
 The input maps are chosen once per kernel: the later candidates of a kernel grow on its first
 candidate's choice (:func:`_grown_maps`), the same models without the probe's cost.
@@ -262,14 +264,19 @@ class Anytime(Selector):
                 return None
             # bags without validation rows hold them out for their probe from the bags'
             # generator, so growing them on given maps would change their folds: they probe
-            shares = rung.kernel in grown and (rung.bags == 1 or X_val is not None)
-            reused = grown[rung.kernel][1] if shares else 0.0
+            # a quick tree's detour grows on its base rung's maps: it is what buys the blend
+            # where time is short, and the probe is most of a quick tree (not of bags)
+            key = rung.kernel
+            if key not in grown and rung.detour is not None and rung.bags == 1:
+                key = rungs[rung.detour].kernel
+            shares = key in grown and (rung.bags == 1 or X_val is not None)
+            reused = grown[key][1] if shares else 0.0
             # as if alone, less the probe it skips
             cost = estimate(rung, rungs, alone, probed) - reused
             if fitted and cost > left:
                 log.info("anytime: %s skipped (about %.1fs, %.1fs left)", rung.name, cost, left)
                 return "skipped"
-            model = self._candidate(i, grown[rung.kernel][0] if shares else None)
+            model = self._candidate(i, grown[key][0] if shares else None)
             draws = torch.Generator()
             draws.set_state(state)
             began = time.perf_counter()

@@ -108,9 +108,10 @@ def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: i
     it lacks and their mix with it (``Rung.kernel`` indexes :func:`kernel_names`).
 
     A target that blends kernels ends with detours (:attr:`Rung.detour`): for each quick rung,
-    the same quick candidate with the further kernels and their mix with it. They cost what the
-    quick rung cost, so where the budget stops the main line after a quick candidate, it buys
-    the blend in small form instead of nothing. They come last so that the rungs before them
+    the same quick candidate with the further kernels and their mix with it. A quick tree's
+    detours grow on its input maps (the anytime fit), so they cost it less its probe; where the
+    budget stops the main line after a quick candidate, it buys the blend in small form instead
+    of nothing. They come last so that the rungs before them
     keep their indices.
     """
     names = kernel_names(tree, kernels)

@@ -1,0 +1,131 @@
+"""The anytime fit's detours: where the main line runs out of time, the quick blend instead.
+
+Each test makes the first full candidate's estimate huge (``TREE_COST``), so the main line stops
+after its quick candidate and the fit goes on with that candidate's further kernels and their
+mix. A quick single tree's detour grows on the input maps its base quick tree chose (no probe of
+its own: the probe is most of a quick tree's cost); quick bags' detours probe for themselves.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import pytest
+import torch
+
+from conftest import planted
+from xrfm_torch import (
+    Anytime,
+    BaggedTree,
+    KernelBlend,
+    LeafConfig,
+    load_model,
+    save_model,
+    xRFMTree,
+)
+from xrfm_torch.inputs import choice as choice_module
+from xrfm_torch.models import ladder as ladder_module
+from xrfm_torch.tree.honest import mean_loss, row_losses
+
+
+def _tree() -> xRFMTree:
+    return xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=2))
+
+
+def _loss(model, task: str = "regression") -> float:
+    h = model.honest_outputs()
+    return float(mean_loss(row_losses(h.outputs.double(), h.targets, task), h.weights))
+
+
+def _spy_probes(monkeypatch, maps: list[str] | None = None) -> list[str]:
+    """Record each probe's kernel; with ``maps``, the probe (run as usual) chooses those."""
+    probed: list[str] = []
+    real = choice_module.probe_input_maps
+
+    def spy(*args, **kwargs):
+        probed.append(type(kwargs["kernel"]).__name__)
+        chosen = real(*args, **kwargs)
+        return chosen if maps is None else list(maps)
+
+    monkeypatch.setattr(choice_module, "probe_input_maps", spy)
+    return probed
+
+
+def test_a_main_line_out_of_time_takes_the_detour_to_the_quick_blend(monkeypatch, tmp_path):
+    monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
+    X, y = planted(400, d=5, seed=6, noise=0.1)
+    target = KernelBlend(_tree(), kernels=("laplace", "gaussian"))
+    model = Anytime(target, time_limit=600.0, quick_leaf_size=80)
+    model.fit(X, y, generator=torch.Generator().manual_seed(3))
+    names = [t["candidate"] for t in model.summary()["trials"]]
+    assert names == [
+        "quick tree laplace",
+        "tree laplace",
+        "tree gaussian",
+        "mix tree",
+        "quick tree gaussian",
+        "mix quick tree",
+    ]
+    losses = model.trials_[:, 0]
+    assert losses[1:4].isnan().all() and losses[[0, 4, 5]].isfinite().all()
+    assert losses[5] <= min(losses[0], losses[4]) + 1e-12  # each kernel alone is a weighting
+    assert int(model.chosen_) == min((0, 4, 5), key=lambda i: (float(losses[i]), i))
+    # the quick blend is the blend of quick trees on the quick Laplace tree's maps, fitted as a
+    # KernelBlend fits it
+    quick = model._candidate(0).fit(X, y, generator=torch.Generator().manual_seed(3))
+    maps = quick.input_map.names[0]
+    alone = model._candidate(5)
+    assert isinstance(alone, KernelBlend) and alone.kernels == ("laplace", "gaussian")
+    tree = cast(xRFMTree, alone.prototype)
+    assert tree.config.max_leaf_size == 80
+    alone = KernelBlend(tree.with_settings(input_transform=maps), kernels=alone.kernels)
+    alone.fit(X, y, generator=torch.Generator().manual_seed(3))
+    assert _loss(alone) == pytest.approx(float(losses[5]), rel=1e-9)
+    if int(model.chosen_) == 5:
+        torch.testing.assert_close(model(X[:40]), alone(X[:40]))
+    # it is saved and loaded as the candidate it kept
+    save_model(model, tmp_path / "m.pt")
+    loaded = load_model(tmp_path / "m.pt")
+    assert int(loaded.chosen_) == int(model.chosen_)
+    torch.testing.assert_close(loaded(X[:40]), model(X[:40]))
+
+
+def test_a_quick_trees_detour_grows_on_its_base_trees_maps(monkeypatch, tmp_path):
+    """The detour's Gaussian tree does not probe: it takes the maps the Laplace probe chose."""
+    monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
+    probed = _spy_probes(monkeypatch, ["quantile"])  # (not what this table's probe would pick)
+    X, y = planted(400, d=5, seed=6, noise=0.1)
+    model = Anytime(KernelBlend(_tree(), kernels=("laplace", "gaussian")), time_limit=600.0,
+                    quick_leaf_size=80)  # fmt: skip
+    model.fit(X, y, generator=torch.Generator().manual_seed(3))
+    assert probed == ["LaplaceKernel"]
+    gaussian = model._candidate(4, "quantile").fit(X, y, generator=torch.Generator().manual_seed(3))
+    assert list(gaussian.input_map.names) == ["quantile"]
+    assert _loss(gaussian) == pytest.approx(float(model.trials_[4, 0]), rel=1e-9)
+    # the same tree on its own probe's choice (raw inputs: the spy is gone) is another model
+    monkeypatch.undo()
+    own = model._candidate(4).fit(X, y, generator=torch.Generator().manual_seed(3))
+    assert list(own.input_map.names) != ["quantile"]
+    assert _loss(own) != pytest.approx(float(model.trials_[4, 0]), rel=1e-6)
+    # a kept detour tree loads with the maps it grew on
+    save_model(model, tmp_path / "m.pt")
+    torch.testing.assert_close(load_model(tmp_path / "m.pt")(X[:40]), model(X[:40]))
+
+
+def test_quick_bags_detours_probe_for_themselves(monkeypatch):
+    """Bags probe once for five trees: their detour keeps its own kernel's choice of maps."""
+    monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
+    probed = _spy_probes(monkeypatch)
+    X, y = planted(300, d=4, seed=5)
+    labels = (y > y.median()).long()
+    tree = xRFMTree(task="classification", max_leaf_size=300, leaf=LeafConfig(n_iters=1))
+    target = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    model = Anytime(target, time_limit=600.0, quick_leaf_size=60)
+    X_val, y_val = X[240:], labels[240:]  # with validation rows, bags may grow on given maps
+    model.fit(X[:240], labels[:240], X_val, y_val, generator=torch.Generator().manual_seed(0))
+    rungs = model.rungs()
+    fitted = [r.name for r, t in zip(rungs, model.trials_[:, 0].tolist()) if t == t]
+    assert fitted == ["quick tree laplace", "quick bags laplace", "quick bags gaussian",
+                      "mix quick bags"]  # fmt: skip
+    # the fallback tree probes, the Laplace bags grow on its maps, the Gaussian bags probe
+    assert probed == ["LaplaceKernel", "GaussianKernel"]
