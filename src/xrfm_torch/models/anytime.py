@@ -138,8 +138,8 @@ class Anytime(Selector):
     def _candidate(self, index: int, maps: InputTransform | None = None) -> Model:
         """Rung ``index`` as an unfitted model (a mix: an empty ``KernelBlend``).
 
-        ``maps``: the input maps an earlier rung of its kernel chose (:func:`_grown_maps`), to
-        grow on instead of probing again.
+        ``maps``: the input maps an earlier rung of its kernel chose (:func:`_grown_maps`; for a
+        quick tree's detour, its base quick tree's), to grow on instead of probing again.
         """
         t = target_parts(self.prototype)
         if t is None:
@@ -262,13 +262,13 @@ class Anytime(Selector):
                     fitted[i] = blend.mix([cast(Any, fitted[j]) for j in rung.mixes])
                     seconds[i] = sum(seconds[j] for j in rung.mixes)
                 return None
-            # bags without validation rows hold them out for their probe from the bags'
-            # generator, so growing them on given maps would change their folds: they probe
             # a quick tree's detour grows on its base rung's maps: it is what buys the blend
             # where time is short, and the probe is most of a quick tree (not of bags)
             key = rung.kernel
             if key not in grown and rung.detour is not None and rung.bags == 1:
                 key = rungs[rung.detour].kernel
+            # bags without validation rows hold them out for their probe from the bags'
+            # generator, so growing them on given maps would change their folds: they probe
             shares = key in grown and (rung.bags == 1 or X_val is not None)
             reused = grown[key][1] if shares else 0.0
             # as if alone, less the probe it skips

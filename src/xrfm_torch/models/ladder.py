@@ -111,8 +111,7 @@ def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: i
     the same quick candidate with the further kernels and their mix with it. A quick tree's
     detours grow on its input maps (the anytime fit), so they cost it less its probe; where the
     budget stops the main line after a quick candidate, it buys the blend in small form instead
-    of nothing. They come last so that the rungs before them
-    keep their indices.
+    of nothing. They come last so that the rungs before them keep their indices.
     """
     names = kernel_names(tree, kernels)
     spare = not kernels  # one kernel: the names after the first (and their mix) are spares
