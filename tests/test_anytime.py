@@ -1,9 +1,8 @@
-"""Time limits: the deadline the fit's loops consult, and the anytime fit built on it.
+"""Time limits: the anytime fit built on the deadline (tests/test_deadline.py).
 
 Timing itself is a benchmark's business (``bench.budget``); these tests pin the behaviour that
-decides it: what a passed deadline does to a leaf (stop iterating and searching, or abort), which
-candidates an anytime fit builds and keeps, and that the kept model is the one its candidate
-alone would give.
+decides it: which candidates an anytime fit builds and keeps, and that the kept model is the one
+its candidate alone would give.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from xrfm_torch import (
     xRFMTree,
 )
 from xrfm_torch.inputs import choice as choice_module
-from xrfm_torch.leaf import LeafRFM
 from xrfm_torch.models import anytime as anytime_module
 from xrfm_torch.models.factory import build_model, model_from_config
 from xrfm_torch.models.ladder import (
@@ -41,69 +39,7 @@ from xrfm_torch.models.ladder import (
     quick_tree,
     target_index,
 )
-from xrfm_torch.numerics import deadline
-from xrfm_torch.numerics.events import counting
 from xrfm_torch.tree.honest import HonestOutputs, mean_loss, row_losses
-
-
-# ---- the deadline ------------------------------------------------------------------------------
-def test_no_deadline_means_no_stop():
-    assert deadline.time_left() == math.inf
-    assert deadline.should_stop(1e9) is False
-    deadline.check()
-
-
-def test_a_nested_deadline_never_extends_the_outer_one():
-    with deadline.within(0.0, abort=True):
-        with deadline.within(1000.0):  # later: the outer, aborting one stays
-            assert deadline.time_left() <= 0.0
-            with pytest.raises(deadline.TimeLimitError):
-                deadline.check()
-        with deadline.within(None):
-            assert deadline.time_left() <= 0.0
-    with deadline.within(1000.0):
-        assert 990.0 < deadline.time_left() <= 1000.0
-        with deadline.within(0.0):  # earlier: this one, degrading
-            assert deadline.should_stop() is True
-            deadline.check()  # a degrading deadline never raises
-        assert deadline.should_stop(10.0) is False
-        assert deadline.should_stop(2000.0) is True  # work that would end past it
-    assert deadline.time_left() == math.inf
-
-
-def _leaf_data(n: int = 300):
-    X, y = planted(n, d=5, seed=3)
-    return X[:240], y[:240], X[240:], y[240:]
-
-
-def test_a_passed_degrading_deadline_stops_a_leaf_after_its_first_solve():
-    X, y, Xv, yv = _leaf_data()
-    free = LeafRFM(config=LeafConfig(n_iters=6, min_iters=6))
-    free.fit(X, y, Xv, yv, generator=torch.Generator().manual_seed(0))
-    assert int(free.val_errors_.isfinite().sum()) > 2  # it iterates when there is time
-    cut = LeafRFM(config=LeafConfig(n_iters=6, min_iters=6))
-    with counting() as notes, deadline.within(0.0):
-        cut.fit(X, y, Xv, yv, generator=torch.Generator().manual_seed(0))
-    assert int(cut.best_iter_) == 0
-    assert cut.val_errors_[0].isfinite() and not cut.val_errors_[1:].isfinite().any()
-    assert float(cut.reg_) == LeafConfig().reg  # the ridge search was skipped too
-    assert notes["leaves stopped iterating at the time limit"] == 1
-    # the cut leaf is the plain kernel machine: the same as a fit with no iterations or search
-    plain = LeafRFM(
-        config=LeafConfig(
-            n_iters=0, kernel_exponents=None, reg_factors=None, bandwidth_factors=None
-        )
-    )
-    plain.fit(X, y, Xv, yv, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(cut(Xv), plain(Xv))
-
-
-def test_a_passed_aborting_deadline_raises_in_a_leaf_and_a_tree():
-    X, y, Xv, yv = _leaf_data()
-    with deadline.within(0.0, abort=True), pytest.raises(deadline.TimeLimitError):
-        LeafRFM(config=LeafConfig(n_iters=3)).fit(X, y, Xv, yv)
-    with deadline.within(0.0, abort=True), pytest.raises(deadline.TimeLimitError):
-        xRFMTree(max_leaf_size=100).fit(X, y, generator=torch.Generator().manual_seed(0))
 
 
 # ---- the ladder --------------------------------------------------------------------------------
