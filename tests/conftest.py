@@ -73,6 +73,34 @@ def record_leaf_starts(monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor | N
     return calls
 
 
+def record_probes(monkeypatch, maps: list[str] | None = None) -> list[str]:
+    """The kernel class of every input-map probe from now on; with ``maps``, probes choose those.
+
+    Each probe still runs as usual (its time and draws are unchanged); ``maps`` only replaces its
+    answer.
+    """
+    from xrfm_torch.inputs import choice
+
+    probed: list[str] = []
+    real = choice.probe_input_maps
+
+    def spy(*args, **kwargs):
+        probed.append(type(kwargs["kernel"]).__name__)
+        chosen = real(*args, **kwargs)
+        return chosen if maps is None else list(maps)
+
+    monkeypatch.setattr(choice, "probe_input_maps", spy)
+    return probed
+
+
+def honest_loss(model, task: str = "regression") -> float:
+    """A fitted model's mean loss on its honest outputs (weighted rows as the anytime fit weighs)."""
+    from xrfm_torch.tree.honest import mean_loss, row_losses
+
+    h = model.honest_outputs()
+    return float(mean_loss(row_losses(h.outputs.double(), h.targets, task), h.weights))
+
+
 def check_starts(first, calls) -> int:
     """Assert each recorded leaf started from ``first``'s majority-routed leaf; count the warm ones.
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import planted
+from conftest import honest_loss, planted, record_probes
 from xrfm_torch import (
     Anytime,
     BaggedTree,
@@ -28,7 +28,6 @@ from xrfm_torch import (
     save_model,
     xRFMTree,
 )
-from xrfm_torch.inputs import choice as choice_module
 from xrfm_torch.models import anytime as anytime_module
 from xrfm_torch.models.factory import build_model, model_from_config
 from xrfm_torch.models.ladder import (
@@ -178,14 +177,7 @@ def test_it_keeps_the_candidate_of_lowest_honest_loss_as_fitted_alone():
 
 def test_each_kernel_is_probed_once_and_every_candidate_is_as_fitted_alone(monkeypatch):
     """The later rungs of a kernel grow on its first rung's probe: the same models, one probe."""
-    probed: list[str] = []
-    real = choice_module.probe_input_maps
-
-    def spy(*args, **kwargs):
-        probed.append(type(kwargs["kernel"]).__name__)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(choice_module, "probe_input_maps", spy)
+    probed = record_probes(monkeypatch)
     X, y = planted(500, d=5, seed=1, noise=0.1)
     model = _anytime().fit(X, y, generator=torch.Generator().manual_seed(7))
     # quick tree laplace, tree laplace, tree gaussian, mix tree: two kernels, two probes
@@ -194,8 +186,7 @@ def test_each_kernel_is_probed_once_and_every_candidate_is_as_fitted_alone(monke
         probed.clear()
         alone = model._candidate(i).fit(X, y, generator=torch.Generator().manual_seed(7))
         assert len(probed) == 1
-        h = alone.honest_outputs()
-        loss = float(mean_loss(row_losses(h.outputs.double(), h.targets, "regression"), h.weights))
+        loss = honest_loss(alone)
         assert loss == pytest.approx(float(model.trials_[i, 0]), rel=1e-12)  # (row order)
         if i == int(model.chosen_):
             assert torch.equal(model(X), alone(X))

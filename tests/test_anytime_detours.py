@@ -13,7 +13,7 @@ from typing import cast
 import pytest
 import torch
 
-from conftest import planted
+from conftest import honest_loss, planted, record_probes
 from xrfm_torch import (
     Anytime,
     BaggedTree,
@@ -23,32 +23,11 @@ from xrfm_torch import (
     save_model,
     xRFMTree,
 )
-from xrfm_torch.inputs import choice as choice_module
 from xrfm_torch.models import ladder as ladder_module
-from xrfm_torch.tree.honest import mean_loss, row_losses
 
 
 def _tree() -> xRFMTree:
     return xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=2))
-
-
-def _loss(model) -> float:
-    h = model.honest_outputs()
-    return float(mean_loss(row_losses(h.outputs.double(), h.targets, "regression"), h.weights))
-
-
-def _spy_probes(monkeypatch, maps: list[str] | None = None) -> list[str]:
-    """Record each probe's kernel; with ``maps``, the probe (run as usual) chooses those."""
-    probed: list[str] = []
-    real = choice_module.probe_input_maps
-
-    def spy(*args, **kwargs):
-        probed.append(type(kwargs["kernel"]).__name__)
-        chosen = real(*args, **kwargs)
-        return chosen if maps is None else list(maps)
-
-    monkeypatch.setattr(choice_module, "probe_input_maps", spy)
-    return probed
 
 
 def test_a_main_line_out_of_time_takes_the_detour_to_the_quick_blend(monkeypatch, tmp_path):
@@ -80,7 +59,7 @@ def test_a_main_line_out_of_time_takes_the_detour_to_the_quick_blend(monkeypatch
     assert tree.config.max_leaf_size == 80
     alone = KernelBlend(tree.with_settings(input_transform=maps), kernels=alone.kernels)
     alone.fit(X, y, generator=torch.Generator().manual_seed(3))
-    assert _loss(alone) == pytest.approx(float(losses[5]), rel=1e-9)
+    assert honest_loss(alone) == pytest.approx(float(losses[5]), rel=1e-9)
     if int(model.chosen_) == 5:
         torch.testing.assert_close(model(X[:40]), alone(X[:40]))
     # it is saved and loaded as the candidate it kept
@@ -93,7 +72,7 @@ def test_a_main_line_out_of_time_takes_the_detour_to_the_quick_blend(monkeypatch
 def test_a_quick_trees_detour_grows_on_its_base_trees_maps(monkeypatch, tmp_path):
     """The detour's Gaussian tree does not probe: it takes the maps the Laplace probe chose."""
     monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
-    probed = _spy_probes(monkeypatch, ["quantile"])  # (not what this table's probe would pick)
+    probed = record_probes(monkeypatch, ["quantile"])  # (not what this table's probe would pick)
     X, y = planted(400, d=5, seed=6, noise=0.1)
     model = Anytime(KernelBlend(_tree(), kernels=("laplace", "gaussian")), time_limit=600.0,
                     quick_leaf_size=80)  # fmt: skip
@@ -101,12 +80,12 @@ def test_a_quick_trees_detour_grows_on_its_base_trees_maps(monkeypatch, tmp_path
     assert probed == ["LaplaceKernel"]
     gaussian = model._candidate(4, "quantile").fit(X, y, generator=torch.Generator().manual_seed(3))
     assert list(gaussian.input_map.names) == ["quantile"]
-    assert _loss(gaussian) == pytest.approx(float(model.trials_[4, 0]), rel=1e-9)
+    assert honest_loss(gaussian) == pytest.approx(float(model.trials_[4, 0]), rel=1e-9)
     # the same tree on its own probe's choice (raw inputs: the spy is gone) is another model
     monkeypatch.undo()
     own = model._candidate(4).fit(X, y, generator=torch.Generator().manual_seed(3))
     assert list(own.input_map.names) != ["quantile"]
-    assert _loss(own) != pytest.approx(float(model.trials_[4, 0]), rel=1e-6)
+    assert honest_loss(own) != pytest.approx(float(model.trials_[4, 0]), rel=1e-6)
     # a kept detour tree loads with the maps it grew on
     save_model(model, tmp_path / "m.pt")
     torch.testing.assert_close(load_model(tmp_path / "m.pt")(X[:40]), model(X[:40]))
@@ -115,7 +94,7 @@ def test_a_quick_trees_detour_grows_on_its_base_trees_maps(monkeypatch, tmp_path
 def test_quick_bags_detours_probe_for_themselves(monkeypatch):
     """Bags probe once for five trees: their detour keeps its own kernel's choice of maps."""
     monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
-    probed = _spy_probes(monkeypatch)
+    probed = record_probes(monkeypatch)
     X, y = planted(300, d=4, seed=5)
     labels = (y > y.median()).long()
     tree = xRFMTree(task="classification", max_leaf_size=300, leaf=LeafConfig(n_iters=1))

@@ -1,7 +1,7 @@
 """The deadline a fit's loops consult: what a passed one does to a leaf and a tree.
 
 Timing itself is a benchmark's business (``bench.budget``); these tests pass deadlines that are
-already over, so what the loops do there is decided, not raced.
+already over or far off, so what the loops do is decided, not raced.
 """
 
 from __future__ import annotations
