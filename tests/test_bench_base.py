@@ -161,3 +161,50 @@ def test_a_control_checkout_is_imported_ahead_of_the_installed_package(monkeypat
     out = subprocess.run([sys.executable, "-c", code], env=seen["env"], capture_output=True,
                          text=True, check=True)  # fmt: skip
     assert out.stdout.strip() == str(fake / "__init__.py")
+
+
+def test_a_peers_first_import_is_not_counted_as_its_fit_time(monkeypatch):
+    """A fit is timed in a fresh process: its library's import (here a stand-in for catboost
+    that takes 1 s to import and no time to fit) must happen before the timer starts."""
+    import importlib.abc
+    import importlib.util
+    import time
+
+    import pandas as pd
+
+    from bench import peers
+
+    class Regressor:
+        def __init__(self, **kwargs):
+            pass
+
+        def fit(self, X, y, eval_set=None):
+            return self
+
+        def predict(self, X):
+            return np.zeros(len(X))
+
+    class SlowLoader(importlib.abc.Loader):
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            time.sleep(1.0)
+            module.CatBoostRegressor = Regressor
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name != "catboost":
+                return None
+            return importlib.util.spec_from_loader(name, SlowLoader())
+
+    monkeypatch.delitem(sys.modules, "catboost", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
+    parts = [pd.DataFrame({"x": np.arange(n, dtype=float)}) for n in (8, 4, 4)]
+    ys = (np.zeros(8), np.zeros(4), np.ones(4))
+    start = time.perf_counter()
+    out, fit_s, _ = peers.fit_peer("catboost", parts, ys, [], False, 0)
+    assert time.perf_counter() - start >= 1.0  # the stand-in was imported in this call ...
+    assert isinstance(sys.modules["catboost"].CatBoostRegressor(), Regressor)
+    assert fit_s < 0.5  # ... before the fit's timer started
+    np.testing.assert_array_equal(out, np.zeros(4))
