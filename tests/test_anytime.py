@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from typing import cast
 
 import numpy as np
 import pytest
@@ -31,6 +32,7 @@ from xrfm_torch import (
 from xrfm_torch.models import anytime as anytime_module
 from xrfm_torch.models.factory import build_model, model_from_config
 from xrfm_torch.models.ladder import (
+    QUICK_PROBE_ROWS,
     QUICK_SPLIT_ROWS,
     common_rows,
     estimate,
@@ -39,6 +41,12 @@ from xrfm_torch.models.ladder import (
     target_index,
 )
 from xrfm_torch.tree.honest import HonestOutputs, mean_loss, row_losses
+
+
+@pytest.fixture
+def quick_probes(monkeypatch):
+    """Fits of any size give the quick candidates an input-map probe (as above 6000 rows)."""
+    monkeypatch.setattr(anytime_module, "QUICK_PROBE_ROWS", 0)
 
 
 # ---- the ladder --------------------------------------------------------------------------------
@@ -129,6 +137,11 @@ def test_the_quick_tree_is_small_shallow_and_cheap_to_split():
     assert quick.config.max_leaf_size == 2000 and quick.config.n_trees == 1
     assert quick.config.split_rule.sample_size == QUICK_SPLIT_ROWS < 4000
     assert quick_tree(xRFMTree(max_leaf_size=500), 2000).config.max_leaf_size == 500
+    # without a probe (small fits) it sees the raw inputs where the tree would probe
+    assert quick.config.input_transform == "auto"
+    assert quick_tree(tree, 2000, probe=False).config.input_transform == "identity"
+    fixed = xRFMTree(input_transform=("quantile", "identity"))
+    assert quick_tree(fixed, 2000, probe=False).config.input_transform == ("quantile", "identity")
     # the other settings are the tree's
     changed = ("max_leaf_size", "n_trees", "split_rule")
     assert quick.config.replace(**{k: getattr(tree.config, k) for k in changed}) == tree.config
@@ -175,7 +188,9 @@ def test_it_keeps_the_candidate_of_lowest_honest_loss_as_fitted_alone():
     torch.testing.assert_close(model.honest_outputs().outputs, alone.honest_outputs().outputs)
 
 
-def test_each_kernel_is_probed_once_and_every_candidate_is_as_fitted_alone(monkeypatch):
+def test_each_kernel_is_probed_once_and_every_candidate_is_as_fitted_alone(
+    monkeypatch, quick_probes
+):
     """The later rungs of a kernel grow on its first rung's probe: the same models, one probe."""
     probed = record_probes(monkeypatch)
     X, y = planted(500, d=5, seed=1, noise=0.1)
@@ -192,7 +207,7 @@ def test_each_kernel_is_probed_once_and_every_candidate_is_as_fitted_alone(monke
             assert torch.equal(model(X), alone(X))
 
 
-def test_estimates_take_each_rung_as_alone_less_the_probe_it_reuses(monkeypatch):
+def test_estimates_take_each_rung_as_alone_less_the_probe_it_reuses(monkeypatch, quick_probes):
     seen: dict[str, list[float]] = {}
     grown: list[tuple[object, float]] = []
     real_estimate, real_grown = anytime_module.estimate, anytime_module._grown_maps
@@ -220,7 +235,7 @@ def test_estimates_take_each_rung_as_alone_less_the_probe_it_reuses(monkeypatch)
     assert seen["tree gaussian"][1] == pytest.approx(took[1] + probe, rel=1e-6)
 
 
-def test_the_first_bags_are_estimated_with_the_quick_trees_probe_once(monkeypatch):
+def test_the_first_bags_are_estimated_with_the_quick_trees_probe_once(monkeypatch, quick_probes):
     """Bags without validation rows probe once for all: the estimate counts the probe once."""
     calls: list[tuple[str, float]] = []
     grown: list[float] = []
@@ -267,6 +282,39 @@ def test_a_fit_too_small_to_split_takes_the_quick_fit_for_its_twin():
     assert model.trials_[0, 0] != model.trials_[1, 0]
 
 
+def test_a_small_fits_quick_candidates_see_the_raw_inputs_and_its_full_ones_probe(
+    monkeypatch, tmp_path
+):
+    """At most QUICK_PROBE_ROWS rows: no probe for the quick tree, one per full tree."""
+    probed = record_probes(monkeypatch, ["quantile"])  # (not what this table's probe would pick)
+    X, y = planted(500, d=5, seed=1, noise=0.1)
+    model = _anytime().fit(X, y, generator=torch.Generator().manual_seed(7))
+    assert QUICK_PROBE_ROWS >= 500 and not bool(model.quick_probe_)
+    assert probed == ["LaplaceKernel", "GaussianKernel"]  # tree laplace, tree gaussian
+    for i in range(3):  # each fitted alone: the same honest loss, exactly
+        probed.clear()
+        alone = model._candidate(i).fit(X, y, generator=torch.Generator().manual_seed(7))
+        assert len(probed) == (i > 0)
+        assert list(cast(xRFMTree, alone).input_map.names) == ["quantile" if i else "identity"]
+        assert honest_loss(alone) == pytest.approx(float(model.trials_[i, 0]), rel=1e-12)
+    # where neither splits (70 rows) the quick tree is the full one's twin: it probes for it
+    probed.clear()
+    small = _anytime().fit(X[:70], y[:70], generator=torch.Generator().manual_seed(1))
+    assert bool(small.quick_probe_) and torch.equal(small.trials_[0], small.trials_[1])
+    assert probed == ["LaplaceKernel", "GaussianKernel"]  # quick (= full) laplace, tree gaussian
+    # a saved model loads with its quick candidates built as fitted; an older state (no
+    # quick_probe_) loads as one whose quick candidates probed
+    save_model(model, tmp_path / "m.pt")
+    loaded = load_model(tmp_path / "m.pt")
+    assert not bool(loaded.quick_probe_)
+    assert loaded._candidate(0).get_config() == model._candidate(0).get_config()
+    state = {k: v for k, v in model.state_dict().items() if k != "quick_probe_"}
+    old = _anytime()
+    old.load_state_dict(state)
+    assert bool(old.quick_probe_)
+    torch.testing.assert_close(old(X[:30]), model(X[:30]))
+
+
 def test_rows_of_weight_zero_are_left_out_as_if_never_given():
     X, y = planted(500, d=5, seed=3, noise=0.1)
     w = torch.ones(500)
@@ -296,7 +344,7 @@ def test_a_limit_too_short_for_anything_keeps_the_quick_candidate_cut_short(capl
     assert model.fit_seconds_ > model.time_limit and "alone took" not in caplog.text
 
 
-def test_a_blended_bagged_target_mixes_its_kernels_bags():
+def test_a_blended_bagged_target_mixes_its_kernels_bags(quick_probes):
     X, y = planted(240, d=4, seed=2)
     labels = (y > y.median()).long()
     tree = xRFMTree(task="classification", max_leaf_size=300, leaf=LeafConfig(n_iters=1))

@@ -19,11 +19,14 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
 5. with two kernels, where the time left stops the line above after a quick candidate (a
    *detour*): that quick candidate with the other kernel, then their mix, so a budget too short
    for a full tree still buys the blend, in small. A quick single tree's detour grows on the
-   input maps its quick candidate chose, so it costs that tree less its probe (most of it on a
-   few thousand rows); quick bags' detours probe for themselves (one probe among their trees).
+   input maps its quick candidate chose (where it probed), so it costs that tree less its
+   probe; quick bags' detours probe for themselves (one probe among their trees).
 
 The input maps are chosen once per kernel: the later candidates of a kernel grow on its first
-candidate's choice (:func:`_grown_maps`), the same models without the probe's cost.
+candidate's choice (:func:`_grown_maps`), the same models without the probe's cost. On fits of
+at most :data:`~xrfm_torch.models.ladder.QUICK_PROBE_ROWS` rows that the quick trees split, the
+quick candidates see the raw inputs instead (:func:`~xrfm_torch.models.ladder.quick_tree`; there
+a probe costs about what a quick tree does), and the first full candidate of each kernel probes.
 
 Each candidate is fitted on the same rows from the same generator state, so their honest outputs
 (validation rows of a single tree, out-of-fold rows of the bags) cover common rows, on which
@@ -59,6 +62,7 @@ from xrfm_torch.models.contract import Model
 from xrfm_torch.models.holder import Selector
 from xrfm_torch.models.ladder import (
     QUICK_LEAF_SIZE,
+    QUICK_PROBE_ROWS,
     Rung,
     check_time_limit,
     choose,
@@ -97,10 +101,14 @@ class Anytime(Selector):
         chosen_: Its index in :meth:`rungs`.
         trials_: Per rung ``(honest loss, seconds)``, NaN where not fitted (a skipped or dropped
             candidate; seconds of a dropped one are what it used).
+        quick_probe_: Whether the quick candidates probed their input maps (the fit had more
+            than ``QUICK_PROBE_ROWS`` rows, or too few for any tree to split) or saw the raw
+            inputs.
     """
 
     chosen_: Tensor
     trials_: Tensor
+    quick_probe_: Tensor
     prototype: Model  # the target's settings (Holder._hold_prototype)
 
     def __init__(
@@ -125,6 +133,7 @@ class Anytime(Selector):
         self.members = nn.ModuleList()
         self.register_buffer("chosen_", torch.tensor(-1))
         self.register_buffer("trials_", torch.zeros(0, 2, dtype=torch.float64))
+        self.register_buffer("quick_probe_", torch.tensor(True))
         self.fit_seconds_: float | None = None
 
     # ---- settings ------------------------------------------------------------------------------
@@ -149,10 +158,11 @@ class Anytime(Selector):
         names = kernel_names(t.tree, t.kernels)
         # quick bags keep the quick tree's size (leaves, split sample): small, and measured so
         quick_bag = {**t.bag, "size_fraction": 1.0}
+        probe = bool(self.quick_probe_)
         if rung.mixes:
             mixed = [names[rungs[j].kernel] for j in rung.mixes]
             if rung.quick:
-                quick = quick_tree(t.tree, self.quick_leaf_size)
+                quick = quick_tree(t.tree, self.quick_leaf_size, probe)
                 return compose(quick, rung.bags, mixed, quick_bag, t.blend)
             return compose(t.tree, rung.bags, mixed, t.bag, t.blend)
         own = t.kernels is None and rung.kernel == 0  # the target's tree as it is
@@ -161,7 +171,7 @@ class Anytime(Selector):
             one = one.with_settings(input_transform=maps)
         if not rung.quick:
             return compose(one, rung.bags, bag=t.bag)
-        return compose(quick_tree(one, self.quick_leaf_size), rung.bags, bag=quick_bag)
+        return compose(quick_tree(one, self.quick_leaf_size, probe), rung.bags, bag=quick_bag)
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (the target's settings as a nested config)."""
@@ -239,6 +249,12 @@ class Anytime(Selector):
                 X_val, y_val, val_sample_weight, "val_sample_weight"
             )
         rungs = self.rungs()
+        n_rows = len(X) + (0 if X_val is None else len(X_val))
+        # where no tree splits, the quick candidate is the full one (its twin, below) and probes
+        # for it; other small fits: the quick ones see the raw inputs, the full ones probe
+        unsplit = self._one_leaf(n_rows)
+        probe = unsplit or n_rows > QUICK_PROBE_ROWS
+        self.quick_probe_ = torch.tensor(probe)
         fitted: dict[int, Model] = {}
         seconds = [math.nan] * len(rungs)
         # what each rung took or would have taken alone: with the input-map probe it reused
@@ -246,7 +262,6 @@ class Anytime(Selector):
         probed = [0.0] * len(rungs)  # the input-map probe's seconds within each of ``alone``
         # per kernel index, the first rung's chosen maps and the seconds its probe took
         grown: dict[int, tuple[InputTransform, float]] = {}
-        unsplit = self._one_leaf(len(X) + (0 if X_val is None else len(X_val)))
 
         def attempt(i: int) -> str | None:
             """Fit rung ``i`` (or take its twin's or mix its parts); why to stop, or ``None``."""
@@ -265,7 +280,7 @@ class Anytime(Selector):
             # a quick tree's detour grows on its base rung's maps: it is what buys the blend
             # where time is short, and the probe is most of a quick tree (not of bags)
             key = rung.kernel
-            if key not in grown and rung.detour is not None and rung.bags == 1:
+            if key not in grown and rung.detour is not None and rung.bags == 1 and probe:
                 key = rungs[rung.detour].kernel
             # bags without validation rows hold them out for their probe from the bags'
             # generator, so growing them on given maps would change their folds: they probe
@@ -292,7 +307,8 @@ class Anytime(Selector):
             seconds[i] = time.perf_counter() - began
             alone[i] = seconds[i] + reused
             probed[i] = reused or model.probe_seconds_
-            if rung.kernel not in grown and (own := _grown_maps(model)) is not None:
+            mapped = probe or not rung.quick  # (a quick rung on the raw inputs chose nothing)
+            if mapped and rung.kernel not in grown and (own := _grown_maps(model)) is not None:
                 grown[rung.kernel] = own
             fitted[i] = model
             return None
@@ -363,7 +379,14 @@ class Anytime(Selector):
         trials = state_dict.get(prefix + "trials_")
         if isinstance(trials, Tensor):
             self.trials_ = torch.zeros_like(trials)
+        probe = state_dict.get(prefix + "quick_probe_")
+        if isinstance(probe, Tensor):  # the quick candidates are built as they were fitted
+            self.quick_probe_ = probe.clone()
         return [self._candidate(int(index))]
+
+    def _upgrade_state(self, state_dict: dict[str, Any], prefix: str) -> None:
+        # a state saved before the small-fit rule (0.15): its quick candidates probed
+        state_dict.setdefault(prefix + "quick_probe_", torch.tensor(True))
 
 
 def _grown_maps(model: Model) -> tuple[InputTransform, float] | None:

@@ -15,6 +15,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
+from xrfm_torch.inputs.choice import PROBE_ROWS, PROBE_VAL_ROWS
 from xrfm_torch.kernels import KERNELS
 from xrfm_torch.leaf.criteria import relative
 from xrfm_torch.leaf.selection import paired_win
@@ -27,6 +28,10 @@ from xrfm_torch.tree.splits import with_sample_at_most
 QUICK_LEAF_SIZE = 2000
 #: The quick candidate's split models fit on at most this many rows (:func:`quick_tree`).
 QUICK_SPLIT_ROWS = 1000
+#: Fits of more rows than this (training plus validation) give the quick candidates an input-map
+#: probe; smaller ones that the quick tree splits give them the raw inputs (:func:`quick_tree`).
+#: It is the most rows a probe reads: below it the probe costs about what the quick tree does.
+QUICK_PROBE_ROWS = PROBE_ROWS + PROBE_VAL_ROWS
 #: The first full tree's cost as a multiple of the quick tree's, before either was timed on the
 #: table (leaves of up to 5x the rows, two trees per map for classification).
 TREE_COST = 3.0
@@ -81,17 +86,25 @@ def target_parts(model: Model) -> Target | None:
     return model.recipe()
 
 
-def quick_tree(tree: xRFMTree, leaf_size: int) -> xRFMTree:
+def quick_tree(tree: xRFMTree, leaf_size: int, probe: bool = True) -> xRFMTree:
     """``tree`` made quick: small leaves, one tree per map, split models on fewer rows.
 
     Leaves of at most ``leaf_size`` rows, one tree per input map, and an ``AGOPSplit``'s models
     on at most ``QUICK_SPLIT_ROWS`` rows. Small leaves make the leaves cheap (a solve grows as its
     rows cubed) and the tree deeper, so the split models then dominate; on 1000 rows they cost
-    about a third, at the same test loss.
+    about a third, at the same test loss. ``probe=False``: where ``tree`` would probe its input
+    maps (``input_transform="auto"``), the quick tree sees the raw inputs (``"identity"``), as
+    on fits of at most :data:`QUICK_PROBE_ROWS` rows that it splits: there the probe costs about
+    what the quick tree does, and where a quick candidate is all a budget buys, a probe cut
+    short by the limit left too little for the tree. (Where it does not split, the quick tree
+    is the full one and probes for it.)
     """
     split = with_sample_at_most(tree.config.split_rule, QUICK_SPLIT_ROWS)
     leaf = min(tree.config.max_leaf_size, leaf_size)
-    return tree.with_settings(max_leaf_size=leaf, n_trees=1, split_rule=split)
+    maps = tree.config.input_transform
+    if maps == "auto" and not probe:
+        maps = "identity"
+    return tree.with_settings(max_leaf_size=leaf, n_trees=1, split_rule=split, input_transform=maps)
 
 
 def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: int) -> list[Rung]:
