@@ -6,27 +6,20 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
 
 1. ``quick``: the target's tree (or its bags, after one quick single tree as a fallback) for
    the first kernel with leaves of at most ``quick_leaf_size`` rows, one tree per input map and
-   smaller split models (:func:`~xrfm_torch.models.ladder.quick_tree`; a leaf's solve grows as
-   its rows cubed, so small leaves are the cheapest lever; docs/design-use.md, "A time budget: the
-   anytime fit");
+   smaller split models (:func:`~xrfm_torch.models.ladder.quick_tree`; docs/design-use.md, "A
+   time budget: the anytime fit");
 2. the target's tree (or bags) once per kernel;
 3. with two kernels, their mix (:meth:`KernelBlend.mix <xrfm_torch.models.blend.KernelBlend.mix>`,
    no further fit): the target itself;
-4. with one kernel, the time the target left goes on spares: the same tree (or bags) with the
-   other kernel of :data:`~xrfm_torch.models.ladder.SPARE_KERNELS`, then its mix with the target.
-   Kept only where its honest loss is below the target's, so a budget that covers the target's
-   fit gives the target or a model of lower honest loss;
+4. with one kernel, spares in the time the target left: the same tree (or bags) with the other
+   kernel of :data:`~xrfm_torch.models.ladder.SPARE_KERNELS`, then its mix with the target;
 5. with two kernels, where the time left stops the line above after a quick candidate (a
-   *detour*): that quick candidate with the other kernel, then their mix, so a budget too short
-   for a full tree still buys the blend, in small. A quick single tree's detour grows on the
-   input maps its quick candidate chose (where it probed), so it costs that tree less its
-   probe; quick bags' detours probe for themselves (one probe among their trees).
+   *detour*): that quick candidate with the other kernel, then their mix: the blend, in small.
 
-The input maps are chosen once per kernel: the later candidates of a kernel grow on its first
-candidate's choice (:func:`_grown_maps`), the same models without the probe's cost. On fits of
-at most :data:`~xrfm_torch.models.ladder.QUICK_PROBE_ROWS` rows that the quick trees split, the
-quick candidates see the raw inputs instead (:func:`~xrfm_torch.models.ladder.quick_tree`; there
-a probe costs about what a quick tree does), and the first full candidate of each kernel probes.
+A kernel's input maps are chosen once, by its first candidate's probe, and its later candidates
+(and a quick single tree's detours) grow on them (:func:`_grown_maps`): the same models without
+the probe's cost. On fits of 2000 to :data:`~xrfm_torch.models.ladder.QUICK_PROBE_ROWS` rows the
+quick candidates see the raw inputs and each kernel's first full candidate probes.
 
 Each candidate is fitted on the same rows from the same generator state, so their honest outputs
 (validation rows of a single tree, out-of-fold rows of the bags) cover common rows, on which
@@ -39,9 +32,9 @@ bagged target's fallback tree is left out of that comparison (it is kept only wh
 candidate finished), so the bags are compared on all their out-of-fold rows. A candidate starts
 only when its cost, estimated from the ones before (:func:`~xrfm_torch.models.ladder.estimate`),
 fits in the time left; it runs under an aborting deadline (:mod:`xrfm_torch.numerics.deadline`)
-and is dropped if the limit comes first. The first candidate runs under a degrading deadline instead
-(its leaves stop iterating), so the fit always ends with a model. What was tried, its loss and
-its seconds are logged, kept in ``trials_`` (saved) and shown by :meth:`Anytime.summary`.
+and is dropped if the limit comes first; the first one under a degrading deadline (its leaves
+stop iterating), so the fit always ends with a model. What was tried, its loss and seconds are
+logged, kept in ``trials_`` (saved) and shown by :meth:`Anytime.summary`.
 """
 
 from __future__ import annotations
