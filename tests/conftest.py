@@ -32,6 +32,15 @@ def generator() -> torch.Generator:
     return torch.Generator().manual_seed(1234)
 
 
+@pytest.fixture
+def quick_probes(monkeypatch) -> None:
+    """An anytime fit's quick candidates probe their input maps on fits of any size (as above
+    ``QUICK_PROBE_ROWS`` rows), for the tests of the probe's reuse on small planted tables."""
+    from xrfm_torch.models import anytime
+
+    monkeypatch.setattr(anytime, "QUICK_PROBE_ROWS", 0)
+
+
 def planted(n: int, d: int = 10, seed: int = 0, dtype=torch.float32, noise: float = 0.0):
     """Target depending on features 0 and 1 only."""
     g = torch.Generator().manual_seed(seed)

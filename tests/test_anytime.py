@@ -43,12 +43,6 @@ from xrfm_torch.models.ladder import (
 from xrfm_torch.tree.honest import HonestOutputs, mean_loss, row_losses
 
 
-@pytest.fixture
-def quick_probes(monkeypatch):
-    """Fits of any size give the quick candidates an input-map probe (as above 6000 rows)."""
-    monkeypatch.setattr(anytime_module, "QUICK_PROBE_ROWS", 0)
-
-
 # ---- the ladder --------------------------------------------------------------------------------
 def test_the_ladder_of_each_target_kind():
     tree = xRFMTree(max_leaf_size=10_000)

@@ -23,14 +23,10 @@ from xrfm_torch import (
     save_model,
     xRFMTree,
 )
-from xrfm_torch.models import anytime as anytime_module
 from xrfm_torch.models import ladder as ladder_module
 
-
-@pytest.fixture(autouse=True)
-def quick_probes(monkeypatch):
-    """The quick candidates probe, as on fits of more than 6000 rows (QUICK_PROBE_ROWS)."""
-    monkeypatch.setattr(anytime_module, "QUICK_PROBE_ROWS", 0)
+# the quick candidates probe, as on fits of more than QUICK_PROBE_ROWS rows (conftest)
+pytestmark = pytest.mark.usefixtures("quick_probes")
 
 
 def _tree() -> xRFMTree:
