@@ -204,7 +204,7 @@ def test_each_kernel_is_probed_once_and_every_candidate_is_as_fitted_alone(
 def test_estimates_take_each_rung_as_alone_less_the_probe_it_reuses(monkeypatch, quick_probes):
     seen: dict[str, list[float]] = {}
     grown: list[tuple[object, float]] = []
-    real_estimate, real_grown = anytime_module.estimate, anytime_module._grown_maps
+    real_estimate, real_grown = anytime_module.estimate, anytime_module.grown_maps
 
     def spy_estimate(rung, rungs, seconds, probes=None):
         seen[rung.name] = list(seconds)
@@ -216,7 +216,7 @@ def test_estimates_take_each_rung_as_alone_less_the_probe_it_reuses(monkeypatch,
         return out
 
     monkeypatch.setattr(anytime_module, "estimate", spy_estimate)
-    monkeypatch.setattr(anytime_module, "_grown_maps", spy_grown)
+    monkeypatch.setattr(anytime_module, "grown_maps", spy_grown)
     X, y = planted(500, d=5, seed=1, noise=0.1)
     model = _anytime().fit(X, y, generator=torch.Generator().manual_seed(7))
     took = model.trials_[:, 1].tolist()
@@ -233,7 +233,7 @@ def test_the_first_bags_are_estimated_with_the_quick_trees_probe_once(monkeypatc
     """Bags without validation rows probe once for all: the estimate counts the probe once."""
     calls: list[tuple[str, float]] = []
     grown: list[float] = []
-    real_estimate, real_grown = anytime_module.estimate, anytime_module._grown_maps
+    real_estimate, real_grown = anytime_module.estimate, anytime_module.grown_maps
 
     def spy_estimate(rung, rungs, seconds, probes=None):
         out = real_estimate(rung, rungs, seconds, probes)
@@ -246,7 +246,7 @@ def test_the_first_bags_are_estimated_with_the_quick_trees_probe_once(monkeypatc
         return out
 
     monkeypatch.setattr(anytime_module, "estimate", spy_estimate)
-    monkeypatch.setattr(anytime_module, "_grown_maps", spy_grown)
+    monkeypatch.setattr(anytime_module, "grown_maps", spy_grown)
     X, y = planted(300, d=4, seed=5)
     labels = (y > y.median()).long()
     tree = xRFMTree(task="classification", max_leaf_size=300, leaf=LeafConfig(n_iters=1))

@@ -7,6 +7,7 @@ already over or far off, so what the loops do is decided, not raced.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import pytest
 import torch
@@ -75,3 +76,38 @@ def test_a_passed_aborting_deadline_raises_in_a_leaf_and_a_tree():
         LeafRFM(config=LeafConfig(n_iters=3)).fit(X, y, Xv, yv)
     with deadline.within(0.0, abort=True), pytest.raises(deadline.TimeLimitError):
         xRFMTree(max_leaf_size=100).fit(X, y, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("leaf_size", [600, 200])
+def test_an_anytime_fits_one_leaf_candidate_stops_iterating_at_the_limit_a_split_one_is_dropped(
+    monkeypatch, leaf_size
+):
+    from xrfm_torch import Anytime
+    from xrfm_torch.models import anytime as anytime_module
+
+    X, y = planted(500, d=5, seed=1, noise=0.1)  # about 400 training rows: one leaf of 600
+    real, aborts = deadline.within, []
+
+    def within(seconds, *, abort=False):  # the limit passes once the quick tree is fitted
+        aborts.append(abort)
+        return real(seconds if len(aborts) == 1 else 0.0, abort=abort)
+
+    built: dict[int, object] = {}
+    candidate = Anytime._candidate
+
+    def spy(self, index, maps=None):
+        built[index] = candidate(self, index, maps)
+        return built[index]
+
+    monkeypatch.setattr(anytime_module.deadline, "within", within)
+    monkeypatch.setattr(Anytime, "_candidate", spy)
+    tree = xRFMTree(max_leaf_size=leaf_size, leaf=LeafConfig(n_iters=3, min_iters=3))
+    model = Anytime(tree, time_limit=600.0, quick_leaf_size=80)
+    model.fit(X, y, generator=torch.Generator().manual_seed(0))
+    assert model.rungs()[1].name == "tree laplace" and model.trials_[1, 1] > 0  # it ran
+    if leaf_size == 600:  # degrading: kept with its first solve, honestly scored
+        assert aborts[:2] == [False, False] and math.isfinite(float(model.trials_[1, 0]))
+        (leaf,) = cast(xRFMTree, built[1]).leaves()
+        assert int(leaf.best_iter_) == 0 and not leaf.val_errors_[1:].isfinite().any()
+    else:  # its tree splits: an aborting deadline drops it before its next leaf
+        assert aborts[:2] == [False, True] and math.isnan(float(model.trials_[1, 0]))

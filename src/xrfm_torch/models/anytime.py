@@ -17,8 +17,8 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
    *detour*): that quick candidate with the other kernel, then their mix: the blend, in small.
 
 A kernel's input maps are chosen once, by its first candidate's probe, and its later candidates
-(and a quick single tree's detours) grow on them (:func:`_grown_maps`): the same models without
-the probe's cost. On fits of 2000 to :data:`~xrfm_torch.models.ladder.QUICK_PROBE_ROWS` rows the
+(and a quick single tree's detours) grow on them (:func:`~xrfm_torch.models.ladder.grown_maps`):
+the same models without the probe's cost. On fits of 2000 to :data:`~xrfm_torch.models.ladder.QUICK_PROBE_ROWS` rows the
 quick candidates see the raw inputs and each kernel's first full candidate probes.
 
 Each candidate is fitted on the same rows from the same generator state, so their honest outputs
@@ -32,8 +32,9 @@ bagged target's fallback tree is left out of that comparison (it is kept only wh
 candidate finished), so the bags are compared on all their out-of-fold rows. A candidate starts
 only when its cost, estimated from the ones before (:func:`~xrfm_torch.models.ladder.estimate`),
 fits in the time left; it runs under an aborting deadline (:mod:`xrfm_torch.numerics.deadline`)
-and is dropped if the limit comes first; the first one under a degrading deadline (its leaves
-stop iterating), so the fit always ends with a model. What was tried, its loss and seconds are
+and is dropped if the limit comes first; the first one, and a single tree whose trees do not
+split, under a degrading deadline (its leaves stop iterating), so the fit always ends with a
+model and a one-leaf tree's iterations so far are not thrown away. What was tried, its loss and seconds are
 logged, kept in ``trials_`` (saved) and shown by :meth:`Anytime.summary`.
 """
 
@@ -61,8 +62,10 @@ from xrfm_torch.models.ladder import (
     choose,
     detours,
     estimate,
+    grown_maps,
     kernel_names,
     ladder,
+    one_leaf_tree,
     quick_tree,
     quick_twin,
     target_parts,
@@ -140,8 +143,8 @@ class Anytime(Selector):
     def _candidate(self, index: int, maps: InputTransform | None = None) -> Model:
         """Rung ``index`` as an unfitted model (a mix: an empty ``KernelBlend``).
 
-        ``maps``: the input maps an earlier rung of its kernel chose (:func:`_grown_maps`; for a
-        quick tree's detour, its base quick tree's), to grow on instead of probing again.
+        ``maps``: the input maps an earlier rung of its kernel chose (:func:`grown_maps`; for
+        a quick tree's detour, its base quick tree's), to grow on instead of probing again.
         """
         t = target_parts(self.prototype)
         if t is None:
@@ -288,8 +291,11 @@ class Anytime(Selector):
             draws = torch.Generator()
             draws.set_state(state)
             began = time.perf_counter()
+            # a candidate of one leaf per tree stops iterating at the limit rather than being
+            # dropped: its iterations so far are a model, and the next step's estimate bounds it
+            abort = bool(fitted) and not one_leaf_tree(model, len(X))
             try:
-                with deadline.within(left, abort=bool(fitted)):
+                with deadline.within(left, abort=abort):
                     model.fit(X, y, X_val, y_val, sample_weight=sample_weight,
                               val_sample_weight=val_sample_weight, generator=draws,
                               progress=progress)  # fmt: skip
@@ -301,7 +307,7 @@ class Anytime(Selector):
             alone[i] = seconds[i] + reused
             probed[i] = reused or model.probe_seconds_
             mapped = probe or not rung.quick  # (a quick rung on the raw inputs chose nothing)
-            if mapped and rung.kernel not in grown and (own := _grown_maps(model)) is not None:
+            if mapped and rung.kernel not in grown and (own := grown_maps(model)) is not None:
                 grown[rung.kernel] = own
             fitted[i] = model
             return None
@@ -380,24 +386,6 @@ class Anytime(Selector):
     def _upgrade_state(self, state_dict: dict[str, Any], prefix: str) -> None:
         # a state saved before the small-fit rule (0.15): its quick candidates probed
         state_dict.setdefault(prefix + "quick_probe_", torch.tensor(True))
-
-
-def _grown_maps(model: Model) -> tuple[InputTransform, float] | None:
-    """The input maps a fitted candidate grew on, and the seconds its probe took.
-
-    The choice depends on the kernel, the leaf settings and the rows, which an anytime fit's
-    rungs of one kernel share, and the probe draws from its own generator; so the later rungs
-    of that kernel grow on it as given: the same models without the probe's cost (most of a
-    quick tree's on a few thousand rows). ``None`` for a model of another kind.
-    """
-    if isinstance(model, BaggedTree):
-        tree = cast(xRFMTree, model.members[0])
-    elif isinstance(model, xRFMTree):
-        tree = model
-    else:
-        return None
-    names = list(dict.fromkeys(tree.input_map.names))  # (a map grows n_trees trees)
-    return (names[0] if len(names) == 1 else tuple(names)), model.probe_seconds_
 
 
 def _num(v: float) -> float | None:

@@ -16,9 +16,11 @@ import torch
 from torch import Tensor
 
 from xrfm_torch.inputs.choice import PROBE_ROWS, PROBE_VAL_ROWS
+from xrfm_torch.inputs.input_map import InputTransform
 from xrfm_torch.kernels import KERNELS
 from xrfm_torch.leaf.criteria import relative
 from xrfm_torch.leaf.selection import paired_win
+from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.contract import Model, Recipe
 from xrfm_torch.models.xrfm_tree import xRFMTree
 from xrfm_torch.tree.honest import HonestOutputs, mean_loss, row_losses
@@ -329,3 +331,30 @@ def common_rows(parts: list[HonestOutputs]) -> list[HonestOutputs]:
         w = None if p.weights is None else p.weights[take]
         out.append(HonestOutputs(p.outputs[take], p.targets[take], w, keep))
     return out
+
+
+def grown_maps(model: Model) -> tuple[InputTransform, float] | None:
+    """The input maps a fitted candidate grew on, and the seconds its probe took.
+
+    The choice depends on the kernel, the leaf settings and the rows, which an anytime fit's
+    rungs of one kernel share, and the probe draws from its own generator; so the later rungs
+    of that kernel grow on it as given: the same models without the probe's cost (most of a
+    quick tree's on a few thousand rows). ``None`` for a model of another kind.
+    """
+    if isinstance(model, BaggedTree):
+        tree = cast(xRFMTree, model.members[0])
+    elif isinstance(model, xRFMTree):
+        tree = model
+    else:
+        return None
+    names = list(dict.fromkeys(tree.input_map.names))  # (a map grows n_trees trees)
+    return (names[0] if len(names) == 1 else tuple(names)), model.probe_seconds_
+
+
+def one_leaf_tree(model: Model, n_rows: int) -> bool:
+    """Whether ``model`` is one tree (per input map) that ``n_rows`` training rows do not split.
+
+    Such a candidate's fit is a probe and one leaf's iterations, each a model: the anytime fit
+    lets it stop iterating at the limit instead of dropping it.
+    """
+    return isinstance(model, xRFMTree) and n_rows <= model.config.max_leaf_size
