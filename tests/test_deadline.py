@@ -1,4 +1,4 @@
-"""The deadline a fit's loops consult: what a passed one does to a leaf and a tree.
+"""The deadline a fit's loops consult: what a passed one does to a leaf, a tree and a candidate.
 
 Timing itself is a benchmark's business (``bench.budget``); these tests pass deadlines that are
 already over or far off, so what the loops do is decided, not raced.
@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from conftest import planted
-from xrfm_torch import LeafConfig, xRFMTree
+from xrfm_torch import Anytime, LeafConfig, xRFMTree
 from xrfm_torch.leaf import LeafRFM
+from xrfm_torch.models import anytime as anytime_module
 from xrfm_torch.numerics import deadline
 from xrfm_torch.numerics.events import counting
 
@@ -82,9 +83,6 @@ def test_a_passed_aborting_deadline_raises_in_a_leaf_and_a_tree():
 def test_an_anytime_fits_one_leaf_candidate_stops_iterating_at_the_limit_a_split_one_is_dropped(
     monkeypatch, leaf_size
 ):
-    from xrfm_torch import Anytime
-    from xrfm_torch.models import anytime as anytime_module
-
     X, y = planted(500, d=5, seed=1, noise=0.1)  # about 400 training rows: one leaf of 600
     real, aborts = deadline.within, []
 

@@ -18,8 +18,9 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
 
 A kernel's input maps are chosen once, by its first candidate's probe, and its later candidates
 (and a quick single tree's detours) grow on them (:func:`~xrfm_torch.models.ladder.grown_maps`):
-the same models without the probe's cost. On fits of 2000 to :data:`~xrfm_torch.models.ladder.QUICK_PROBE_ROWS` rows the
-quick candidates see the raw inputs and each kernel's first full candidate probes.
+the same models without the probe's cost. On fits of 2000 to
+:data:`~xrfm_torch.models.ladder.QUICK_PROBE_ROWS` rows the quick candidates see the raw inputs
+and each kernel's first full candidate probes.
 
 Each candidate is fitted on the same rows from the same generator state, so their honest outputs
 (validation rows of a single tree, out-of-fold rows of the bags) cover common rows, on which
@@ -34,8 +35,8 @@ only when its cost, estimated from the ones before (:func:`~xrfm_torch.models.la
 fits in the time left; it runs under an aborting deadline (:mod:`xrfm_torch.numerics.deadline`)
 and is dropped if the limit comes first; the first one, and a single tree whose trees do not
 split, under a degrading deadline (its leaves stop iterating), so the fit always ends with a
-model and a one-leaf tree's iterations so far are not thrown away. What was tried, its loss and seconds are
-logged, kept in ``trials_`` (saved) and shown by :meth:`Anytime.summary`.
+model and a one-leaf tree's iterations so far are not thrown away. What was tried, its loss
+and seconds are logged, kept in ``trials_`` (saved) and shown by :meth:`Anytime.summary`.
 """
 
 from __future__ import annotations
