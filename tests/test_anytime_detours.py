@@ -111,3 +111,33 @@ def test_quick_bags_detours_probe_for_themselves(monkeypatch):
                       "mix quick bags"]  # fmt: skip
     # the fallback tree probes, the Laplace bags grow on its maps, the Gaussian bags probe
     assert probed == ["LaplaceKernel", "GaussianKernel"]
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_a_raw_quick_tree_takes_the_quick_blend_first_where_the_line_does_not_fit(monkeypatch, raw):
+    """A quick tree on the raw inputs hides the probe each full tree adds: where the line's
+    estimate exceeds the time left, its detours come first, then the line goes on. Each full
+    tree is estimated at 400 s of 600: one fits, the line of two does not. Where the quick tree
+    probed (``raw=False``), the line runs as before and needs no detour."""
+    from xrfm_torch.models import anytime as anytime_module
+
+    monkeypatch.setattr(anytime_module, "QUICK_PROBE_ROWS", 10**9 if raw else 0)
+    monkeypatch.setattr(
+        anytime_module, "estimate", lambda rung, *_: 0.0 if rung.quick or rung.mixes else 400.0
+    )
+    X, y = planted(400, d=5, seed=6, noise=0.1)
+    model = Anytime(KernelBlend(_tree(), kernels=("laplace", "gaussian")), time_limit=600.0,
+                    quick_leaf_size=80)  # fmt: skip
+    built: list[int] = []
+    real = model._candidate
+    monkeypatch.setattr(model, "_candidate", lambda i, maps=None: built.append(i) or real(i, maps))
+    model.fit(X, y, generator=torch.Generator().manual_seed(3))
+    assert bool(model.quick_probe_) is not raw
+    names = [r.name for r in model.rungs()]
+    assert names[4:] == ["quick tree gaussian", "mix quick tree"]
+    assert built == ([0, 4, 5, 1, 2, 3] if raw else [0, 1, 2, 3])
+    fitted = model.trials_[:, 0].isfinite()
+    assert fitted.tolist() == [True] * 4 + [raw] * 2
+    # the target was fitted: it is kept unless another candidate beats it clearly
+    losses = model.trials_[:, 0]
+    assert int(model.chosen_) == 3 or float(losses[int(model.chosen_)]) < float(losses[3])

@@ -14,7 +14,9 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
 4. with one kernel, spares in the time the target left: the same tree (or bags) with the other
    kernel of :data:`~xrfm_torch.models.ladder.SPARE_KERNELS`, then its mix with the target;
 5. with two kernels, where the time left stops the line above after a quick candidate (a
-   *detour*): that quick candidate with the other kernel, then their mix: the blend, in small.
+   *detour*): that quick candidate with the other kernel, then their mix: the blend, in small;
+   where the quick candidate saw the raw inputs, before the line if even its estimate (which
+   lacks the full candidates' probes) does not fit in the time left.
 
 A kernel's input maps are chosen once, by its first candidate's probe, and its later candidates
 (and a quick single tree's detours) grow on them (:func:`~xrfm_torch.models.ladder.grown_maps`):
@@ -61,7 +63,7 @@ from xrfm_torch.models.ladder import (
     Rung,
     check_time_limit,
     choose,
-    detours,
+    climb,
     estimate,
     grown_maps,
     kernel_names,
@@ -313,12 +315,18 @@ class Anytime(Selector):
             fitted[i] = model
             return None
 
-        stop = next((why for i in detours(rungs, None) if (why := attempt(i))), None)
-        if stop == "skipped":  # the main line stopped: the last quick rung's other kernels
-            base = max((j for j in fitted if rungs[j].quick), default=None)
-            for i in detours(rungs, base) if base is not None else []:
-                if attempt(i):
-                    break
+        def blend_first(i: int, rest: list[int]) -> bool:
+            # on raw inputs the quick tree's seconds lack the probe each full candidate adds:
+            # where even that low estimate of the line does not fit, the small blend comes first
+            if probe or i not in fitted or rungs[i].fallback:
+                return False
+            cost = sum(estimate(rungs[j], rungs, alone, probed) for j in rest)
+            if cost <= end - time.perf_counter():
+                return False
+            log.info("anytime: the small blend first (the line left about %.1fs)", cost)
+            return True
+
+        climb(rungs, attempt, blend_first, fitted)
         losses = self._choose(rungs, fitted)
         self.trials_ = torch.tensor(
             [[losses.get(i, math.nan), s] for i, s in enumerate(seconds)], dtype=torch.float64

@@ -8,7 +8,7 @@ docs/design-use.md, "A time budget: the anytime fit", says why each choice.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -168,6 +168,45 @@ def target_index(rungs: list[Rung]) -> int:
 def detours(rungs: list[Rung], base: int | None) -> list[int]:
     """The indices of the rungs whose :attr:`Rung.detour` is ``base`` (``None``: the main line)."""
     return [i for i, r in enumerate(rungs) if r.detour == base]
+
+
+def climb(
+    rungs: list[Rung],
+    attempt: Callable[[int], str | None],
+    blend_first: Callable[[int, list[int]], bool],
+    fitted: Container[int],
+) -> None:
+    """Try the rungs in the anytime fit's order: the main line, and the detours where it stops.
+
+    Args:
+        rungs: The ladder.
+        attempt: Fits rung ``i`` (or skips it); returns why the line stops (``"skipped"``,
+            ``"dropped"``) or ``None``.
+        blend_first: Whether the detours of the quick rung ``i``, just fitted, go before the
+            rest of the main line (the indices given).
+        fitted: The rungs fitted so far (read after each attempt).
+
+    Where the main line stops on a skipped rung, the last fitted quick rung's detours follow
+    (the blend in small), unless they went first.
+    """
+    main, taken = detours(rungs, None), set[int]()
+    stop: str | None = None
+
+    def detour(base: int) -> None:
+        taken.add(base)
+        for i in detours(rungs, base):
+            if attempt(i):
+                break
+
+    for k, i in enumerate(main):
+        if stop := attempt(i):
+            break
+        if rungs[i].quick and detours(rungs, i) and blend_first(i, main[k + 1 :]):
+            detour(i)
+    if stop == "skipped":
+        base = max((j for j in range(len(rungs)) if j in fitted and rungs[j].quick), default=-1)
+        if base >= 0 and base not in taken:
+            detour(base)
 
 
 def quick_twin(rungs: list[Rung], index: int, fitted: Iterable[int]) -> int | None:
