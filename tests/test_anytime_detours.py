@@ -23,6 +23,7 @@ from xrfm_torch import (
     save_model,
     xRFMTree,
 )
+from xrfm_torch.models import anytime as anytime_module
 from xrfm_torch.models import ladder as ladder_module
 
 # the quick candidates probe, as on fits of more than QUICK_PROBE_ROWS rows (conftest)
@@ -119,8 +120,6 @@ def test_a_raw_quick_tree_takes_the_quick_blend_first_where_the_line_does_not_fi
     estimate exceeds the time left, its detours come first, then the line goes on. Each full
     tree is estimated at 400 s of 600: one fits, the line of two does not. Where the quick tree
     probed (``raw=False``), the line runs as before and needs no detour."""
-    from xrfm_torch.models import anytime as anytime_module
-
     monkeypatch.setattr(anytime_module, "QUICK_PROBE_ROWS", 10**9 if raw else 0)
     monkeypatch.setattr(
         anytime_module, "estimate", lambda rung, *_: 0.0 if rung.quick or rung.mixes else 400.0

@@ -318,7 +318,7 @@ class Anytime(Selector):
         def blend_first(i: int, rest: list[int]) -> bool:
             # on raw inputs the quick tree's seconds lack the probe each full candidate adds:
             # where even that low estimate of the line does not fit, the small blend comes first
-            if probe or i not in fitted or rungs[i].fallback:
+            if probe or rungs[i].fallback:
                 return False
             cost = sum(estimate(rungs[j], rungs, alone, probed) for j in rest)
             if cost <= end - time.perf_counter():
