@@ -77,3 +77,18 @@ def test_an_estimator_fit_checks_the_threads(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="xrfm_torch.numerics.threads"):
         XRFMRegressor(n_bags=1, max_leaf_size=100, random_state=0).fit(X, X[:, 0])
     assert any("other tasks are running" in r.getMessage() for r in caplog.records)
+
+
+def test_the_reads_stop_at_the_first_quiet_one(monkeypatch):
+    """The fewest reads count, so a read that leaves the threads their cores settles it: a fit on
+    a quiet machine does not wait out the other samples."""
+    monkeypatch.setattr(threads, "available_cores", lambda: 4)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    reads = [3, 2, 1, 0, 3]
+    taken: list[int] = []
+    monkeypatch.setattr(
+        threads, "other_running", lambda: taken.append(reads[len(taken)]) or taken[-1]
+    )
+    monkeypatch.setattr(threads.time, "sleep", lambda s: None)
+    assert threads.check_threads(samples=5, interval=1.0) is None
+    assert taken == [3, 2]  # 2 threads + 2 others fit 4 cores: the third read is not needed

@@ -73,7 +73,8 @@ def check_threads(
     Args:
         device: The fit's device; only a CPU fit runs on torch's threads (else nothing is read).
         samples: Reads of the runnable tasks, ``interval`` seconds apart; the fewest counts (a
-            task that runs for a moment, such as a shell command, is no busy core).
+            task that runs for a moment, such as a shell command, is no busy core), so the reads
+            stop at the first one that leaves the threads their cores.
         interval: Seconds between reads.
 
     Returns:
@@ -82,15 +83,18 @@ def check_threads(
     global _warned
     if torch.device(device).type != "cpu":
         return None
-    reads = []
+    threads, cores = torch.get_num_threads(), available_cores()
+    reads: list[int] = []
     for i in range(samples):
         if i:
             time.sleep(interval)
-        reads.append(other_running())
-    if any(r is None for r in reads):
-        return None
-    others = min(r for r in reads if r is not None)
-    threads, cores = torch.get_num_threads(), available_cores()
+        read = other_running()
+        if read is None:
+            return None
+        reads.append(read)
+        if suggested_threads(threads, cores, read) is None:
+            return None  # the fewest reads count: one that fits settles it (no more waits)
+    others = min(reads)
     best = suggested_threads(threads, cores, others)
     if best is not None and not _warned:
         _warned = True
