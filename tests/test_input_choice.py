@@ -276,3 +276,45 @@ def test_a_large_fit_grows_on_one_map_where_a_smaller_one_averages_two() -> None
     )
     assert large.input_map.names == one.input_map.names
     torch.testing.assert_close(large(Xv), one(Xv), rtol=0, atol=0)
+
+
+class FakeClock:
+    """``time.perf_counter`` that moves only when a test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("abort", [False, True])
+def test_a_degrading_deadline_keeps_half_its_time_from_the_probe_for_the_tree(
+    monkeypatch, abort
+) -> None:
+    # each probe leaf takes 3 s of a 10 s limit: under a degrading deadline (a candidate that
+    # must end with a model) the probe stops where its next leaf would end in the half it keeps
+    # for the tree (3 + 3 > 10 / 2), and the tree grows on the raw inputs it probed; a
+    # candidate that may be dropped (an aborting deadline) probes as long as there is time
+    from xrfm_torch.inputs import choice
+    from xrfm_torch.leaf import LeafRFM
+    from xrfm_torch.numerics import deadline
+
+    clock = FakeClock()
+    monkeypatch.setattr(choice, "time", clock)
+    monkeypatch.setattr(deadline, "time", clock)
+    probes: list[LeafRFM] = []
+
+    class Timed(LeafRFM):
+        def fit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            probes.append(self)
+            out = super().fit(*args, **kwargs)
+            clock.now += 3.0
+            return out
+
+    monkeypatch.setattr(choice, "LeafRFM", Timed)
+    X, Xv, _, y, yv, _ = standardized("rank")  # probed in full, the ranks win
+    with deadline.within(10.0, abort=abort):
+        model = fit("auto", X, y, Xv, yv)
+    assert len(probes) == (3 if abort else 1)
+    assert (list(model.input_map.names) == ["identity"]) is not abort

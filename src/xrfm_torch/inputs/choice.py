@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import cast
@@ -45,6 +46,9 @@ PROBE_ROWS = 2000
 PROBE_VAL_ROWS = 4000
 PROBE_ITERS = 5
 PROBE_PATIENCE = 2
+#: Under a degrading deadline (a candidate that must end with a model), the most of the time
+#: left when the probe starts that it may take; the rest is kept for the tree's leaves.
+PROBE_TIME_SHARE = 0.5
 
 
 def check_input_transform(value: str | Sequence[str]) -> InputTransform:
@@ -146,6 +150,11 @@ def probe_input_maps(
     beat that one's by ``margin`` paired standard errors
     (:func:`~xrfm_torch.leaf.selection.paired_win`). Each map of the set gets its own trees.
 
+    Under a time limit the probe chooses among the maps probed when it stops: past the deadline,
+    or, under a degrading one (a candidate that must end with a model), where its next map
+    would end in the ``1 - PROBE_TIME_SHARE`` of the time left at its start that it keeps for
+    the tree's leaves (their iterations are the model; without them a leaf is one solve).
+
     Args:
         imap: The input map with fitted knots.
         data: The fit's data (the probe never trains on held-out rows).
@@ -175,14 +184,20 @@ def probe_input_maps(
     mapped, mapped_val = imap.encode_many(X, PROBED_MAPS), imap.encode_many(X_val, PROBED_MAPS)
     check_mapped(mapped, mapped_val, y, y_val)
     stopped: list[bool] = []
+    # a candidate that must end with a model (a degrading deadline) keeps the share of its time
+    # left that the probe may not take for the tree: its leaves' iterations are the model
+    keep = (1 - PROBE_TIME_SHARE) * deadline.time_left() if deadline.degrading() else 0.0
+    last = [0.0]  # the last probe leaf's seconds: the next one's estimate
 
     def probe(name: InputMapName) -> Callable[[], None]:
         def fit() -> None:
-            if stopped or (preds and deadline.should_stop()):  # out of time: choose among those
-                if not stopped:  # probed so far
+            # out of time (or of the probe's share): choose among the maps probed so far
+            if stopped or (preds and deadline.should_stop(keep + last[0] if keep else 0.0)):
+                if not stopped:
                     count("input-map probes cut short at the time limit")
                     stopped.append(True)
                 return
+            began = time.perf_counter()
             Xm, Xm_val = mapped[name], mapped_val[name]
             leaf = LeafRFM(kernel, config)
             g_map = torch.Generator().manual_seed(seed)  # every map's leaf: the same draws
@@ -198,6 +213,7 @@ def probe_input_maps(
             )
             with torch.no_grad():
                 preds[name] = leaf(Xm_val)
+            last[0] = time.perf_counter() - began
 
         return fit
 

@@ -26,7 +26,15 @@ from contextlib import contextmanager
 from xrfm_torch.numerics import context
 from xrfm_torch.numerics.context import Deadline
 
-__all__ = ["Deadline", "TimeLimitError", "check", "should_stop", "time_left", "within"]
+__all__ = [
+    "Deadline",
+    "TimeLimitError",
+    "check",
+    "degrading",
+    "should_stop",
+    "time_left",
+    "within",
+]
 
 
 class TimeLimitError(RuntimeError):
@@ -58,6 +66,12 @@ def time_left() -> float:
     """Seconds until the deadline in force (``inf`` without one; negative past it)."""
     d = context.current().deadline
     return math.inf if d is None else d.at - time.perf_counter()
+
+
+def degrading() -> bool:
+    """Whether a degrading deadline is in force (the fit must end with a model)."""
+    d = context.current().deadline
+    return d is not None and not d.abort
 
 
 def should_stop(next_cost: float | Callable[[], float] = 0.0) -> bool:
