@@ -186,13 +186,14 @@ def probe_input_maps(
     stopped: list[bool] = []
     # a candidate that must end with a model (a degrading deadline) keeps the share of its time
     # left that the probe may not take for the tree: its leaves' iterations are the model
-    keep = (1 - PROBE_TIME_SHARE) * deadline.time_left() if deadline.degrading() else 0.0
+    degrading = deadline.degrading()
+    keep = (1 - PROBE_TIME_SHARE) * max(0.0, deadline.time_left()) if degrading else 0.0
     last = [0.0]  # the last probe leaf's seconds: the next one's estimate
 
     def probe(name: InputMapName) -> Callable[[], None]:
         def fit() -> None:
             # out of time (or of the probe's share): choose among the maps probed so far
-            if stopped or (preds and deadline.should_stop(keep + last[0] if keep else 0.0)):
+            if stopped or (preds and deadline.should_stop(keep + last[0] if degrading else 0.0)):
                 if not stopped:
                     count("input-map probes cut short at the time limit")
                     stopped.append(True)

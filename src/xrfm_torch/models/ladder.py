@@ -192,21 +192,21 @@ def climb(
     main, taken = detours(rungs, None), set[int]()
     stop: str | None = None
 
-    def detour(base: int) -> None:
+    def detour(base: int, its: list[int]) -> None:
         taken.add(base)
-        for i in detours(rungs, base):
+        for i in its:
             if attempt(i):
                 break
 
     for k, i in enumerate(main):
         if stop := attempt(i):
             break
-        if rungs[i].quick and detours(rungs, i) and blend_first(i, main[k + 1 :]):
-            detour(i)
+        if rungs[i].quick and (its := detours(rungs, i)) and blend_first(i, main[k + 1 :]):
+            detour(i, its)
     if stop == "skipped":
         base = max((j for j in range(len(rungs)) if j in fitted and rungs[j].quick), default=-1)
         if base >= 0 and base not in taken:
-            detour(base)
+            detour(base, detours(rungs, base))
 
 
 def quick_twin(rungs: list[Rung], index: int, fitted: Iterable[int]) -> int | None:
