@@ -8,6 +8,7 @@
     python -m bench.base --cache DIR --half confirm --seeds 0 1 2 --budgets 3 10
     python -m bench.base --cache DIR --half design --seeds 0 --budgets 3 10 --no-default \\
         --tag mine --control CHECKOUT                           # a code change, paired fit by fit
+    python -m bench.base --cache DIR --half design --rows 2500 7500 ...   # tables of that size only
     python -m bench.base --cache DIR --report [--tag leaf2000] [--base control]
 
 The tables and their design/confirm split are :mod:`bench.base_tables`. Every (table, seed, model)
@@ -111,6 +112,18 @@ def select(half: str, names: list[str] | None, task: str | None) -> list[Table]:
     return [t for t in out if task is None or t.task == task]
 
 
+def of_size(chosen: list[Table], rows_of: dict[str, int], low: int, high: int) -> list[Table]:
+    """The tables of ``chosen`` with ``low`` to ``high`` rows (both included).
+
+    A change that acts on fits of some size only (e.g. 2000-6000 training and validation rows:
+    tables of 2500-7500 rows under the 70/10/20 split) is run on those; the others' fits are
+    the control's, code path for code path.
+    """
+    if low > high:
+        raise SystemExit(f"--rows {low} {high}: MIN is above MAX")
+    return [t for t in chosen if low <= rows_of[t.name] <= high]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", type=Path, required=True, help="tables and results.jsonl go here")
@@ -118,6 +131,8 @@ def main() -> None:
     ap.add_argument("--half", choices=[*HALVES, "all"], default="design")
     ap.add_argument("--task", choices=["regression", "classification"])
     ap.add_argument("--tables", nargs="*", help="these tables only (names as --list prints)")
+    ap.add_argument("--rows", nargs=2, type=int, metavar=("MIN", "MAX"),
+                    help="these tables only: MIN to MAX rows (as --list counts them, after the cap)")  # fmt: skip
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--models", nargs="+", default=[*GBDTS, "ours"], choices=[*GBDTS, "ours"])
     ap.add_argument("--tag", default="default", help="name of ours' --options in the results")
@@ -156,17 +171,17 @@ def main() -> None:
     sizes = {}
     for t in chosen:  # write every table first: a missing package fails now, not hours later
         sizes[t.name] = materialize(t, a.data_dir, a.cache)
-    if a.list:
-        import pandas as pd
+    import pandas as pd
 
+    rows_of = {t.name: len(pd.read_csv(sizes[t.name], usecols=["target"])) for t in chosen}
+    if a.rows:
+        chosen = of_size(chosen, rows_of, *a.rows)
+    if a.list:
         for t in chosen:
             d = describe(pd.read_csv(sizes[t.name]))
             print(json.dumps({"table": t.name, "task": t.task, "half": t.half, **d,
                               "source": t.source}))  # fmt: skip
         return
-    import pandas as pd
-
-    rows_of = {t.name: len(pd.read_csv(sizes[t.name], usecols=["target"])) for t in chosen}
     chosen.sort(key=lambda t: (rows_of[t.name], t.name))
     done = {key(r): r for r in read_results(results) if "error" not in r}
     with results.open("a") as fh:

@@ -8,7 +8,9 @@ model compared (a table lacking one is left out of that count, so counts are lik
 A change (``--tag``) is set beside ``default`` (or ``--base``: the paired ``control``) per table and
 time budget: the relative difference of its loss, how many tables each has at or below CatBoost,
 and the tables where it moved beyond seed noise (``|mean| > max(MIN_MOVE, 2 x standard error)`` over
-the seeds both have; with one seed, ``|difference| > MIN_MOVE``).
+the seeds both have; with one seed, ``|difference| > MIN_MOVE``), then fit by fit: the geometric
+mean of the change's loss over the base's, and each fit that moved (both as multiples of CatBoost's
+loss on that seed, with the candidate each kept and the share of its time limit each used).
 """
 
 from __future__ import annotations
@@ -171,6 +173,43 @@ def changes(rows: list[dict[str, Any]], tag: str, base: str = "default") -> list
     return lines
 
 
+def fits(rows: list[dict[str, Any]], tag: str, base: str = "default") -> list[str]:
+    """Markdown lines: per time budget and half, ``tag`` against ``base`` fit by fit (one table and
+    seed): the geometric mean of their loss ratio and every fit whose loss moved."""
+    idx = index(rows)
+    meta = {r["table"]: r["half"] for r in rows}
+    budgets = sorted({r["budget_x"] for r in rows if r.get("budget_x") is not None})
+    lines = [f"`{tag}` against `{base}` fit by fit (losses as multiples of CatBoost's):", ""]
+    for budget in [None, *budgets]:
+        for half in ("design", "confirm"):
+            logs, moves = [], []
+            for t in sorted(t for t, h in meta.items() if h == half):
+                got = paired(idx, t, [("ours", base, budget), ("ours", tag, budget), ("catboost", None, None)])  # fmt: skip
+                for old, new, cat in zip(*got) if got else ():
+                    logs.append(math.log(loss(new) / loss(old)))
+                    if abs(loss(new) / loss(old) - 1) > 1e-9:
+                        moves.append((loss(new) / loss(old), t, old, new, loss(cat)))
+            if not logs:
+                continue
+            where = half if budget is None else f"{half}, {budget:g}x CatBoost's time"
+            lines.append(f"- {where}: {len(logs)} fits, geometric mean {math.exp(statistics.mean(logs)):.4f}, "
+                         f"{len(moves)} moved, {sum(m[0] < 1 for m in moves)} lower")  # fmt: skip
+            for _, t, old, new, cat in sorted(moves, key=lambda m: m[0]):
+                lines.append(f"  - {t} seed {old['seed']}: {loss(old) / cat:.4f} -> {loss(new) / cat:.4f}"
+                             f"{_kept(old, new)}")  # fmt: skip
+    return lines
+
+
+def _kept(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """`` (kept A -> B, used p -> q)`` for two limited fits, else nothing."""
+    if "time_limit" not in old or "time_limit" not in new:
+        return ""
+    used = [r["fit_s"] / r["time_limit"] for r in (old, new)]
+    return (
+        f" (kept {old.get('chosen')} -> {new.get('chosen')}, used {used[0]:.2f} -> {used[1]:.2f})"
+    )
+
+
 def per_table(rows: list[dict[str, Any]], tag: str) -> list[str]:
     """Markdown lines: every table's mean losses and fit seconds (ours, CatBoost, best GBDT)."""
     idx = index(rows)
@@ -200,7 +239,7 @@ def write_report(
     one), every table."""
     lines = ["# Evaluation base", "", *summary(rows, tag), ""]
     if tag != base:
-        lines += [*changes(rows, tag, base), ""]
+        lines += [*changes(rows, tag, base), "", *fits(rows, tag, base), ""]
     lines += per_table(rows, tag)
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -208,3 +208,32 @@ def test_a_peers_first_import_is_not_counted_as_its_fit_time(monkeypatch):
     assert isinstance(sys.modules["catboost"].CatBoostRegressor(), Regressor)
     assert fit_s < 0.5  # ... before the fit's timer started
     np.testing.assert_array_equal(out, np.zeros(4))
+
+
+def test_a_change_is_listed_fit_by_fit_with_its_geometric_mean_and_kept_candidates():
+    rows = []
+    for seed in (0, 1):
+        rows.append(_row("a", seed, "catboost", 2.0))
+        for tag, value, chosen in (
+            ("control", 2.2, "quick tree"),
+            ("mine", 2.2 - 0.4 * seed, "bags"),
+        ):
+            rows.append({**_row("a", seed, "ours", value, tag=tag, budget_x=3.0, time_limit=4.0),
+                         "chosen": chosen})  # fmt: skip
+    lines = base_report.fits(rows, "mine", base="control")
+    head = next(ln for ln in lines if ln.startswith("- confirm, 3x"))
+    # seed 0 unchanged, seed 1 2.2 -> 1.8: geometric mean sqrt(1.8 / 2.2)
+    assert f"2 fits, geometric mean {(1.8 / 2.2) ** 0.5:.4f}, 1 moved, 1 lower" in head
+    moved = [ln for ln in lines if ln.startswith("  - ")]
+    # as multiples of CatBoost's 2.0; fit_s 2.0 of a 4.0 s limit: half used
+    assert moved == ["  - a seed 1: 1.1000 -> 0.9000 (kept quick tree -> bags, used 0.50 -> 0.50)"]
+    assert not any(ln.startswith("- confirm:") for ln in lines)  # no limit-free pairs: no line
+
+
+def test_tables_are_chosen_by_their_rows_both_ends_included():
+    chosen = [t for t in base_tables.tables() if t.half == "design"][:4]
+    rows_of = {t.name: n for t, n in zip(chosen, (2500, 2501, 7500, 7501))}
+    kept = base.of_size(chosen, rows_of, 2501, 7500)
+    assert [rows_of[t.name] for t in kept] == [2501, 7500]
+    with pytest.raises(SystemExit, match="MIN is above MAX"):
+        base.of_size(chosen, rows_of, 10, 9)
