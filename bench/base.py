@@ -8,7 +8,7 @@
     python -m bench.base --cache DIR --half confirm --seeds 0 1 2 --budgets 3 10
     python -m bench.base --cache DIR --half design --seeds 0 --budgets 3 10 --no-default \\
         --tag mine --control CHECKOUT                           # a code change, paired fit by fit
-    python -m bench.base --cache DIR --half design --rows 2500 7500 ...   # tables of that size only
+    python -m bench.base --cache DIR --half design --rows 2501 7500 ...   # tables of that size only
     python -m bench.base --cache DIR --report [--tag leaf2000] [--base control]
 
 The tables and their design/confirm split are :mod:`bench.base_tables`. Every (table, seed, model)
@@ -115,9 +115,9 @@ def select(half: str, names: list[str] | None, task: str | None) -> list[Table]:
 def of_size(chosen: list[Table], rows_of: dict[str, int], low: int, high: int) -> list[Table]:
     """The tables of ``chosen`` with ``low`` to ``high`` rows (both included).
 
-    A change that acts on fits of some size only (e.g. 2000-6000 training and validation rows:
-    tables of 2500-7500 rows under the 70/10/20 split) is run on those; the others' fits are
-    the control's, code path for code path.
+    A change that acts on fits of some size only (e.g. more than 2000 and at most 6000 training
+    and validation rows: tables of 2501-7500 rows under the 70/10/20 split) is run on those; the
+    others' fits run the same code in both versions.
     """
     if low > high:
         raise SystemExit(f"--rows {low} {high}: MIN is above MAX")

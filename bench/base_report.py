@@ -140,63 +140,64 @@ def budget_use(idx: dict, meta: dict, tag: str, budgets: list[float]) -> list[st
     return out
 
 
+def beside(rows: list[dict[str, Any]], tag: str, base: str) -> dict[str, list[tuple]]:
+    """``tag`` beside ``base``, per time budget (``None``: no limit) and half, where one has rows.
+
+    Returns:
+        ``{where: [(table, base's rows, tag's rows, CatBoost's rows), ...]}`` in table order, each
+        arm's rows on the seeds all three share; ``where`` is ``"design"``, ``"confirm, 3x
+        CatBoost's time"``, ...
+    """
+    idx = index(rows)
+    meta = {r["table"]: r["half"] for r in rows}
+    budgets = sorted({r["budget_x"] for r in rows if r.get("budget_x") is not None})
+    out: dict[str, list[tuple]] = {}
+    for budget in [None, *budgets]:
+        arms = [("ours", base, budget), ("ours", tag, budget), ("catboost", None, None)]
+        for half in ("design", "confirm"):
+            got = [(t, *p) for t in sorted(t for t, h in meta.items() if h == half)
+                   if (p := paired(idx, t, arms)) is not None]  # fmt: skip
+            if got:
+                out[half if budget is None else f"{half}, {budget:g}x CatBoost's time"] = got
+    return out
+
+
 def changes(rows: list[dict[str, Any]], tag: str, base: str = "default") -> list[str]:
     """Markdown lines: per half (and per time budget), the tables where ``tag`` moved the loss
     against ``base``, and how many of each are at or below CatBoost's."""
-    idx = index(rows)
-    meta = {r["table"]: (r["half"], r["task"]) for r in rows}
-    budgets = sorted({r["budget_x"] for r in rows if r.get("budget_x") is not None})
     lines = [f"`{tag}` against `{base}` (relative test loss; moves beyond seed noise):", ""]
-    for budget in [None, *budgets]:
-        for half in ("design", "confirm"):
-            rel, better, worse, wins = [], [], [], [0, 0]
-            for t in sorted(t for t, m in meta.items() if m[0] == half):
-                arms = [("ours", base, budget), ("ours", tag, budget), ("catboost", None, None)]
-                got = paired(idx, t, arms)
-                if got is None:
-                    continue
-                old, new, cat = got
-                m, beyond = moved(old, new)
-                rel.append(m)
-                wins[0] += mean_loss(old) <= mean_loss(cat)
-                wins[1] += mean_loss(new) <= mean_loss(cat)
-                if beyond:
-                    (better if m < 0 else worse).append(f"{t} {100 * m:+.1f} %")
-            if not rel:
-                continue
-            where = half if budget is None else f"{half}, {budget:g}x CatBoost's time"
-            lines.append(
-                f"- {where}: {len(rel)} tables, median {100 * median(rel):+.2f} %, at or below "
-                f"CatBoost {wins[1]} ({base}: {wins[0]}); better: {', '.join(better) or 'none'}; "
-                f"worse: {', '.join(worse) or 'none'}"
-            )
+    for where, tables in beside(rows, tag, base).items():
+        rel, better, worse, wins = [], [], [], [0, 0]
+        for t, old, new, cat in tables:
+            m, beyond = moved(old, new)
+            rel.append(m)
+            wins[0] += mean_loss(old) <= mean_loss(cat)
+            wins[1] += mean_loss(new) <= mean_loss(cat)
+            if beyond:
+                (better if m < 0 else worse).append(f"{t} {100 * m:+.1f} %")
+        lines.append(
+            f"- {where}: {len(rel)} tables, median {100 * median(rel):+.2f} %, at or below "
+            f"CatBoost {wins[1]} ({base}: {wins[0]}); better: {', '.join(better) or 'none'}; "
+            f"worse: {', '.join(worse) or 'none'}"
+        )
     return lines
 
 
 def fits(rows: list[dict[str, Any]], tag: str, base: str = "default") -> list[str]:
     """Markdown lines: per time budget and half, ``tag`` against ``base`` fit by fit (one table and
     seed): the geometric mean of their loss ratio and every fit whose loss moved."""
-    idx = index(rows)
-    meta = {r["table"]: r["half"] for r in rows}
-    budgets = sorted({r["budget_x"] for r in rows if r.get("budget_x") is not None})
     lines = [f"`{tag}` against `{base}` fit by fit (losses as multiples of CatBoost's):", ""]
-    for budget in [None, *budgets]:
-        for half in ("design", "confirm"):
-            logs, moves = [], []
-            for t in sorted(t for t, h in meta.items() if h == half):
-                got = paired(idx, t, [("ours", base, budget), ("ours", tag, budget), ("catboost", None, None)])  # fmt: skip
-                for old, new, cat in zip(*got) if got else ():
-                    logs.append(math.log(loss(new) / loss(old)))
-                    if abs(loss(new) / loss(old) - 1) > 1e-9:
-                        moves.append((loss(new) / loss(old), t, old, new, loss(cat)))
-            if not logs:
-                continue
-            where = half if budget is None else f"{half}, {budget:g}x CatBoost's time"
-            lines.append(f"- {where}: {len(logs)} fits, geometric mean {math.exp(statistics.mean(logs)):.4f}, "
-                         f"{len(moves)} moved, {sum(m[0] < 1 for m in moves)} lower")  # fmt: skip
-            for _, t, old, new, cat in sorted(moves, key=lambda m: m[0]):
-                lines.append(f"  - {t} seed {old['seed']}: {loss(old) / cat:.4f} -> {loss(new) / cat:.4f}"
-                             f"{_kept(old, new)}")  # fmt: skip
+    for where, tables in beside(rows, tag, base).items():
+        ratios = [
+            (loss(n) / loss(o), t, o, n, loss(c)) for t, *arms in tables for o, n, c in zip(*arms)
+        ]
+        moves = sorted((m for m in ratios if abs(m[0] - 1) > 1e-9), key=lambda m: m[0])
+        geo = math.exp(statistics.mean(math.log(m[0]) for m in ratios))
+        lines.append(f"- {where}: {len(ratios)} fits, geometric mean {geo:.4f}, {len(moves)} moved, "
+                     f"{sum(m[0] < 1 for m in moves)} lower")  # fmt: skip
+        for _, t, old, new, cat in moves:
+            lines.append(f"  - {t} seed {old['seed']}: {loss(old) / cat:.4f} -> {loss(new) / cat:.4f}"
+                         f"{_kept(old, new)}")  # fmt: skip
     return lines
 
 
