@@ -372,6 +372,43 @@ def test_a_blended_bagged_target_mixes_its_kernels_bags(quick_probes):
     torch.testing.assert_close(model.predict_proba(X).sum(1), torch.ones(240))
 
 
+def test_a_bagged_target_too_small_to_split_fits_its_bags_first():
+    """Every bag is one leaf: no fallback single tree, the quick bags are the full ones' twin."""
+    X, y = planted(150, d=4, seed=2)
+    labels = (y > y.median()).long()
+    tree = xRFMTree(task="classification", max_leaf_size=600, leaf=LeafConfig(n_iters=1))
+    target = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    model = Anytime(target, time_limit=600.0, quick_leaf_size=300)
+    model.fit(X, labels, generator=torch.Generator().manual_seed(0))
+    names = [t["candidate"] for t in model.summary()["trials"]]
+    assert names[:5] == [
+        "quick tree laplace",
+        "quick bags laplace",
+        "bags laplace",
+        "bags gaussian",
+        "mix bags",
+    ]
+    fallbacks = [i for i, name in enumerate(names) if "quick tree" in name]
+    assert model.trials_[fallbacks].isnan().all()  # never fitted, nor any of its detours
+    assert torch.equal(model.trials_[1], model.trials_[2])  # one fit: the bags' twin
+    assert model.trials_[1:5, 0].isfinite().all()
+    # the kept model is the blend of bags, the same as fitted alone from the same generator
+    assert int(model.chosen_) == 4
+    blend = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    blend.fit(X, labels, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(model.predict_proba(X[:20]), blend.predict_proba(X[:20]))
+    # out of time, the quick bags are kept, cut short: no leaf of any bag iterated
+    starved = Anytime(target, time_limit=1e-6, quick_leaf_size=300)
+    starved.fit(X, labels, generator=torch.Generator().manual_seed(0))
+    assert int(starved.chosen_) == 1 and starved.trials_[3:].isnan().all()
+    assert torch.equal(starved.trials_[1], starved.trials_[2])  # its twin takes its fit
+    kept = starved.models()[0]
+    assert isinstance(kept, BaggedTree)
+    leaves = [leaf for t in kept.models() for leaf in t.leaves()]
+    assert len(leaves) == 3 and all(int(leaf.best_iter_) == 0 for leaf in leaves)
+    torch.testing.assert_close(starved.predict_proba(X).sum(1), torch.ones(150))
+
+
 def test_bagged_candidates_are_compared_on_all_their_out_of_fold_rows():
     # the fallback tree scores only its validation rows; the bags must not be narrowed to them
     X, y = planted(300, d=4, seed=5)

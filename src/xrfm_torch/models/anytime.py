@@ -7,7 +7,9 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
 1. ``quick``: the target's tree (or its bags, after one quick single tree as a fallback) for
    the first kernel with leaves of at most ``quick_leaf_size`` rows, one tree per input map and
    smaller split models (:func:`~xrfm_torch.models.ladder.quick_tree`; docs/design-use.md, "A
-   time budget: the anytime fit");
+   time budget: the anytime fit"); where no tree splits, the bags come first, without the
+   fallback: each bag is one leaf, and a bag's leaf stops iterating at the limit as the
+   fallback's would;
 2. the target's tree (or bags) once per kernel;
 3. with two kernels, their mix (:meth:`KernelBlend.mix <xrfm_torch.models.blend.KernelBlend.mix>`,
    no further fit): the target itself;
@@ -265,6 +267,8 @@ class Anytime(Selector):
         def attempt(i: int) -> str | None:
             """Fit rung ``i`` (or take its twin's or mix its parts); why to stop, or ``None``."""
             rung, left = rungs[i], end - time.perf_counter()
+            if unsplit and rung.fallback:  # each bag is one leaf too: the bags come first
+                return None
             twin = quick_twin(rungs, i, fitted) if unsplit else None
             if twin is not None:  # the same model as the quick one: its fit, its seconds
                 fitted[i], seconds[i], alone[i] = fitted[twin], seconds[twin], alone[twin]
