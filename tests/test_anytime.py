@@ -36,7 +36,9 @@ from xrfm_torch.models.ladder import (
     QUICK_SPLIT_ROWS,
     common_rows,
     estimate,
+    kernel_name,
     ladder,
+    quick_kernel,
     quick_tree,
     target_index,
 )
@@ -84,6 +86,57 @@ def test_the_ladder_of_each_target_kind():
     # leaves already small and one tree per map: the quick candidate would be the tree itself
     small = ladder(xRFMTree(max_leaf_size=500), None, 1, 2000)
     assert [r.name for r in small] == ["tree laplace", "tree gaussian", "mix tree"]
+
+
+def test_a_small_regression_fits_quick_candidate_takes_the_gaussian_kernel():
+    """A small fit's (at most QUICK_PROBE_ROWS rows) blended regression tree starts Gaussian."""
+    both = ["laplace", "gaussian"]
+    tree = xRFMTree(max_leaf_size=10_000)
+    assert quick_kernel(tree, both, 1, small=True) == 1
+    assert quick_kernel(tree, both, 1, small=False) == 0  # the quick trees probe
+    assert quick_kernel(tree, ["gaussian", "laplace"], 1, True) == 0  # (already first)
+    assert quick_kernel(tree, both, 5, True) == 0  # bags: the first kernel's
+    assert quick_kernel(tree, None, 1, True) == 0  # one kernel: its own, then the spares
+    clf = xRFMTree(task="classification", max_leaf_size=10_000)
+    assert quick_kernel(clf, both, 1, True) == 0
+    rungs = ladder(tree, both, 1, 2000, first=1)
+    assert [r.name for r in rungs] == [
+        "quick tree gaussian",
+        "tree laplace",  # the full candidates keep the kernels' order
+        "tree gaussian",
+        "mix tree",
+        "quick tree laplace",  # the detour: the other kernel, then the small blend
+        "mix quick tree",
+    ]
+    assert [r.kernel for r in rungs] == [1, 0, 1, -1, 0, -1]
+    assert [r.detour for r in rungs] == [None] * 4 + [0, 0] and rungs[5].mixes == (0, 4)
+    with pytest.raises(ValueError, match="first must index one of the kernels"):
+        ladder(tree, both, 1, 2000, first=2)
+
+
+def test_the_quick_kernel_is_fitted_saved_and_loaded_with_the_rows_it_was_chosen_on(tmp_path):
+    tree = xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=2))
+    blend = KernelBlend(tree, kernels=("laplace", "gaussian"))
+    X, y = planted(300, d=4, seed=2, noise=0.1)
+    assert QUICK_PROBE_ROWS >= 300
+    model = Anytime(blend, time_limit=600.0, quick_leaf_size=80)
+    model.fit(X, y, generator=torch.Generator().manual_seed(3))
+    assert int(model.quick_kernel_) == 1
+    trials = model.summary()["trials"]
+    assert trials[0]["candidate"] == "quick tree gaussian" and trials[0]["seconds"] > 0
+    # the quick candidate is the Gaussian tree with the quick settings, as fitted
+    quick = cast(xRFMTree, model._candidate(0))
+    assert kernel_name(quick) == "gaussian" and quick.config.max_leaf_size == 80
+    save_model(model, tmp_path / "m.pt")
+    loaded = load_model(tmp_path / "m.pt")
+    assert int(loaded.quick_kernel_) == 1
+    assert [t["candidate"] for t in loaded.summary()["trials"]] == [t["candidate"] for t in trials]
+    torch.testing.assert_close(loaded(X[:20]), model(X[:20]))
+    # a state saved before the rule (no quick_kernel_) was fitted with the first kernel's
+    state = {k: v for k, v in model.state_dict().items() if k != "quick_kernel_"}
+    old = Anytime(KernelBlend(tree, kernels=("laplace", "gaussian")), quick_leaf_size=80)
+    old.load_state_dict(state)
+    assert int(old.quick_kernel_) == 0 and old.rungs()[0].name == "quick tree laplace"
 
 
 def test_the_candidates_keep_the_targets_own_bag_and_blend_settings():
@@ -274,6 +327,21 @@ def test_a_fit_too_small_to_split_takes_the_quick_fit_for_its_twin():
     model = _anytime().fit(X, y, generator=torch.Generator().manual_seed(1))
     assert model.trials_[0, 1] != model.trials_[1, 1]
     assert model.trials_[0, 0] != model.trials_[1, 0]
+
+
+def test_a_quick_fit_split_by_its_map_sets_smaller_leaves_is_no_twin(monkeypatch):
+    """A set of input maps grows trees of half the leaf size: the quick ones split 70 rows."""
+    record_probes(monkeypatch, ["quantile", "identity"])
+    X, y = planted(70, d=4, seed=4, noise=0.1)
+    model = _anytime().fit(X, y, generator=torch.Generator().manual_seed(1))
+    quick = cast(xRFMTree, model._candidate(0)).fit(
+        X, y, generator=torch.Generator().manual_seed(1)
+    )
+    assert quick.n_leaves > len(quick.trees) == 2  # split: not the full tree
+    assert model.trials_[1, 1] != model.trials_[0, 1]  # so the full tree is fitted on its own
+    full = cast(xRFMTree, model._candidate(1)).fit(X, y, generator=torch.Generator().manual_seed(1))
+    assert full.n_leaves == len(full.trees) == 2
+    assert honest_loss(full) == pytest.approx(float(model.trials_[1, 0]), rel=1e-12)
 
 
 def test_a_small_fits_quick_candidates_see_the_raw_inputs_and_its_full_ones_probe(

@@ -5,9 +5,11 @@ kernel blend of either: the *target*) and fits a ladder of candidates that ends 
 first (:func:`~xrfm_torch.models.ladder.ladder`):
 
 1. ``quick``: the target's tree (or its bags, after one quick single tree as a fallback) for
-   the first kernel with leaves of at most ``quick_leaf_size`` rows, one tree per input map and
-   smaller split models (:func:`~xrfm_torch.models.ladder.quick_tree`; docs/design-use.md, "A
-   time budget: the anytime fit"); where no tree splits, the bags come first, without the
+   the first kernel (a small regression blend: the Gaussian one,
+   :func:`~xrfm_torch.models.ladder.quick_kernel`) with leaves of at most ``quick_leaf_size``
+   rows, one tree per input map and smaller split models
+   (:func:`~xrfm_torch.models.ladder.quick_tree`; docs/design-use.md, "A time budget: the
+   anytime fit"); where no tree splits, the bags come first, without the
    fallback: each bag is one leaf, and a bag's leaf stops iterating at the limit as the
    fallback's would;
 2. the target's tree (or bags) once per kernel;
@@ -71,6 +73,7 @@ from xrfm_torch.models.ladder import (
     kernel_names,
     ladder,
     one_leaf_tree,
+    quick_kernel,
     quick_tree,
     quick_twin,
     target_parts,
@@ -105,11 +108,14 @@ class Anytime(Selector):
         quick_probe_: Whether the quick candidates probed their input maps (the fit had more
             than ``QUICK_PROBE_ROWS`` rows, or too few for any tree to split) or saw the raw
             inputs.
+        quick_kernel_: The index of the quick candidates' kernel among the target's
+            (:func:`~xrfm_torch.models.ladder.quick_kernel`: it depends on the fit's rows).
     """
 
     chosen_: Tensor
     trials_: Tensor
     quick_probe_: Tensor
+    quick_kernel_: Tensor
     prototype: Model  # the target's settings (Holder._hold_prototype)
 
     def __init__(
@@ -135,6 +141,7 @@ class Anytime(Selector):
         self.register_buffer("chosen_", torch.tensor(-1))
         self.register_buffer("trials_", torch.zeros(0, 2, dtype=torch.float64))
         self.register_buffer("quick_probe_", torch.tensor(True))
+        self.register_buffer("quick_kernel_", torch.tensor(0))
         self.fit_seconds_: float | None = None
 
     # ---- settings ------------------------------------------------------------------------------
@@ -143,7 +150,7 @@ class Anytime(Selector):
         t = target_parts(self.prototype)
         if t is None:  # a kind the ladder cannot vary: the target alone
             return [Rung("target", 0, 1)]
-        return ladder(t.tree, t.kernels, t.n_bags, self.quick_leaf_size)
+        return ladder(t.tree, t.kernels, t.n_bags, self.quick_leaf_size, int(self.quick_kernel_))
 
     def _candidate(self, index: int, maps: InputTransform | None = None) -> Model:
         """Rung ``index`` as an unfitted model (a mix: an empty ``KernelBlend``).
@@ -249,13 +256,17 @@ class Anytime(Selector):
             X_val, y_val, val_sample_weight = _positive(
                 X_val, y_val, val_sample_weight, "val_sample_weight"
             )
-        rungs = self.rungs()
         n_rows = len(X) + (0 if X_val is None else len(X_val))
         # where no tree splits, the quick candidate is the full one (its twin, below) and probes
         # for it; other small fits: the quick ones see the raw inputs, the full ones probe
         unsplit = self._one_leaf(n_rows)
         probe = unsplit or n_rows > QUICK_PROBE_ROWS
         self.quick_probe_ = torch.tensor(probe)
+        t = target_parts(self.prototype)
+        small = n_rows <= QUICK_PROBE_ROWS
+        first = 0 if t is None else quick_kernel(t.tree, t.kernels, t.n_bags, small)
+        self.quick_kernel_ = torch.tensor(first)
+        rungs = self.rungs()
         fitted: dict[int, Model] = {}
         seconds = [math.nan] * len(rungs)
         # what each rung took or would have taken alone: with the input-map probe it reused
@@ -385,6 +396,9 @@ class Anytime(Selector):
         index = state_dict.get(prefix + "chosen_")
         if not (isinstance(index, Tensor) and int(index) >= 0):
             return None
+        first = state_dict.get(prefix + "quick_kernel_")
+        if isinstance(first, Tensor):  # the ladder as it was fitted
+            self.quick_kernel_ = first.clone()
         n = len(self.rungs())
         if not int(index) < n:
             raise ValueError(f"the state chose candidate {int(index)}, but this ladder has {n}")
@@ -399,6 +413,8 @@ class Anytime(Selector):
     def _upgrade_state(self, state_dict: dict[str, Any], prefix: str) -> None:
         # a state saved before the small-fit rule (0.15): its quick candidates probed
         state_dict.setdefault(prefix + "quick_probe_", torch.tensor(True))
+        # one saved before the quick kernel depended on the rows (0.x): the first kernel's
+        state_dict.setdefault(prefix + "quick_kernel_", torch.tensor(0))
 
 
 def _num(v: float) -> float | None:

@@ -8,7 +8,7 @@ docs/design-use.md, "A time budget: the anytime fit", says why each choice.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -43,6 +43,9 @@ SPARE_KERNELS = ("laplace", "gaussian")
 #: Paired standard errors by which a candidate's honest loss must beat the target's, where the
 #: target was fitted, to be kept instead (:func:`choose`).
 TARGET_MARGIN = 2.0
+#: The kernel of a blended regression target's quick candidate on fits of at most
+#: :data:`QUICK_PROBE_ROWS` rows (:func:`quick_kernel`; docs/design-use.md).
+SMALL_QUICK_KERNEL = "gaussian"
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,25 @@ def quick_tree(tree: xRFMTree, leaf_size: int, probe: bool = True) -> xRFMTree:
     return tree.with_settings(max_leaf_size=leaf, n_trees=1, split_rule=split, input_transform=maps)
 
 
-def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: int) -> list[Rung]:
+def quick_kernel(tree: xRFMTree, kernels: list[str] | None, n_bags: int, small: bool) -> int:
+    """The index (into :func:`kernel_names`) of the kernel of the ladder's quick candidates.
+
+    :data:`SMALL_QUICK_KERNEL` for a single-tree regression target that blends it with other
+    kernels, on a ``small`` fit (of at most :data:`QUICK_PROBE_ROWS` rows, training plus
+    validation); else the first kernel (0). On such fits the quick candidate is often all a budget buys, and there
+    its Gaussian tree had the lower test loss on more design tables than its Laplace one; on
+    larger fits (where the quick trees probe their input maps) the Laplace tree led.
+    """
+    names = kernel_names(tree, kernels)
+    regression = n_bags == 1 and tree.task == "regression"
+    if kernels and small and regression and SMALL_QUICK_KERNEL in names:
+        return names.index(SMALL_QUICK_KERNEL)
+    return 0
+
+
+def ladder(
+    tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: int, first: int = 0
+) -> list[Rung]:
     """The candidates of an anytime fit, cheapest first: up to the target model, then spares.
 
     The candidates are of the target's kind (single trees, or ``n_bags`` cross-fitted bags), so
@@ -127,15 +148,20 @@ def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: i
     detours grow on its input maps (the anytime fit), so they cost it less its probe; where the
     budget stops the main line after a quick candidate, it buys the blend in small form instead
     of nothing. They come last so that the rungs before them keep their indices.
+
+    ``first``: the index of the quick candidates' kernel (:func:`quick_kernel`); their detours
+    take the other kernels. The full candidates keep the kernels' order.
     """
     names = kernel_names(tree, kernels)
     spare = not kernels  # one kernel: the names after the first (and their mix) are spares
     what = "tree" if n_bags == 1 else "bags"
     rungs: list[Rung] = []
+    if not 0 <= first < len(names):
+        raise ValueError(f"first must index one of the kernels {names}, got {first}")
     if n_bags > 1:
-        rungs.append(Rung(f"quick tree {names[0]}", 0, 1, quick=True, fallback=True))
+        rungs.append(Rung(f"quick tree {names[first]}", first, 1, quick=True, fallback=True))
     if tree.config.max_leaf_size > quick_leaf or (tree.config.n_trees or 1) > 1:
-        rungs.append(Rung(f"quick {what} {names[0]}", 0, n_bags, quick=True))
+        rungs.append(Rung(f"quick {what} {names[first]}", first, n_bags, quick=True))
     first = len(rungs)
     rungs.extend(Rung(f"{what} {k}", i, n_bags, spare=spare and i > 0) for i, k in enumerate(names))
     if len(names) > 1:
@@ -149,7 +175,7 @@ def ladder(tree: xRFMTree, kernels: list[str] | None, n_bags: int, quick_leaf: i
         rungs.extend(
             Rung(f"quick {kind} {k}", i, q.bags, quick=True, fallback=q.fallback, detour=base)
             for i, k in enumerate(names)
-            if i > 0
+            if i != q.kernel
         )
         mixed = (base, *range(start, len(rungs)))
         mix = Rung(f"mix quick {kind}", -1, q.bags, True, mixed, q.fallback, detour=base)
@@ -209,28 +235,38 @@ def climb(
             detour(base, detours(rungs, base))
 
 
-def quick_twin(rungs: list[Rung], index: int, fitted: Iterable[int]) -> int | None:
+def quick_twin(rungs: list[Rung], index: int, fitted: Mapping[int, Model]) -> int | None:
     """The fitted quick rung that rung ``index`` equals on a fit too small to split, or ``None``.
 
-    ``fitted``: the indices of the rungs fitted so far.
+    ``fitted``: the rungs fitted so far, by index.
 
     Where no tree of either can split (every fit row fits one leaf of both), the quick candidate
     and the full candidate of the same kernel and bags are the same model, bit for bit (the
     same draws, one leaf, and a one-leaf tree's count of trees stops at one), so the ladder
-    takes the quick one's fit for the full one's instead of fitting it again.
+    takes the quick one's fit for the full one's instead of fitting it again. Only a quick fit
+    whose every tree is one leaf stands in: a set of input maps grows trees of a share of the
+    leaf size (``TreeConfig.set_leaf_fraction``), which the quick tree's smaller leaves may split
+    where the full tree's do not.
     """
     rung = rungs[index]
     if rung.quick or rung.mixes:
         return None
-    for j in fitted:
+    for j, model in fitted.items():
         twin = rungs[j]
         if (
             twin.quick
             and not twin.fallback
             and (twin.kernel, twin.bags) == (rung.kernel, rung.bags)
+            and one_leaf_each(model)
         ):
             return j
     return None
+
+
+def one_leaf_each(model: Model) -> bool:
+    """Whether every tree of ``model`` (a tree, or its bags) is a single leaf."""
+    trees = list(model.members) if isinstance(model, BaggedTree) else [model]
+    return all(isinstance(t, xRFMTree) and t.n_leaves == len(t.trees) for t in trees)
 
 
 def kernel_names(tree: xRFMTree, kernels: list[str] | None) -> list[str]:
