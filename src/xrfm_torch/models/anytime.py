@@ -259,11 +259,10 @@ class Anytime(Selector):
         n_rows = len(X) + (0 if X_val is None else len(X_val))
         # where no tree splits, the quick candidate is the full one (its twin, below) and probes
         # for it; other small fits: the quick ones see the raw inputs, the full ones probe
-        unsplit = self._one_leaf(n_rows)
-        probe = unsplit or n_rows > QUICK_PROBE_ROWS
+        unsplit, small = self._one_leaf(n_rows), n_rows <= QUICK_PROBE_ROWS
+        probe = unsplit or not small
         self.quick_probe_ = torch.tensor(probe)
         t = target_parts(self.prototype)
-        small = n_rows <= QUICK_PROBE_ROWS
         first = 0 if t is None else quick_kernel(t.tree, t.kernels, t.n_bags, small)
         self.quick_kernel_ = torch.tensor(first)
         rungs = self.rungs()

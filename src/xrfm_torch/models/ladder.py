@@ -117,9 +117,10 @@ def quick_kernel(tree: xRFMTree, kernels: list[str] | None, n_bags: int, small: 
 
     :data:`SMALL_QUICK_KERNEL` for a single-tree regression target that blends it with other
     kernels, on a ``small`` fit (of at most :data:`QUICK_PROBE_ROWS` rows, training plus
-    validation); else the first kernel (0). On such fits the quick candidate is often all a budget buys, and there
-    its Gaussian tree had the lower test loss on more design tables than its Laplace one; on
-    larger fits (where the quick trees probe their input maps) the Laplace tree led.
+    validation); else the first kernel (0). On such fits the quick candidate is often all a
+    budget buys, and there its Gaussian tree had the lower test loss on more design tables than
+    its Laplace one; on larger fits (where the quick trees probe their input maps) the Laplace
+    tree led.
     """
     names = kernel_names(tree, kernels)
     regression = n_bags == 1 and tree.task == "regression"
@@ -155,17 +156,17 @@ def ladder(
     names = kernel_names(tree, kernels)
     spare = not kernels  # one kernel: the names after the first (and their mix) are spares
     what = "tree" if n_bags == 1 else "bags"
-    rungs: list[Rung] = []
     if not 0 <= first < len(names):
         raise ValueError(f"first must index one of the kernels {names}, got {first}")
+    rungs: list[Rung] = []
     if n_bags > 1:
         rungs.append(Rung(f"quick tree {names[first]}", first, 1, quick=True, fallback=True))
     if tree.config.max_leaf_size > quick_leaf or (tree.config.n_trees or 1) > 1:
         rungs.append(Rung(f"quick {what} {names[first]}", first, n_bags, quick=True))
-    first = len(rungs)
+    full = len(rungs)  # the first full rung
     rungs.extend(Rung(f"{what} {k}", i, n_bags, spare=spare and i > 0) for i, k in enumerate(names))
     if len(names) > 1:
-        mixed = tuple(range(first, len(rungs)))
+        mixed = tuple(range(full, len(rungs)))
         rungs.append(Rung(f"mix {what}", -1, n_bags, mixes=mixed, spare=spare))
     if spare:
         return rungs
