@@ -88,17 +88,17 @@ def test_the_ladder_of_each_target_kind():
     assert [r.name for r in small] == ["tree laplace", "tree gaussian", "mix tree"]
 
 
-def test_a_small_regression_fits_quick_candidate_takes_the_gaussian_kernel():
-    """A small fit's (at most QUICK_PROBE_ROWS rows) blended regression tree starts Gaussian."""
+def test_a_small_fits_quick_single_tree_takes_the_gaussian_kernel():
+    """A small fit's (at most QUICK_PROBE_ROWS rows) quick single tree of a blend is Gaussian."""
     both = ["laplace", "gaussian"]
     tree = xRFMTree(max_leaf_size=10_000)
     assert quick_kernel(tree, both, 1, small=True) == 1
     assert quick_kernel(tree, both, 1, small=False) == 0  # the quick trees probe
     assert quick_kernel(tree, ["gaussian", "laplace"], 1, True) == 0  # (already first)
-    assert quick_kernel(tree, both, 5, True) == 0  # bags: the first kernel's
     assert quick_kernel(tree, None, 1, True) == 0  # one kernel: its own, then the spares
     clf = xRFMTree(task="classification", max_leaf_size=10_000)
-    assert quick_kernel(clf, both, 1, True) == 0
+    assert quick_kernel(clf, both, 1, True) == 1 and quick_kernel(clf, both, 5, True) == 1
+    assert quick_kernel(clf, both, 5, False) == 0
     rungs = ladder(tree, both, 1, 2000, first=1)
     assert [r.name for r in rungs] == [
         "quick tree gaussian",
@@ -110,6 +110,22 @@ def test_a_small_regression_fits_quick_candidate_takes_the_gaussian_kernel():
     ]
     assert [r.kernel for r in rungs] == [1, 0, 1, -1, 0, -1]
     assert [r.detour for r in rungs] == [None] * 4 + [0, 0] and rungs[5].mixes == (0, 4)
+    # bags: the fallback single tree is Gaussian, the quick bags keep the first kernel
+    bags = ladder(clf, both, 5, 2000, first=1)
+    assert [r.name for r in bags] == [
+        "quick tree gaussian",
+        "quick bags laplace",
+        "bags laplace",
+        "bags gaussian",
+        "mix bags",
+        "quick tree laplace",
+        "mix quick tree",
+        "quick bags gaussian",
+        "mix quick bags",
+    ]
+    assert [r.kernel for r in bags] == [1, 0, 0, 1, -1, 0, -1, 1, -1]
+    assert [r.detour for r in bags] == [None] * 5 + [0, 0, 1, 1]
+    assert bags[6].mixes == (0, 5) and bags[8].mixes == (1, 7)
     with pytest.raises(ValueError, match="first must index one of the kernels"):
         ladder(tree, both, 1, 2000, first=2)
 
@@ -415,7 +431,7 @@ def test_a_blended_bagged_target_mixes_its_kernels_bags(quick_probes):
     model.fit(X, labels, generator=torch.Generator().manual_seed(0))
     names = [t["candidate"] for t in model.summary()["trials"]]
     assert names[:5] == [
-        "quick tree laplace",
+        "quick tree laplace",  # the fallback (as on a large fit: the first kernel)
         "quick bags laplace",
         "bags laplace",
         "bags gaussian",
@@ -450,7 +466,7 @@ def test_a_bagged_target_too_small_to_split_fits_its_bags_first():
     model.fit(X, labels, generator=torch.Generator().manual_seed(0))
     names = [t["candidate"] for t in model.summary()["trials"]]
     assert names[:5] == [
-        "quick tree laplace",
+        "quick tree gaussian",  # a small blend's fallback kernel (never fitted here)
         "quick bags laplace",
         "bags laplace",
         "bags gaussian",
@@ -510,6 +526,8 @@ def test_a_bagged_target_out_of_time_keeps_its_fallback_tree():
     assert int(model.chosen_) == 0 and model.trials_[1:].isnan().all()
     kept = model.models()[0]
     assert isinstance(kept, xRFMTree) and kept.config.max_leaf_size == 60
+    # a small fit of a blend: the fallback is the Gaussian tree (quick_kernel)
+    assert int(model.quick_kernel_) == 1 and kernel_name(kept) == "gaussian"
     torch.testing.assert_close(model.predict_proba(X).sum(1), torch.ones(240))
 
 

@@ -5,7 +5,7 @@ kernel blend of either: the *target*) and fits a ladder of candidates that ends 
 first (:func:`~xrfm_torch.models.ladder.ladder`):
 
 1. ``quick``: the target's tree (or its bags, after one quick single tree as a fallback) for
-   the first kernel (a small regression blend: the Gaussian one,
+   the first kernel (on a small fit of a blend, the single tree takes the Gaussian one,
    :func:`~xrfm_torch.models.ladder.quick_kernel`) with leaves of at most ``quick_leaf_size``
    rows, one tree per input map and smaller split models
    (:func:`~xrfm_torch.models.ladder.quick_tree`; docs/design-use.md, "A time budget: the
@@ -108,7 +108,7 @@ class Anytime(Selector):
         quick_probe_: Whether the quick candidates probed their input maps (the fit had more
             than ``QUICK_PROBE_ROWS`` rows, or too few for any tree to split) or saw the raw
             inputs.
-        quick_kernel_: The index of the quick candidates' kernel among the target's
+        quick_kernel_: The index of the quick single tree's kernel among the target's
             (:func:`~xrfm_torch.models.ladder.quick_kernel`: it depends on the fit's rows).
     """
 

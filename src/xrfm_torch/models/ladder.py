@@ -113,18 +113,18 @@ def quick_tree(tree: xRFMTree, leaf_size: int, probe: bool = True) -> xRFMTree:
 
 
 def quick_kernel(tree: xRFMTree, kernels: list[str] | None, n_bags: int, small: bool) -> int:
-    """The index (into :func:`kernel_names`) of the kernel of the ladder's quick candidates.
+    """The index (into :func:`kernel_names`) of the kernel of the ladder's quick single tree.
 
-    :data:`SMALL_QUICK_KERNEL` for a single-tree regression target that blends it with other
-    kernels, on a ``small`` fit (of at most :data:`QUICK_PROBE_ROWS` rows, training plus
-    validation); else the first kernel (0). On such fits the quick candidate is often all a
-    budget buys, and there its Gaussian tree had the lower test loss on more design tables than
-    its Laplace one; on larger fits (where the quick trees probe their input maps) the Laplace
-    tree led.
+    :data:`SMALL_QUICK_KERNEL` for a target that blends it with other kernels, on a ``small``
+    fit (of at most :data:`QUICK_PROBE_ROWS` rows, training plus validation); else the first
+    kernel (0). The quick single tree is the quick candidate of a single-tree target and the
+    fallback of a bagged one (whose quick bags keep the first kernel, :func:`ladder`). On such
+    fits it is often all a budget buys, and there its Gaussian tree had the lower test loss on
+    more design tables than its Laplace one; on larger fits (where the quick trees probe their
+    input maps) the Laplace tree led, and so did the Laplace quick bags on small fits.
     """
     names = kernel_names(tree, kernels)
-    regression = n_bags == 1 and tree.task == "regression"
-    if kernels and small and regression and SMALL_QUICK_KERNEL in names:
+    if kernels and small and SMALL_QUICK_KERNEL in names:
         return names.index(SMALL_QUICK_KERNEL)
     return 0
 
@@ -150,8 +150,9 @@ def ladder(
     budget stops the main line after a quick candidate, it buys the blend in small form instead
     of nothing. They come last so that the rungs before them keep their indices.
 
-    ``first``: the index of the quick candidates' kernel (:func:`quick_kernel`); their detours
-    take the other kernels. The full candidates keep the kernels' order.
+    ``first``: the index of the quick single tree's kernel (:func:`quick_kernel`), a single-tree
+    target's quick candidate or a bagged target's fallback; quick bags take the first kernel.
+    Their detours take the other kernels. The full candidates keep the kernels' order.
     """
     names = kernel_names(tree, kernels)
     spare = not kernels  # one kernel: the names after the first (and their mix) are spares
@@ -162,7 +163,8 @@ def ladder(
     if n_bags > 1:
         rungs.append(Rung(f"quick tree {names[first]}", first, 1, quick=True, fallback=True))
     if tree.config.max_leaf_size > quick_leaf or (tree.config.n_trees or 1) > 1:
-        rungs.append(Rung(f"quick {what} {names[first]}", first, n_bags, quick=True))
+        own = first if n_bags == 1 else 0  # quick bags: the first kernel's
+        rungs.append(Rung(f"quick {what} {names[own]}", own, n_bags, quick=True))
     full = len(rungs)  # the first full rung
     rungs.extend(Rung(f"{what} {k}", i, n_bags, spare=spare and i > 0) for i, k in enumerate(names))
     if len(names) > 1:
