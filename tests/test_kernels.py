@@ -238,11 +238,15 @@ def test_cache_blocks_split_cpu_buffers_and_keep_device_buffers_whole():
 def test_in_one_block_is_where_forward_makes_the_matrix_in_one_piece():
     from xrfm_torch.kernels import LaplaceKernel
 
-    z = torch.randn(10, 2)
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(10, 2, generator=g)
     k = LaplaceKernel(chunk_bytes=10 * 4 * 3 * 5)  # float32, 10 centres: 5 rows a block
     assert k.in_one_block(torch.randn(5, 2), z) and not k.in_one_block(torch.randn(6, 2), z)
-    x = torch.randn(6, 2)  # chunked, yet the same matrix
-    torch.testing.assert_close(k(x, z), LaplaceKernel()(x, z), rtol=0, atol=0)
+    # chunked, yet the same matrix: to the last bits, as the BLAS may round a block of 5 rows
+    # and one of 6 differently (one float32 ulp on about 1 in 8 draws on some CPUs)
+    for _ in range(20):
+        x = torch.randn(6, 2, generator=g)
+        torch.testing.assert_close(k(x, z), LaplaceKernel()(x, z), rtol=2.5e-7, atol=1.2e-7)
 
 
 @pytest.mark.parametrize("name", ["laplace", "lpq", "product_laplace", "gaussian"])
