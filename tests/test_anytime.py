@@ -493,6 +493,36 @@ def test_a_bagged_target_too_small_to_split_fits_its_bags_first():
     torch.testing.assert_close(starved.predict_proba(X).sum(1), torch.ones(150))
 
 
+def test_one_leaf_bags_over_their_estimate_still_start_and_others_are_skipped(monkeypatch, caplog):
+    """Bags of one leaf each stop iterating at the limit: they start even where their estimate
+    exceeds the time left (cut short, still a model to mix); bags that split are skipped."""
+    real = anytime_module.estimate
+
+    def dear(rung, *args):  # the Gaussian bags look far too costly for the time left
+        return 1e9 if rung.name == "bags gaussian" else real(rung, *args)
+
+    monkeypatch.setattr(anytime_module, "estimate", dear)
+    X, y = planted(150, d=4, seed=2)
+    labels = (y > y.median()).long()
+    tree = xRFMTree(task="classification", max_leaf_size=600, leaf=LeafConfig(n_iters=1))
+    target = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    model = Anytime(target, time_limit=600.0, quick_leaf_size=300)
+    with caplog.at_level("INFO", logger="xrfm_torch"):
+        model.fit(X, labels, generator=torch.Generator().manual_seed(0))
+    assert "bags gaussian started anyway" in caplog.text
+    names = [t["candidate"] for t in model.summary()["trials"]]
+    gaussian, mix = names.index("bags gaussian"), names.index("mix bags")
+    assert model.trials_[[gaussian, mix], 0].isfinite().all() and int(model.chosen_) == mix
+    # the same bags on more rows than a leaf holds: skipped, and the line stops
+    X, y = planted(240, d=4, seed=2)
+    labels = (y > y.median()).long()
+    tree = xRFMTree(task="classification", max_leaf_size=300, leaf=LeafConfig(n_iters=1))
+    target = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    split = Anytime(target, time_limit=600.0, quick_leaf_size=60)
+    split.fit(X, labels, generator=torch.Generator().manual_seed(0))
+    assert split.trials_[gaussian].isnan().all() and split.trials_[mix].isnan().all()
+
+
 def test_bagged_candidates_are_compared_on_all_their_out_of_fold_rows():
     # the fallback tree scores only its validation rows; the bags must not be narrowed to them
     X, y = planted(300, d=4, seed=5)

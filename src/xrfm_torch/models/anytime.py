@@ -41,7 +41,9 @@ only when its cost, estimated from the ones before (:func:`~xrfm_torch.models.la
 fits in the time left; it runs under an aborting deadline (:mod:`xrfm_torch.numerics.deadline`)
 and is dropped if the limit comes first; the first one, and a single tree whose trees do not
 split, under a degrading deadline (its leaves stop iterating), so the fit always ends with a
-model and a one-leaf tree's iterations so far are not thrown away. What was tried, its loss
+model and a one-leaf tree's iterations so far are not thrown away. Bags whose every bag is one
+leaf run under such a deadline too, and start even where their estimate does not fit: cut
+short, they are still a model to mix. What was tried, its loss
 and seconds are logged, kept in ``trials_`` (saved) and shown by :meth:`Anytime.summary`.
 """
 
@@ -301,16 +303,22 @@ class Anytime(Selector):
             reused = grown[key][1] if shares else 0.0
             # as if alone, less the probe it skips
             cost = estimate(rung, rungs, alone, probed) - reused
-            if fitted and cost > left:
+            # bags of one leaf each stop iterating at the limit (below): cut short, they are
+            # still a model to mix, where skipped the time left buys nothing
+            stretch = unsplit and rung.bags > 1 and left > 0
+            if fitted and cost > left and not stretch:
                 log.info("anytime: %s skipped (about %.1fs, %.1fs left)", rung.name, cost, left)
                 return "skipped"
+            if fitted and cost > left:
+                log.info("anytime: %s started anyway (about %.1fs, %.1fs left): one leaf a bag, "
+                         "its leaves stop at the limit", rung.name, cost, left)  # fmt: skip
             model = self._candidate(i, grown[key][0] if shares else None)
             draws = torch.Generator()
             draws.set_state(state)
             began = time.perf_counter()
             # a candidate of one leaf per tree stops iterating at the limit rather than being
             # dropped: its iterations so far are a model, and the next step's estimate bounds it
-            abort = bool(fitted) and not one_leaf_tree(model, len(X))
+            abort = bool(fitted) and not (stretch or one_leaf_tree(model, len(X)))
             try:
                 with deadline.within(left, abort=abort):
                     model.fit(X, y, X_val, y_val, sample_weight=sample_weight,
