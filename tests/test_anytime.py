@@ -15,6 +15,7 @@ from typing import cast
 import numpy as np
 import pytest
 import torch
+from torch import Tensor
 
 from conftest import honest_loss, planted, record_probes
 from xrfm_torch import (
@@ -422,11 +423,16 @@ def test_a_limit_too_short_for_anything_keeps_the_quick_candidate_cut_short(capl
     assert model.fit_seconds_ > model.time_limit and "alone took" not in caplog.text
 
 
+def _bagged_blend(n_rows: int, max_leaf_size: int) -> tuple[Tensor, Tensor, KernelBlend]:
+    """A planted table's rows, their labels, and a blend of three bags of classification trees."""
+    X, y = planted(n_rows, d=4, seed=2)
+    tree = xRFMTree(task="classification", max_leaf_size=max_leaf_size, leaf=LeafConfig(n_iters=1))
+    blend = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    return X, (y > y.median()).long(), blend
+
+
 def test_a_blended_bagged_target_mixes_its_kernels_bags(quick_probes):
-    X, y = planted(240, d=4, seed=2)
-    labels = (y > y.median()).long()
-    tree = xRFMTree(task="classification", max_leaf_size=300, leaf=LeafConfig(n_iters=1))
-    target = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    X, labels, target = _bagged_blend(240, 300)
     model = Anytime(target, time_limit=600.0, quick_leaf_size=60)
     model.fit(X, labels, generator=torch.Generator().manual_seed(0))
     names = [t["candidate"] for t in model.summary()["trials"]]
@@ -447,7 +453,7 @@ def test_a_blended_bagged_target_mixes_its_kernels_bags(quick_probes):
     # the mix is the target itself, fitted the way the blend fits it
     mix = model.trials_[4, 0]
     assert mix <= model.trials_[2:4, 0].min() + 1e-12  # weight 1 on one kernel is a candidate mix
-    blend = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    blend = _bagged_blend(240, 300)[2]  # the target, fitted alone
     blend.fit(X, labels, generator=torch.Generator().manual_seed(0))
     full = model._candidate(4)
     assert isinstance(full, KernelBlend) and full.get_config() == blend.get_config()
@@ -458,10 +464,7 @@ def test_a_blended_bagged_target_mixes_its_kernels_bags(quick_probes):
 
 def test_a_bagged_target_too_small_to_split_fits_its_bags_first():
     """Every bag is one leaf: no fallback single tree, the quick bags are the full ones' twin."""
-    X, y = planted(150, d=4, seed=2)
-    labels = (y > y.median()).long()
-    tree = xRFMTree(task="classification", max_leaf_size=600, leaf=LeafConfig(n_iters=1))
-    target = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    X, labels, target = _bagged_blend(150, 600)
     model = Anytime(target, time_limit=600.0, quick_leaf_size=300)
     model.fit(X, labels, generator=torch.Generator().manual_seed(0))
     names = [t["candidate"] for t in model.summary()["trials"]]
@@ -478,7 +481,7 @@ def test_a_bagged_target_too_small_to_split_fits_its_bags_first():
     assert model.trials_[1:5, 0].isfinite().all()
     # the kept model is the blend of bags, the same as fitted alone from the same generator
     assert int(model.chosen_) == 4
-    blend = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    blend = _bagged_blend(150, 600)[2]  # the target, fitted alone
     blend.fit(X, labels, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(model.predict_proba(X[:20]), blend.predict_proba(X[:20]))
     # out of time, the quick bags are kept, cut short: no leaf of any bag iterated
@@ -502,10 +505,7 @@ def test_one_leaf_bags_over_their_estimate_still_start_and_others_are_skipped(mo
         return 1e9 if rung.name == "bags gaussian" else real(rung, *args)
 
     monkeypatch.setattr(anytime_module, "estimate", dear)
-    X, y = planted(150, d=4, seed=2)
-    labels = (y > y.median()).long()
-    tree = xRFMTree(task="classification", max_leaf_size=600, leaf=LeafConfig(n_iters=1))
-    target = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    X, labels, target = _bagged_blend(150, 600)
     model = Anytime(target, time_limit=600.0, quick_leaf_size=300)
     with caplog.at_level("INFO", logger="xrfm_torch"):
         model.fit(X, labels, generator=torch.Generator().manual_seed(0))
@@ -514,10 +514,7 @@ def test_one_leaf_bags_over_their_estimate_still_start_and_others_are_skipped(mo
     gaussian, mix = names.index("bags gaussian"), names.index("mix bags")
     assert model.trials_[[gaussian, mix], 0].isfinite().all() and int(model.chosen_) == mix
     # the same bags on more rows than a leaf holds: skipped, and the line stops
-    X, y = planted(240, d=4, seed=2)
-    labels = (y > y.median()).long()
-    tree = xRFMTree(task="classification", max_leaf_size=300, leaf=LeafConfig(n_iters=1))
-    target = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    X, labels, target = _bagged_blend(240, 300)
     split = Anytime(target, time_limit=600.0, quick_leaf_size=60)
     split.fit(X, labels, generator=torch.Generator().manual_seed(0))
     assert split.trials_[gaussian].isnan().all() and split.trials_[mix].isnan().all()
@@ -547,10 +544,7 @@ def test_bagged_candidates_are_compared_on_all_their_out_of_fold_rows():
 
 
 def test_a_bagged_target_out_of_time_keeps_its_fallback_tree():
-    X, y = planted(240, d=4, seed=2)
-    labels = (y > y.median()).long()
-    tree = xRFMTree(task="classification", max_leaf_size=300, leaf=LeafConfig(n_iters=1))
-    target = KernelBlend(BaggedTree(tree, n_bags=3), kernels=("laplace", "gaussian"))
+    X, labels, target = _bagged_blend(240, 300)
     model = Anytime(target, time_limit=1e-6, quick_leaf_size=60)
     model.fit(X, labels, generator=torch.Generator().manual_seed(0))
     assert int(model.chosen_) == 0 and model.trials_[1:].isnan().all()

@@ -306,10 +306,10 @@ class Anytime(Selector):
             # bags of one leaf each stop iterating at the limit (below): cut short, they are
             # still a model to mix, where skipped the time left buys nothing
             stretch = unsplit and rung.bags > 1 and left > 0
-            if fitted and cost > left and not stretch:
-                log.info("anytime: %s skipped (about %.1fs, %.1fs left)", rung.name, cost, left)
-                return "skipped"
             if fitted and cost > left:
+                if not stretch:
+                    log.info("anytime: %s skipped (about %.1fs, %.1fs left)", rung.name, cost, left)
+                    return "skipped"
                 log.info("anytime: %s started anyway (about %.1fs, %.1fs left): one leaf a bag, "
                          "its leaves stop at the limit", rung.name, cost, left)  # fmt: skip
             model = self._candidate(i, grown[key][0] if shares else None)

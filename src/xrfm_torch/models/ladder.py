@@ -43,8 +43,8 @@ SPARE_KERNELS = ("laplace", "gaussian")
 #: Paired standard errors by which a candidate's honest loss must beat the target's, where the
 #: target was fitted, to be kept instead (:func:`choose`).
 TARGET_MARGIN = 2.0
-#: The kernel of a blended regression target's quick candidate on fits of at most
-#: :data:`QUICK_PROBE_ROWS` rows (:func:`quick_kernel`; docs/design-use.md).
+#: The kernel of a blended target's quick single tree (a single-tree target's quick candidate, a
+#: bagged one's fallback) on fits of at most :data:`QUICK_PROBE_ROWS` rows (:func:`quick_kernel`).
 SMALL_QUICK_KERNEL = "gaussian"
 
 
