@@ -254,6 +254,9 @@ def test_the_readme_and_the_benchmarks_page_quote_the_stored_confirm_run():
     default, three, ten = (sum(int(c[i].split("/")[0]) for c in cells) for i in (3, 7, 8))
     tables = sum(int(c[2]) for c in cells)
     readme = " ".join((base.ROOT / "README.md").read_text().split())
+    for c in cells:  # README's results section: the default per task
+        task, (won, n) = c[1].strip(), c[3].strip().split("/")
+        assert f"{task} {won} of {n}" in readme
     assert f"on {tables} real tables" in readme and f"test loss on {default} ([Results]" in readme
     assert f"on {ten} of the {tables} held-out tables" in readme
     assert f"given 3× (about a second on half) on {three} " in readme
