@@ -149,6 +149,7 @@ def test_file_and_state_dict_round_trip_bit_identical(tmp_path, bagged, regressi
     assert torch.equal(fresh(X[500:]), bagged(X[500:]))
 
 
+@pytest.mark.slow
 def test_export_matches_eager(bagged, regression, classifier):
     X, _ = regression
     program = export_program(bagged, X[:4])

@@ -51,6 +51,7 @@ def test_the_exported_program_takes_raw_rows_as_its_example(fitted):
     np.testing.assert_allclose(out.double().numpy(), proba, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_onnx_file_predicts_the_raw_rows(fitted, tmp_path):
     ort = pytest.importorskip("onnxruntime", reason="the onnx extra runs ONNX files")
     est, df, proba = fitted

@@ -99,6 +99,7 @@ def test_exported_program_predicts_as_the_eager_model(model_and_x):
         torch.testing.assert_close(got.sum(1), torch.ones(len(got), dtype=got.dtype))
 
 
+@pytest.mark.slow
 def test_saved_program_loads_and_predicts(model_and_x, tmp_path):
     model, x, config = model_and_x
     torch.export.save(export_program(model, x[:4]), tmp_path / "m.pt2")
@@ -189,6 +190,7 @@ def run_onnx(path, x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(session.run(None, {"x": x.numpy()})[0])
 
 
+@pytest.mark.slow
 def test_onnx_float64_model_runs_in_onnxruntime(tmp_path):
     model, x = fitted("hard, two trees")
     path = export_onnx(model, tmp_path / "m.onnx", x[:4])

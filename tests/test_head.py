@@ -126,6 +126,7 @@ def test_inside_sequential_encoder_gets_gradients():
     assert list(tree.parameters()) == []  # leaf coefficients are buffers: no optimizer
 
 
+@pytest.mark.slow
 def test_torch_compile_matches_eager():
     tree = fitted_tree(False, dtype=torch.float32)
     x = planted(64, d=4, seed=6)[0]
