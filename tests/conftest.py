@@ -7,10 +7,16 @@ import pytest
 import torch
 
 from xrfm_torch import LeafConfig, LeafRFM
+from xrfm_torch.numerics.threads import available_cores
 
 # Deterministic cuBLAS for the gpu-marked tests that turn on torch.use_deterministic_algorithms:
 # read once when CUDA starts, so it is set before any test touches the device (no effect on CPU).
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+# A pytest-xdist worker (the default run, pyproject's addopts) takes its share of the cores: torch's
+# default of one thread per core in every worker would have the workers' threads wait on each other.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, available_cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 # The benchmark tables: $XRFM_TORCH_DATASETS, else a shared/datasets folder beside the repository
 # (as bench.common.DATASETS); tests that need them skip when neither exists.

@@ -113,7 +113,8 @@ def runnable(step: str, cwd: Path) -> list[str] | None:
     if argv[:2] == ["python", "-m"] and argv[2] == "pytest":
         if "-m" not in argv[3:] or "gpu" not in argv:
             return None  # the default and slow tiers: what .ci/run runs (checked above)
-        return [sys.executable, *argv[1:], "-q", "-p", "no:cacheprovider"]
+        # in this process: the gpu tier skips on a CPU machine, no workers to start
+        return [sys.executable, *argv[1:], "-q", "-p", "no:cacheprovider", "-n", "0"]
     if argv[:2] == ["python", "train.py"]:
         args = argv[2:]
         args = [re.sub(r"n_trials=\d+", "n_trials=2", a) for a in args]
