@@ -63,6 +63,8 @@ def test_the_ladder_of_each_target_kind():
     assert [r.name for r in gaussian] == ["tree gaussian", "tree laplace", "mix tree"]
     assert all(r.detour is None for r in rungs)  # one kernel: no detours, spares instead
     rungs = ladder(tree, ["laplace", "gaussian"], 5, 2000)
+    assert all(r.draw for r in rungs[9:])  # the fallback tree's draws (test_anytime_draws.py)
+    rungs = rungs[:9]
     names = [r.name for r in rungs]
     assert names == [
         "quick tree laplace",  # a fallback: not the target's kind
@@ -101,6 +103,8 @@ def test_a_small_fits_quick_single_tree_takes_the_gaussian_kernel():
     assert quick_kernel(clf, both, 1, True) == 1 and quick_kernel(clf, both, 5, True) == 1
     assert quick_kernel(clf, both, 5, False) == 0
     rungs = ladder(tree, both, 1, 2000, first=1)
+    assert all(r.draw for r in rungs[6:])  # its draws (test_anytime_draws.py)
+    rungs = rungs[:6]
     assert [r.name for r in rungs] == [
         "quick tree gaussian",
         "tree laplace",  # the full candidates keep the kernels' order
@@ -112,7 +116,7 @@ def test_a_small_fits_quick_single_tree_takes_the_gaussian_kernel():
     assert [r.kernel for r in rungs] == [1, 0, 1, -1, 0, -1]
     assert [r.detour for r in rungs] == [None] * 4 + [0, 0] and rungs[5].mixes == (0, 4)
     # bags: the fallback single tree is Gaussian, the quick bags keep the first kernel
-    bags = ladder(clf, both, 5, 2000, first=1)
+    bags = ladder(clf, both, 5, 2000, first=1)[:9]
     assert [r.name for r in bags] == [
         "quick tree gaussian",
         "quick bags laplace",

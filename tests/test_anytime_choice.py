@@ -37,7 +37,8 @@ def test_the_target_is_the_blend_of_the_kernels_or_the_single_kernels_own_model(
     two = ladder(_tree(), ["laplace", "gaussian"], 1, 80)
     names = [r.name for r in two]
     assert names[target_index(two)] == "mix tree"
-    assert names[-2:] == ["quick tree gaussian", "mix quick tree"]  # detours come after it
+    # detours come after it, the quick trees' draws last
+    assert names[4:6] == ["quick tree gaussian", "mix quick tree"] and two[6].draw == 1
     bags = ladder(_tree(), ["laplace", "gaussian"], 5, 80)
     assert [r.name for r in bags][target_index(bags)] == "mix bags"
     one = ladder(_tree(), None, 1, 80)  # one kernel: the spares come after the target

@@ -36,6 +36,7 @@ def _tree() -> xRFMTree:
 
 def test_a_main_line_out_of_time_takes_the_detour_to_the_quick_blend(monkeypatch, tmp_path):
     monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
+    monkeypatch.setattr(ladder_module, "QUICK_DRAWS", 1)  # no draws after it (their own tests)
     X, y = planted(400, d=5, seed=6, noise=0.1)
     target = KernelBlend(_tree(), kernels=("laplace", "gaussian"))
     model = Anytime(target, time_limit=600.0, quick_leaf_size=80)
@@ -121,6 +122,7 @@ def test_a_raw_quick_tree_takes_the_quick_blend_first_where_the_line_does_not_fi
     tree is estimated at 400 s of 600: one fits, the line of two does not. Where the quick tree
     probed (``raw=False``), the line runs as before and needs no detour."""
     monkeypatch.setattr(anytime_module, "QUICK_PROBE_ROWS", 10**9 if raw else 0)
+    monkeypatch.setattr(ladder_module, "QUICK_DRAWS", 1)
     monkeypatch.setattr(
         anytime_module, "estimate", lambda rung, *_: 0.0 if rung.quick or rung.mixes else 400.0
     )

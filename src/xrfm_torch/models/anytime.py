@@ -20,7 +20,10 @@ first (:func:`~xrfm_torch.models.ladder.ladder`):
 5. with two kernels, where the time left stops the line above after a quick candidate (a
    *detour*): that quick candidate with the other kernel, then their mix: the blend, in small;
    where the quick candidate saw the raw inputs, before the line if even its estimate (which
-   lacks the full candidates' probes) does not fit in the time left.
+   lacks the full candidates' probes) does not fit in the time left;
+6. after a quick single tree's detours, while time is left: *draws*, the quick trees again
+   with other split samples (``TreeConfig.draw``: the same held-out rows), one at a time, each
+   followed by the mix of all quick trees so far (a kernel's draws share its weight).
 
 A kernel's input maps are chosen once, by its first candidate's probe, and its later candidates
 (and a quick single tree's detours) grow on them (:func:`~xrfm_torch.models.ladder.grown_maps`):
@@ -70,10 +73,12 @@ from xrfm_torch.models.ladder import (
     check_time_limit,
     choose,
     climb,
+    detours,
     estimate,
     grown_maps,
     kernel_names,
     ladder,
+    one_leaf_each,
     one_leaf_tree,
     quick_kernel,
     quick_tree,
@@ -169,8 +174,8 @@ class Anytime(Selector):
         # quick bags keep the quick tree's size (leaves, split sample): small, and measured so
         quick_bag = {**t.bag, "size_fraction": 1.0}
         probe = bool(self.quick_probe_)
-        if rung.mixes:
-            mixed = [names[rungs[j].kernel] for j in rung.mixes]
+        if rung.mixes:  # (a kernel's draws are one kernel of the blend)
+            mixed = list(dict.fromkeys(names[rungs[j].kernel] for j in rung.mixes))
             if rung.quick:
                 quick = quick_tree(t.tree, self.quick_leaf_size, probe)
                 return compose(quick, rung.bags, mixed, quick_bag, t.blend)
@@ -181,7 +186,10 @@ class Anytime(Selector):
             one = one.with_settings(input_transform=maps)
         if not rung.quick:
             return compose(one, rung.bags, bag=t.bag)
-        return compose(quick_tree(one, self.quick_leaf_size, probe), rung.bags, bag=quick_bag)
+        quick = quick_tree(one, self.quick_leaf_size, probe)
+        if rung.draw:
+            quick = quick.with_settings(draw=rung.draw)
+        return compose(quick, rung.bags, bag=quick_bag)
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments as plain data (the target's settings as a nested config)."""
@@ -268,6 +276,7 @@ class Anytime(Selector):
         first = 0 if t is None else quick_kernel(t.tree, t.kernels, t.n_bags, small)
         self.quick_kernel_ = torch.tensor(first)
         rungs = self.rungs()
+        names = [] if t is None else kernel_names(t.tree, t.kernels)
         fitted: dict[int, Model] = {}
         seconds = [math.nan] * len(rungs)
         # what each rung took or would have taken alone: with the input-map probe it reused
@@ -289,9 +298,12 @@ class Anytime(Selector):
             if rung.mixes:
                 if all(j in fitted for j in rung.mixes):
                     blend = cast(KernelBlend, self._candidate(i))
-                    fitted[i] = blend.mix([cast(Any, fitted[j]) for j in rung.mixes])
+                    where = [blend.kernels.index(names[rungs[j].kernel]) for j in rung.mixes]
+                    fitted[i] = blend.mix([cast(Any, fitted[j]) for j in rung.mixes], where)
                     seconds[i] = sum(seconds[j] for j in rung.mixes)
                 return None
+            if rung.draw and one_leaf_each(fitted[first_draw(i)]):
+                return "skipped"  # a tree of one leaf: every draw of it is the same model
             # a quick tree's detour grows on its base rung's maps: it is what buys the blend
             # where time is short, and the probe is most of a quick tree (not of bags)
             key = rung.kernel
@@ -302,7 +314,7 @@ class Anytime(Selector):
             shares = key in grown and (rung.bags == 1 or X_val is not None)
             reused = grown[key][1] if shares else 0.0
             # as if alone, less the probe it skips
-            cost = estimate(rung, rungs, alone, probed) - reused
+            cost = estimate(rung, rungs, alone, probed) - (0.0 if rung.draw else reused)
             # bags of one leaf each stop iterating at the limit (below): cut short, they are
             # still a model to mix, where skipped the time left buys nothing
             stretch = unsplit and rung.bags > 1 and left > 0
@@ -336,6 +348,12 @@ class Anytime(Selector):
                 grown[rung.kernel] = own
             fitted[i] = model
             return None
+
+        def first_draw(i: int) -> int:
+            """The quick single tree of rung ``i``'s kernel that its draws repeat."""
+            base = cast(int, rungs[i].detour)
+            family = [base, *detours(rungs, base)]
+            return next(j for j in family if rungs[j].kernel == rungs[i].kernel)
 
         def blend_first(i: int, rest: list[int]) -> bool:
             # on raw inputs the quick tree's seconds lack the probe each full candidate adds:

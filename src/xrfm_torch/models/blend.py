@@ -371,12 +371,14 @@ class KernelBlend(Ensemble):
         (:class:`~xrfm_torch.models.anytime.Anytime`) mixes members it already has.
 
         Args:
-            fitted: The members, one per kernel of ``indices``.
+            fitted: The members, one per entry of ``indices``.
             indices: Their kernels' places in ``kernels`` (default: all, in order; a race
-                leaves some out).
+                leaves some out). A kernel named more than once has several members, draws of
+                one model (``TreeConfig.draw``): they share its weight equally, so the grid
+                still weighs kernels, and the members kept are grouped by kernel.
 
         Raises:
-            ValueError: Not one member per kernel, or honest outputs of different rows.
+            ValueError: Not one member per index, or honest outputs of different rows.
         """
         index = list(range(len(self.kernels))) if indices is None else [int(i) for i in indices]
         if len(fitted) != len(index) or not fitted:
@@ -385,22 +387,30 @@ class KernelBlend(Ensemble):
             )
         parts = [m.honest_outputs() for m in fitted]
         check_same_rows(parts)
-        outputs, grid, _, losses = self._grid_losses(parts)
+        kinds = list(dict.fromkeys(index))  # each kernel once, in order
+        draws = [[j for j, k in enumerate(index) if k == kind] for kind in kinds]
+        pooled = [
+            parts[d[0]]._replace(outputs=torch.stack([parts[j].outputs for j in d]).mean(0))
+            for d in draws
+        ]
+        outputs, grid, _, losses = self._grid_losses(pooled)
         best = min(range(len(losses)), key=lambda i: losses[i])
         chosen = grid[best]
-        keep = (chosen > 0).nonzero().squeeze(1)
+        # (member, weight): a kernel's share split equally among its draws
+        keep = [(j, chosen[g] / len(d)) for g, d in enumerate(draws) if chosen[g] > 0 for j in d]
         first = fitted[0].single_trees()[0][1].fitted_temperature_  # the fit's dtype and device
-        self.members = nn.ModuleList(fitted[int(k)] for k in keep)
-        self.weights_ = chosen[keep].to(device=first.device, dtype=first.dtype)
-        self.member_kernels_ = torch.tensor([index[int(k)] for k in keep], device=first.device)
+        self.members = nn.ModuleList(fitted[j] for j, _ in keep)
+        weights = torch.stack([w for _, w in keep])
+        self.weights_ = weights.to(device=first.device, dtype=first.dtype)
+        self.member_kernels_ = torch.tensor([index[j] for j, _ in keep], device=first.device)
         full = torch.zeros(len(grid), len(self.kernels), dtype=grid.dtype)
-        full[:, index] = grid  # the weights of every kernel, 0 for those not fitted
+        full[:, kinds] = grid  # the weights of every kernel, 0 for those not fitted
         self.honest_losses_ = {tuple(w.tolist()): v for w, v in zip(full, losses)}
         mixed = torch.einsum("k,knc->nc", chosen.to(outputs), outputs).to(parts[0].outputs)
         self._honest = HonestOutputs(mixed, parts[0].targets, parts[0].weights, parts[0].rows)
         log.info(
             "kernel blend %s (honest %s: %s)",
-            " + ".join(f"{w:.2f} {self.kernels[index[int(k)]]}" for w, k in zip(chosen[keep], keep)),
+            " + ".join(f"{float(w):.2f} {self.kernels[k]}" for w, k in zip(chosen, kinds) if w > 0),
             "log-loss" if self.task == "classification" else "MSE",
             ", ".join(f"{tuple(round(v, 2) for v in w)} {v:.4g}" for w, v in zip(full.tolist(), losses)),
         )  # fmt: skip

@@ -19,6 +19,7 @@ from xrfm_torch.inputs.choice import choose_maps
 from xrfm_torch.inputs.input_map import InputMapName
 from xrfm_torch.leaf.data import FitData, fit_data
 from xrfm_torch.models.routed_trees import RoutedTrees
+from xrfm_torch.numerics.rng import redraw
 from xrfm_torch.tree.honest import HonestOutputs
 from xrfm_torch.tree.parallel import check_same_data
 from xrfm_torch.tree.uncertainty import calibration_fraction
@@ -42,6 +43,7 @@ def prepare_fit(
     maps.
     """
     data = fit_rows(model, X, y, X_val, y_val, sample_weight, val_sample_weight, generator)
+    redraw(generator, model.config.draw)  # (after the held-out rows: the same for every draw)
     weights = [t for t in (data.w, data.w_val) if t is not None]
     check_same_data(model.config.distributed, data.X, data.y, data.X_val, data.y_val, *weights)
     raw_y_val, raw_w_val = data.y_val, data.w_val  # before the targets' coding

@@ -14,3 +14,14 @@ def own_generator(generator: torch.Generator | None) -> torch.Generator:
     if generator is not None:
         return generator
     return torch.Generator().manual_seed(torch.initial_seed())
+
+
+def redraw(generator: torch.Generator, draw: int) -> None:
+    """Move ``generator`` to draw number ``draw`` of its stream (0: leave it as it is).
+
+    Reseeds it from its next value plus ``draw``: fits that take the same generator state and
+    call this at the same point draw the same values before it (the held-out rows) and others
+    after it (split samples, ...). The same state and ``draw`` give the same values.
+    """
+    if draw:
+        generator.manual_seed(int(torch.randint(1 << 62, (1,), generator=generator)) + draw)

@@ -57,6 +57,11 @@ class TreeConfig:
             leaf that most of its rows route to, and follow the first tree's plan
             (:meth:`~xrfm_torch.tree.plan.FitPlan.following`); ``False``: every tree walks from
             the identity on its own.
+        draw: Which draw of the fit's random choices after the validation rows are held out
+            (split-model subsamples, leaf subsamples): trees of the same generator state and
+            other draws hold out the same rows and differ in the rest
+            (:func:`~xrfm_torch.numerics.rng.redraw`; an anytime fit averages draws of its quick
+            trees, :mod:`~xrfm_torch.models.ladder`). 0: the generator as given.
         temperature: Soft-routing temperature; ``None`` tunes it on validation data over
             ``temperature_grid`` (0 = hard routing is always a candidate), ``0`` forces hard routing.
         temperature_grid: Candidate temperatures for tuning (default: 0 and 20 values 0.025..4.5).
@@ -146,6 +151,7 @@ class TreeConfig:
     overlap_fraction: float | None = None
     n_trees: int | None = None
     shared_plan: bool = True
+    draw: int = 0
     temperature: float | None = None
     temperature_grid: Sequence[float] = tuple(DEFAULT_TEMPERATURE_GRID)
     keep_mass: float = 0.99
@@ -183,6 +189,7 @@ class TreeConfig:
             put(self, "overlap_fraction", float(self.overlap_fraction))
         if self.n_trees is not None:
             put(self, "n_trees", check_int(self.n_trees, "n_trees", 1))
+        put(self, "draw", check_int(self.draw, "draw", 0))
         if self.temperature is not None:
             check_positive(self.temperature, "temperature", allow_zero=True)
         given = self.temperature_grid
