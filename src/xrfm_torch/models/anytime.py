@@ -314,6 +314,7 @@ class Anytime(Selector):
             shares = key in grown and (rung.bags == 1 or X_val is not None)
             reused = grown[key][1] if shares else 0.0
             # as if alone, less the probe it skips
+            # (a draw's estimate is its kernel's first tree already without a probe)
             cost = estimate(rung, rungs, alone, probed) - (0.0 if rung.draw else reused)
             # bags of one leaf each stop iterating at the limit (below): cut short, they are
             # still a model to mix, where skipped the time left buys nothing

@@ -195,17 +195,17 @@ def ladder(
         mixed = (base, *range(start, len(rungs)))
         mix = Rung(f"mix quick {kind}", -1, q.bags, True, mixed, q.fallback, detour=base)
         rungs.append(mix)
-    for base in [j for j, r in enumerate(rungs) if r.quick and r.bags == 1 and not r.mixes]:
-        if rungs[base].detour is not None:
-            continue
+    singles = [j for j, r in enumerate(rungs) if r.quick and r.bags == 1 and r.detour is None]
+    for base in singles:
         family = [base, *(j for j in detours(rungs, base) if not rungs[j].mixes)]
+        drawn: list[int] = []  # the draws so far, each mixed with the family and those before
         for d in range(1, QUICK_DRAWS):
             for j in family:
                 r = rungs[j]
+                drawn.append(len(rungs))
                 rungs.append(Rung(f"quick tree {names[r.kernel]} draw {d + 1}", r.kernel, 1, True,
                                   fallback=r.fallback, detour=base, draw=d))  # fmt: skip
-                mixed = (*family, *(i for i, x in enumerate(rungs) if x.draw and x.detour == base
-                                    and not x.mixes))  # fmt: skip
+                mixed = (*family, *drawn)
                 rungs.append(Rung(f"mix {len(mixed)} quick trees", -1, 1, True, mixed,
                                   r.fallback, detour=base, draw=d))  # fmt: skip
     return rungs
@@ -264,10 +264,10 @@ def climb(
     if stop == "skipped":
         line = [j for j in main if j in fitted and rungs[j].quick]  # (not a detour's)
         base = max(line, default=-1)
-        if base >= 0 and base not in taken:
-            detour(base, detours(rungs, base))
-        its = detours(rungs, base)
-        if base >= 0 and its and all(i in fitted for i in its):
+        its = detours(rungs, base) if base >= 0 else []
+        if its and base not in taken:
+            detour(base, its)
+        if its and all(i in fitted for i in its):
             detour(base, detours(rungs, base, draws=True))
 
 

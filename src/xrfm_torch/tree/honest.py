@@ -10,7 +10,7 @@ fitted on them: good enough to weigh models against each other
 
 from __future__ import annotations
 
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -81,13 +81,13 @@ def check_same_rows(parts: list[HonestOutputs]) -> None:
     """Refuse honest outputs of different rows (models fitted on different data or splits)."""
     first = parts[0]
     for p in parts[1:]:
-        rows = first.rows is not None and p.rows is not None
+        same_rows = (
+            first.rows is None or p.rows is None or torch.equal(p.rows.cpu(), first.rows.cpu())
+        )
         if (
             p.targets.shape != first.targets.shape
             or not torch.equal(p.targets, first.targets)
-            or (
-                rows and not torch.equal(cast(Tensor, p.rows).cpu(), cast(Tensor, first.rows).cpu())
-            )
+            or not same_rows
         ):
             raise ValueError(
                 "the models' honest outputs are of different rows: fit them on the same data "
