@@ -32,10 +32,10 @@ from xrfm_torch import (
 )
 from xrfm_torch.models import anytime as anytime_module
 from xrfm_torch.models.factory import build_model, model_from_config
+from xrfm_torch.models.keep import common_rows
 from xrfm_torch.models.ladder import (
     QUICK_PROBE_ROWS,
     QUICK_SPLIT_ROWS,
-    common_rows,
     estimate,
     kernel_name,
     ladder,

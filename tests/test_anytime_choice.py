@@ -1,4 +1,4 @@
-"""Which fitted candidate an anytime fit keeps (:func:`xrfm_torch.models.ladder.choose`).
+"""Which fitted candidate an anytime fit keeps (:func:`xrfm_torch.models.keep.choose`).
 
 Planted honest outputs with known per-row losses: the target is kept unless a candidate's
 per-row losses beat it by the margin in paired standard errors, computed here by formula.
@@ -13,7 +13,8 @@ import torch
 
 from conftest import planted
 from xrfm_torch import Anytime, LeafConfig, xRFMTree
-from xrfm_torch.models.ladder import TARGET_MARGIN, choose, ladder, target_index
+from xrfm_torch.models.keep import TARGET_MARGIN, choose
+from xrfm_torch.models.ladder import ladder, target_index
 from xrfm_torch.tree.honest import HonestOutputs
 
 

@@ -18,7 +18,8 @@ from conftest import honest_loss, planted
 from xrfm_torch import Anytime, KernelBlend, LeafConfig, load_model, save_model, xRFMTree
 from xrfm_torch.models import anytime as anytime_module
 from xrfm_torch.models import ladder as ladder_module
-from xrfm_torch.models.ladder import QUICK_DRAWS, choose, detours, estimate, ladder
+from xrfm_torch.models.keep import choose
+from xrfm_torch.models.ladder import QUICK_DRAWS, detours, estimate, ladder
 from xrfm_torch.numerics.rng import redraw
 from xrfm_torch.tree.honest import HonestOutputs, mean_loss, row_losses
 

@@ -35,8 +35,8 @@ Each candidate is fitted on the same rows from the same generator state, so thei
 (validation rows of a single tree, out-of-fold rows of the bags) cover common rows, on which
 their losses are compared (log-loss or mean squared error, :mod:`xrfm_torch.tree.honest`); the
 model kept is the candidate of lowest loss (ties: the cheaper), except that a fitted target is
-kept unless that candidate beats it by :data:`~xrfm_torch.models.ladder.TARGET_MARGIN` paired
-standard errors (:func:`~xrfm_torch.models.ladder.choose`): a cheaper candidate's edge on a few
+kept unless that candidate beats it by :data:`~xrfm_torch.models.keep.TARGET_MARGIN` paired
+standard errors (:func:`~xrfm_torch.models.keep.choose`): a cheaper candidate's edge on a few
 hundred honest rows is mostly noise, and a budget that covers the target promises its loss. A
 bagged target's fallback tree is left out of that comparison (it is kept only when no bagged
 candidate finished), so the bags are compared on all their out-of-fold rows. A candidate starts
@@ -66,12 +66,12 @@ from xrfm_torch.models.bagging import BaggedTree
 from xrfm_torch.models.blend import KernelBlend, compose
 from xrfm_torch.models.contract import Model
 from xrfm_torch.models.holder import Selector
+from xrfm_torch.models.keep import choose
 from xrfm_torch.models.ladder import (
     QUICK_LEAF_SIZE,
     QUICK_PROBE_ROWS,
     Rung,
     check_time_limit,
-    choose,
     climb,
     detours,
     estimate,
@@ -399,7 +399,7 @@ class Anytime(Selector):
         return n_rows <= min(self.quick_leaf_size, full)
 
     def _choose(self, rungs: list[Rung], fitted: dict[int, Model]) -> dict[int, float]:
-        """Keep the candidate :func:`~xrfm_torch.models.ladder.choose` picks; each one's loss."""
+        """Keep the candidate :func:`~xrfm_torch.models.keep.choose` picks; each one's loss."""
         order = sorted(fitted)
         if len(rungs) == 1:  # a target the ladder cannot vary: nothing to compare
             self.members = nn.ModuleList([fitted[0]])
