@@ -73,13 +73,13 @@ from xrfm_torch.models.ladder import (
     Rung,
     check_time_limit,
     climb,
-    detours,
     estimate,
     grown_maps,
     kernel_names,
     ladder,
     one_leaf_each,
     one_leaf_tree,
+    quick_family,
     quick_kernel,
     quick_tree,
     quick_twin,
@@ -352,8 +352,7 @@ class Anytime(Selector):
 
         def first_draw(i: int) -> int:
             """The quick single tree of rung ``i``'s kernel that its draws repeat."""
-            base = cast(int, rungs[i].detour)
-            family = [base, *detours(rungs, base)]
+            family = quick_family(rungs, cast(int, rungs[i].detour))
             return next(j for j in family if rungs[j].kernel == rungs[i].kernel)
 
         def blend_first(i: int, rest: list[int]) -> bool:

@@ -188,7 +188,7 @@ def ladder(
         rungs.append(mix)
     singles = [j for j, r in enumerate(rungs) if r.quick and r.bags == 1 and r.detour is None]
     for base in singles:
-        family = [base, *(j for j in detours(rungs, base) if not rungs[j].mixes)]
+        family = quick_family(rungs, base)
         drawn: list[int] = []  # the draws so far, each mixed with the family and those before
         for d in range(1, QUICK_DRAWS):
             for j in family:
@@ -216,6 +216,11 @@ def detours(rungs: list[Rung], base: int | None, draws: bool = False) -> list[in
     ``draws``: those of its further draws (:attr:`Rung.draw`) instead.
     """
     return [i for i, r in enumerate(rungs) if r.detour == base and bool(r.draw) == draws]
+
+
+def quick_family(rungs: list[Rung], base: int) -> list[int]:
+    """The quick single tree ``base`` and its detours' trees: one quick tree per kernel."""
+    return [base, *(j for j in detours(rungs, base) if not rungs[j].mixes)]
 
 
 def climb(
