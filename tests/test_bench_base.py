@@ -259,7 +259,7 @@ def test_the_readme_and_the_benchmarks_page_quote_the_stored_confirm_run():
         assert f"{task} {won} of {n}" in readme
     assert f"on {tables} real tables" in readme and f"test loss on {default} ([Results]" in readme
     assert f"on {ten} of the {tables} held-out tables" in readme
-    assert f"given 3× (about a second on half) on {three} " in readme
+    assert f"given 3× on {three} (seeds 0-2)" in readme
     text = " ".join(page.split())
     assert f"at or below CatBoost on {default} of the {tables} tables" in text
     assert f"at or below CatBoost on {three} of {tables}; with 10x on {ten}." in text
