@@ -36,6 +36,8 @@ from xrfm_torch.models.keep import common_rows
 from xrfm_torch.models.ladder import (
     QUICK_PROBE_ROWS,
     QUICK_SPLIT_ROWS,
+    RAW_TREE_COST,
+    TREE_COST,
     estimate,
     kernel_name,
     ladder,
@@ -197,6 +199,34 @@ def test_cost_estimates_come_from_the_candidates_before():
     assert estimate(bagged[1], bagged, [2.0] + [nan] * 8, [1.5] + [0.0] * 8) == pytest.approx(4.0)
     assert estimate(bagged[2], bagged, [2.0, 8.0] + [nan] * 7) == pytest.approx(24.0)
     assert estimate(bagged[7], bagged, [2.0, 8.0] + [nan] * 7) == 8.0  # quick bags, gaussian
+    # the first full candidate after a quick one on the raw inputs: RAW_TREE_COST times it
+    raw = estimate(rungs[1], rungs, [2.0, nan, nan, nan], raw=True)
+    assert raw == pytest.approx(2.0 * RAW_TREE_COST) and RAW_TREE_COST > TREE_COST
+    # only that one: a further kernel still costs what the first kernel's full tree took
+    assert estimate(rungs[2], rungs, [2.0, 5.0, nan, nan], raw=True) == 5.0
+
+
+def test_a_fit_whose_quick_trees_see_the_raw_inputs_estimates_full_ones_at_the_raw_cost(
+    monkeypatch,
+):
+    """500 rows (at most QUICK_PROBE_ROWS): the quick tree skips the probe every full tree adds,
+    so the first full tree is estimated at RAW_TREE_COST times it."""
+    calls: list[tuple[str, float, float]] = []
+    real_estimate = anytime_module.estimate
+
+    def spy_estimate(rung, rungs, seconds, probes=None, raw=False):
+        out = real_estimate(rung, rungs, seconds, probes, raw)
+        calls.append((rung.name, raw, out))
+        return out
+
+    monkeypatch.setattr(anytime_module, "estimate", spy_estimate)
+    X, y = planted(500, d=5, seed=1, noise=0.1)
+    model = _anytime().fit(X, y, generator=torch.Generator().manual_seed(7))
+    assert not bool(model.quick_probe_)
+    quick = float(model.trials_[0, 1])
+    assert {raw for _, raw, _ in calls} == {True}
+    first = next(out for name, _, out in calls if name == "tree laplace")
+    assert first == pytest.approx(RAW_TREE_COST * quick, rel=1e-9)
 
 
 def test_the_quick_tree_is_small_shallow_and_cheap_to_split():
@@ -277,12 +307,14 @@ def test_each_kernel_is_probed_once_and_every_candidate_is_as_fitted_alone(
 
 def test_estimates_take_each_rung_as_alone_less_the_probe_it_reuses(monkeypatch, quick_probes):
     seen: dict[str, list[float]] = {}
+    costs: set[bool] = set()
     grown: list[tuple[object, float]] = []
     real_estimate, real_grown = anytime_module.estimate, anytime_module.grown_maps
 
-    def spy_estimate(rung, rungs, seconds, probes=None):
+    def spy_estimate(rung, rungs, seconds, probes=None, raw=False):
         seen[rung.name] = list(seconds)
-        return real_estimate(rung, rungs, seconds, probes)
+        costs.add(raw)
+        return real_estimate(rung, rungs, seconds, probes, raw)
 
     def spy_grown(model):
         out = real_grown(model)
@@ -301,6 +333,7 @@ def test_estimates_take_each_rung_as_alone_less_the_probe_it_reuses(monkeypatch,
     assert seen["tree laplace"][0] == took[0]  # the quick tree probed for itself: as measured
     # the full Laplace tree is seen as alone: its seconds and the probe it skipped, exactly
     assert seen["tree gaussian"][1] == pytest.approx(took[1] + probe, rel=1e-6)
+    assert costs == {False}  # the quick tree probed: its seconds hold what a full one adds
 
 
 def test_the_first_bags_are_estimated_with_the_quick_trees_probe_once(monkeypatch, quick_probes):
@@ -309,8 +342,8 @@ def test_the_first_bags_are_estimated_with_the_quick_trees_probe_once(monkeypatc
     grown: list[float] = []
     real_estimate, real_grown = anytime_module.estimate, anytime_module.grown_maps
 
-    def spy_estimate(rung, rungs, seconds, probes=None):
-        out = real_estimate(rung, rungs, seconds, probes)
+    def spy_estimate(rung, rungs, seconds, probes=None, raw=False):
+        out = real_estimate(rung, rungs, seconds, probes, raw)
         calls.append((rung.name, out))
         return out
 

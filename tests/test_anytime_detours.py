@@ -36,6 +36,7 @@ def _tree() -> xRFMTree:
 
 def test_a_main_line_out_of_time_takes_the_detour_to_the_quick_blend(monkeypatch, tmp_path):
     monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
+    monkeypatch.setattr(ladder_module, "RAW_TREE_COST", 1e9)
     monkeypatch.setattr(ladder_module, "QUICK_DRAWS", 1)  # no draws after it (their own tests)
     X, y = planted(400, d=5, seed=6, noise=0.1)
     target = KernelBlend(_tree(), kernels=("laplace", "gaussian"))
@@ -77,6 +78,7 @@ def test_a_main_line_out_of_time_takes_the_detour_to_the_quick_blend(monkeypatch
 def test_a_quick_trees_detour_grows_on_its_base_trees_maps(monkeypatch, tmp_path):
     """The detour's Gaussian tree does not probe: it takes the maps the Laplace probe chose."""
     monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
+    monkeypatch.setattr(ladder_module, "RAW_TREE_COST", 1e9)
     probed = record_probes(monkeypatch, ["quantile"])  # (not what this table's probe would pick)
     X, y = planted(400, d=5, seed=6, noise=0.1)
     model = Anytime(KernelBlend(_tree(), kernels=("laplace", "gaussian")), time_limit=600.0,
@@ -99,6 +101,7 @@ def test_a_quick_trees_detour_grows_on_its_base_trees_maps(monkeypatch, tmp_path
 def test_quick_bags_detours_probe_for_themselves(monkeypatch):
     """Bags probe once for five trees: their detour keeps its own kernel's choice of maps."""
     monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
+    monkeypatch.setattr(ladder_module, "RAW_TREE_COST", 1e9)
     probed = record_probes(monkeypatch)
     X, y = planted(300, d=4, seed=5)
     labels = (y > y.median()).long()

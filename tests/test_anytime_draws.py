@@ -133,6 +133,7 @@ def test_a_draw_is_estimated_at_its_kernels_first_quick_tree_without_its_probe()
 
 def test_where_the_line_stops_the_fit_goes_on_with_the_quick_trees_draws(monkeypatch, tmp_path):
     monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
+    monkeypatch.setattr(ladder_module, "RAW_TREE_COST", 1e9)
     X, y = planted(400, d=5, seed=6, noise=0.1)
     model = Anytime(KernelBlend(_tree(), kernels=("laplace", "gaussian")), time_limit=600.0,
                     quick_leaf_size=80)  # fmt: skip
@@ -168,6 +169,7 @@ def test_where_the_line_stops_the_fit_goes_on_with_the_quick_trees_draws(monkeyp
 def test_a_quick_tree_of_one_leaf_has_no_draws(monkeypatch):
     """Every draw of a one-leaf tree is the same model: none is fitted."""
     monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
+    monkeypatch.setattr(ladder_module, "RAW_TREE_COST", 1e9)
     X, y = planted(300, d=4, seed=2, noise=0.1)
     tree = xRFMTree(max_leaf_size=5000, leaf=LeafConfig(n_iters=2))
     model = Anytime(KernelBlend(tree, kernels=("laplace", "gaussian")), time_limit=600.0,

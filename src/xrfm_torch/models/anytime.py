@@ -315,7 +315,8 @@ class Anytime(Selector):
             reused = grown[key][1] if shares else 0.0
             # as if alone, less the probe it skips
             # (a draw's estimate is its kernel's first tree already without a probe)
-            cost = estimate(rung, rungs, alone, probed) - (0.0 if rung.draw else reused)
+            cost = estimate(rung, rungs, alone, probed, not probe)
+            cost -= 0.0 if rung.draw else reused
             # bags of one leaf each stop iterating at the limit (below): cut short, they are
             # still a model to mix, where skipped the time left buys nothing
             stretch = unsplit and rung.bags > 1 and left > 0
@@ -360,7 +361,7 @@ class Anytime(Selector):
             # where even that low estimate of the line does not fit, the small blend comes first
             if probe or rungs[i].fallback:
                 return False
-            cost = sum(estimate(rungs[j], rungs, alone, probed) for j in rest)
+            cost = sum(estimate(rungs[j], rungs, alone, probed, not probe) for j in rest)
             if cost <= end - time.perf_counter():
                 return False
             log.info("anytime: the small blend first (the line left about %.1fs)", cost)

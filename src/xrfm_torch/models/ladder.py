@@ -31,6 +31,10 @@ QUICK_PROBE_ROWS = PROBE_ROWS + PROBE_VAL_ROWS
 #: The first full tree's cost as a multiple of the quick tree's, before either was timed on the
 #: table (leaves of up to 5x the rows, two trees per map for classification).
 TREE_COST = 3.0
+#: The same where the quick tree saw the raw inputs (fits of at most ``QUICK_PROBE_ROWS`` rows):
+#: the full one adds the input-map probe the quick one skipped (on the design half's budget fits
+#: where both were timed, a median 5.4x, 2.2-6.3x).
+RAW_TREE_COST = 5.0
 #: The kernels a single-kernel target's ladder goes on with once the target is fitted and time
 #: is left: the same tree (or bags) with each other kernel, then their mix with the target.
 SPARE_KERNELS = ("laplace", "gaussian")
@@ -336,7 +340,11 @@ def kernel_name(tree: xRFMTree) -> str:
 
 
 def estimate(
-    rung: Rung, rungs: list[Rung], seconds: list[float], probes: list[float] | None = None
+    rung: Rung,
+    rungs: list[Rung],
+    seconds: list[float],
+    probes: list[float] | None = None,
+    raw: bool = False,
 ) -> float:
     """Seconds ``rung`` should take, from the measured ``seconds`` of the rungs before it.
 
@@ -344,7 +352,8 @@ def estimate(
     where not fitted); ``probes``: the probe's seconds within each (none if not given). The
     anytime fit subtracts the probe a rung reuses. A mix costs nothing; a further kernel what
     the candidate of the same kind (quick or not, bags) took with another kernel; the first full
-    candidate ``TREE_COST`` times the quick one; the first bags ``n_bags`` quick single trees
+    candidate ``TREE_COST`` times the quick one (``RAW_TREE_COST`` where the quick candidates saw
+    the raw inputs, ``raw``); the first bags ``n_bags`` quick single trees
     without their probe, and the probe once (the bags grow on one choice of maps); a further
     draw what its kernel's first quick single tree took without a probe (draws grow on its
     maps; infinite where none was fitted).
@@ -368,7 +377,7 @@ def estimate(
         return full[0]
     quick = [s for r, s, _ in done if r.quick and not r.fallback]
     if quick:
-        return TREE_COST * quick[0]
+        return (RAW_TREE_COST if raw else TREE_COST) * quick[0]
     single = [(s, p) for r, s, p in done if r.fallback]
     if not single:
         return 0.0
