@@ -47,6 +47,16 @@ def quick_probes(monkeypatch) -> None:
     monkeypatch.setattr(anytime, "QUICK_PROBE_ROWS", 0)
 
 
+@pytest.fixture
+def huge_tree_cost(monkeypatch) -> None:
+    """An anytime fit's first full candidate is estimated far beyond any limit (after a probed
+    quick candidate or a raw one alike), so the main line stops after its quick candidate."""
+    from xrfm_torch.models import ladder
+
+    monkeypatch.setattr(ladder, "TREE_COST", 1e9)
+    monkeypatch.setattr(ladder, "RAW_TREE_COST", 1e9)
+
+
 def planted(n: int, d: int = 10, seed: int = 0, dtype=torch.float32, noise: float = 0.0):
     """Target depending on features 0 and 1 only."""
     g = torch.Generator().manual_seed(seed)

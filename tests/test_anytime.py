@@ -211,7 +211,7 @@ def test_a_fit_whose_quick_trees_see_the_raw_inputs_estimates_full_ones_at_the_r
 ):
     """500 rows (at most QUICK_PROBE_ROWS): the quick tree skips the probe every full tree adds,
     so the first full tree is estimated at RAW_TREE_COST times it."""
-    calls: list[tuple[str, float, float]] = []
+    calls: list[tuple[str, bool, float]] = []
     real_estimate = anytime_module.estimate
 
     def spy_estimate(rung, rungs, seconds, probes=None, raw=False):

@@ -1,6 +1,6 @@
 """The anytime fit's detours: where the main line runs out of time, the quick blend instead.
 
-Each test makes the first full candidate's estimate huge (``TREE_COST``), so the main line stops
+Each test makes the first full candidate's estimate huge (``huge_tree_cost``), so the main line stops
 after its quick candidate and the fit goes on with that candidate's further kernels and their
 mix. A quick single tree's detour grows on the input maps its base quick tree chose (no probe of
 its own: the probe is most of a quick tree's cost); quick bags' detours probe for themselves.
@@ -34,9 +34,9 @@ def _tree() -> xRFMTree:
     return xRFMTree(max_leaf_size=200, leaf=LeafConfig(n_iters=2))
 
 
-def test_a_main_line_out_of_time_takes_the_detour_to_the_quick_blend(monkeypatch, tmp_path):
-    monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
-    monkeypatch.setattr(ladder_module, "RAW_TREE_COST", 1e9)
+def test_a_main_line_out_of_time_takes_the_detour_to_the_quick_blend(
+    monkeypatch, tmp_path, huge_tree_cost
+):
     monkeypatch.setattr(ladder_module, "QUICK_DRAWS", 1)  # no draws after it (their own tests)
     X, y = planted(400, d=5, seed=6, noise=0.1)
     target = KernelBlend(_tree(), kernels=("laplace", "gaussian"))
@@ -75,10 +75,8 @@ def test_a_main_line_out_of_time_takes_the_detour_to_the_quick_blend(monkeypatch
     torch.testing.assert_close(loaded(X[:40]), model(X[:40]))
 
 
-def test_a_quick_trees_detour_grows_on_its_base_trees_maps(monkeypatch, tmp_path):
+def test_a_quick_trees_detour_grows_on_its_base_trees_maps(monkeypatch, tmp_path, huge_tree_cost):
     """The detour's Gaussian tree does not probe: it takes the maps the Laplace probe chose."""
-    monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
-    monkeypatch.setattr(ladder_module, "RAW_TREE_COST", 1e9)
     probed = record_probes(monkeypatch, ["quantile"])  # (not what this table's probe would pick)
     X, y = planted(400, d=5, seed=6, noise=0.1)
     model = Anytime(KernelBlend(_tree(), kernels=("laplace", "gaussian")), time_limit=600.0,
@@ -98,10 +96,8 @@ def test_a_quick_trees_detour_grows_on_its_base_trees_maps(monkeypatch, tmp_path
     torch.testing.assert_close(load_model(tmp_path / "m.pt")(X[:40]), model(X[:40]))
 
 
-def test_quick_bags_detours_probe_for_themselves(monkeypatch):
+def test_quick_bags_detours_probe_for_themselves(monkeypatch, huge_tree_cost):
     """Bags probe once for five trees: their detour keeps its own kernel's choice of maps."""
-    monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
-    monkeypatch.setattr(ladder_module, "RAW_TREE_COST", 1e9)
     probed = record_probes(monkeypatch)
     X, y = planted(300, d=4, seed=5)
     labels = (y > y.median()).long()

@@ -17,7 +17,6 @@ import torch
 from conftest import honest_loss, planted
 from xrfm_torch import Anytime, KernelBlend, LeafConfig, load_model, save_model, xRFMTree
 from xrfm_torch.models import anytime as anytime_module
-from xrfm_torch.models import ladder as ladder_module
 from xrfm_torch.models.keep import choose
 from xrfm_torch.models.ladder import QUICK_DRAWS, detours, estimate, ladder
 from xrfm_torch.numerics.rng import redraw
@@ -131,9 +130,9 @@ def test_a_draw_is_estimated_at_its_kernels_first_quick_tree_without_its_probe()
     assert estimate(rungs[8], rungs, seconds, probes) == math.inf  # no Gaussian tree fitted
 
 
-def test_where_the_line_stops_the_fit_goes_on_with_the_quick_trees_draws(monkeypatch, tmp_path):
-    monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
-    monkeypatch.setattr(ladder_module, "RAW_TREE_COST", 1e9)
+def test_where_the_line_stops_the_fit_goes_on_with_the_quick_trees_draws(
+    monkeypatch, tmp_path, huge_tree_cost
+):
     X, y = planted(400, d=5, seed=6, noise=0.1)
     model = Anytime(KernelBlend(_tree(), kernels=("laplace", "gaussian")), time_limit=600.0,
                     quick_leaf_size=80)  # fmt: skip
@@ -166,10 +165,8 @@ def test_where_the_line_stops_the_fit_goes_on_with_the_quick_trees_draws(monkeyp
     torch.testing.assert_close(load_model(tmp_path / "m.pt")(X[:40]), model(X[:40]))
 
 
-def test_a_quick_tree_of_one_leaf_has_no_draws(monkeypatch):
+def test_a_quick_tree_of_one_leaf_has_no_draws(monkeypatch, huge_tree_cost):
     """Every draw of a one-leaf tree is the same model: none is fitted."""
-    monkeypatch.setattr(ladder_module, "TREE_COST", 1e9)
-    monkeypatch.setattr(ladder_module, "RAW_TREE_COST", 1e9)
     X, y = planted(300, d=4, seed=2, noise=0.1)
     tree = xRFMTree(max_leaf_size=5000, leaf=LeafConfig(n_iters=2))
     model = Anytime(KernelBlend(tree, kernels=("laplace", "gaussian")), time_limit=600.0,

@@ -315,8 +315,7 @@ class Anytime(Selector):
             reused = grown[key][1] if shares else 0.0
             # as if alone, less the probe it skips
             # (a draw's estimate is its kernel's first tree already without a probe)
-            cost = estimate(rung, rungs, alone, probed, not probe)
-            cost -= 0.0 if rung.draw else reused
+            cost = estimate(rung, rungs, alone, probed, not probe) - (0.0 if rung.draw else reused)
             # bags of one leaf each stop iterating at the limit (below): cut short, they are
             # still a model to mix, where skipped the time left buys nothing
             stretch = unsplit and rung.bags > 1 and left > 0

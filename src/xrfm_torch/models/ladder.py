@@ -353,10 +353,10 @@ def estimate(
     anytime fit subtracts the probe a rung reuses. A mix costs nothing; a further kernel what
     the candidate of the same kind (quick or not, bags) took with another kernel; the first full
     candidate ``TREE_COST`` times the quick one (``RAW_TREE_COST`` where the quick candidates saw
-    the raw inputs, ``raw``); the first bags ``n_bags`` quick single trees
-    without their probe, and the probe once (the bags grow on one choice of maps); a further
-    draw what its kernel's first quick single tree took without a probe (draws grow on its
-    maps; infinite where none was fitted).
+    the raw inputs, ``raw``: their seconds lack the probe a full candidate adds); the first bags
+    ``n_bags`` quick single trees without their probe, and the probe once (the bags grow on one
+    choice of maps); a further draw what its kernel's first quick single tree took without a
+    probe (draws grow on its maps; infinite where none was fitted).
     """
     if rung.mixes:
         return 0.0
