@@ -297,12 +297,15 @@ def test_a_degrading_deadline_keeps_half_its_time_from_the_probe_for_the_tree(
     # for the tree (3 + 3 > 10 / 2), and the tree grows on the raw inputs it probed; a
     # candidate that may be dropped (an aborting deadline) probes as long as there is time
     from xrfm_torch.inputs import choice
-    from xrfm_torch.leaf import LeafRFM
+    from xrfm_torch.leaf import LeafRFM, iteration
     from xrfm_torch.numerics import deadline
 
     clock = FakeClock()
     monkeypatch.setattr(choice, "time", clock)
     monkeypatch.setattr(deadline, "time", clock)
+    # the leaves' own cost estimates read the same clock: on a busy machine real seconds of an
+    # iteration would otherwise end the last second of the limit
+    monkeypatch.setattr(iteration, "time", clock)
     probes: list[LeafRFM] = []
 
     class Timed(LeafRFM):
