@@ -84,7 +84,8 @@ def test_patience_stops_after_that_many_iterations_without_enough_gain(patience,
     Xv, yv = planted(200, seed=1, noise=0.3)
     # iterations to spare: where the errors plateau they move by float32 rounding, which
     # depends on the threads, so where the last gain falls does too (one thread: at 10 of 12)
-    kw = {"n_iters": 30, "early_stop_multiplier": None}
+    n_iters = 30
+    kw = {"n_iters": n_iters, "early_stop_multiplier": None}
     free = plain_leaf(GaussianLike(), **kw).fit(X, y, Xv, yv).val_errors_.tolist()
     leaf = plain_leaf(GaussianLike(), patience=patience, tol=tol, min_iters=min_iters, **kw)
     leaf.fit(X, y, Xv, yv)
@@ -93,15 +94,15 @@ def test_patience_stops_after_that_many_iterations_without_enough_gain(patience,
     # the same trajectory as without patience, cut `patience` iterations after the last
     # iteration that lowered the best error by more than tol (written out here)
     torch.testing.assert_close(errs[:ran].tolist(), free[:ran])
-    best, t_gain, stop = free[0], 0, 30
-    for t in range(1, 31):
+    best, t_gain, stop = free[0], 0, n_iters
+    for t in range(1, n_iters + 1):
         if free[t] < (1 - tol) * best:
             t_gain = t
         best = min(best, free[t])
         if t >= min_iters and t - t_gain >= patience:
             stop = t
             break
-    assert ran == stop + 1 < 31
+    assert ran == stop + 1 < n_iters + 1
     assert int(leaf.best_iter_) == int(torch.argmin(errs[:ran]))  # the lowest error is kept
 
 
